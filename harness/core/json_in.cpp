@@ -1,0 +1,210 @@
+#include "harness/core/json_in.h"
+
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+
+namespace vf {
+
+void JsonIn::fail(const std::string& message) const { throw InputError(path_, message); }
+
+std::string JsonIn::type_name() const {
+  if (j_->is_null()) return "null";
+  if (j_->is_boolean()) return "a boolean";
+  if (j_->is_number_unsigned() || j_->is_number_integer()) return fmt::format("integer {}", j_->dump());
+  if (j_->is_number()) return fmt::format("number {}", j_->dump());
+  if (j_->is_string()) return fmt::format("string {}", j_->dump());
+  if (j_->is_array()) return "an array";
+  return "an object";
+}
+
+std::string JsonIn::child(std::string_view key) const {
+  return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+}
+
+void JsonIn::expect_object(std::initializer_list<std::string_view> allowed_keys) const {
+  if (!j_->is_object()) fail("expected an object, got " + type_name());
+  for (auto it = j_->begin(); it != j_->end(); ++it) {
+    bool known = false;
+    for (std::string_view k : allowed_keys) known = known || it.key() == k;
+    if (!known) {
+      std::string list;
+      for (std::string_view k : allowed_keys) list += (list.empty() ? "" : ", ") + std::string(k);
+      throw InputError(child(it.key()), fmt::format("unknown field (expected one of: {})", list));
+    }
+  }
+}
+
+bool JsonIn::has(std::string_view key) const { return j_->is_object() && j_->contains(key); }
+
+JsonIn JsonIn::at(std::string_view key) const {
+  if (!j_->is_object()) fail("expected an object, got " + type_name());
+  auto it = j_->find(key);
+  if (it == j_->end()) throw InputError(child(key), "required field is missing");
+  return JsonIn(*it, child(key));
+}
+
+std::optional<JsonIn> JsonIn::opt(std::string_view key) const {
+  if (!j_->is_object()) fail("expected an object, got " + type_name());
+  auto it = j_->find(key);
+  if (it == j_->end() || it->is_null()) return std::nullopt;
+  return JsonIn(*it, child(key));
+}
+
+void JsonIn::expect_array() const {
+  if (!j_->is_array()) fail("expected an array, got " + type_name());
+}
+
+std::size_t JsonIn::size() const {
+  expect_array();
+  return j_->size();
+}
+
+JsonIn JsonIn::at(std::size_t i) const {
+  expect_array();
+  return JsonIn((*j_)[i], fmt::format("{}[{}]", path_, i));
+}
+
+std::string JsonIn::str() const {
+  if (!j_->is_string()) fail("expected a string, got " + type_name());
+  return j_->get<std::string>();
+}
+
+bool JsonIn::boolean() const {
+  if (!j_->is_boolean()) fail("expected true or false, got " + type_name());
+  return j_->get<bool>();
+}
+
+double JsonIn::number() const {
+  if (!j_->is_number()) fail("expected a number, got " + type_name());
+  const double v = j_->get<double>();
+  if (!std::isfinite(v)) fail("expected a finite number");
+  return v;
+}
+
+std::uint64_t JsonIn::u64() const {
+  if (j_->is_number_unsigned()) return j_->get<std::uint64_t>();
+  if (j_->is_number_integer()) {
+    // Documents built in code hold signed integers (and text "-0" parses as one): only a value
+    // below zero is negative.
+    const std::int64_t v = j_->get<std::int64_t>();
+    if (v >= 0) return static_cast<std::uint64_t>(v);
+    fail(fmt::format("must not be negative, got {}", v));
+  }
+  if (j_->is_number_float()) {
+    const double v = j_->get<double>();
+    // nlohmann reads integers beyond 2^64 as floats: that is an overflow, not a fraction.
+    if (v >= 18446744073709551616.0) fail(fmt::format("value overflows 64 bits: {}", j_->dump()));
+    if (v < 0) fail(fmt::format("must not be negative, got {}", j_->dump()));
+    fail(fmt::format("expected a whole number, got {}", j_->dump()));
+  }
+  fail("expected a non-negative integer, got " + type_name());
+}
+
+std::uint64_t JsonIn::u64_in(std::uint64_t lo, std::uint64_t hi) const {
+  const std::uint64_t v = u64();
+  if (v < lo || v > hi) fail(fmt::format("must be between {} and {}, got {}", lo, hi, v));
+  return v;
+}
+
+std::uint32_t JsonIn::u32_in(std::uint32_t lo, std::uint32_t hi) const {
+  return static_cast<std::uint32_t>(u64_in(lo, hi));
+}
+
+double JsonIn::number_in(double lo, double hi) const {
+  const double v = number();
+  if (v < lo || v > hi) fail(fmt::format("must be between {} and {}, got {}", lo, hi, v));
+  return v;
+}
+
+Bytes JsonIn::bytes() const {
+  if (j_->is_string()) return parse_size(j_->get<std::string>(), path_);
+  if (j_->is_number()) return u64();
+  fail("expected a size (bytes, or a string like \"24GiB\"), got " + type_name());
+}
+
+std::string JsonIn::scalar_text() const {
+  if (j_->is_string()) return j_->get<std::string>();
+  if (j_->is_boolean()) return j_->get<bool>() ? "true" : "false";
+  if (j_->is_number()) return j_->dump();
+  fail("expected a string, number or boolean, got " + type_name());
+}
+
+nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
+  try {
+    return nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte is 1-based position of the failure; e.what() carries nlohmann's diagnosis.
+    std::string what = e.what();
+    const auto pos = what.find("; ");
+    if (pos != std::string::npos) what = what.substr(pos + 2);
+    throw InputError(std::string(origin), fmt::format("invalid JSON at byte {}: {}", e.byte, what));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // A number too large for a double ("number overflow parsing '1e999'", error 406): nlohmann
+    // names the literal, not its position, so find the literal in the text.
+    std::string what = e.what();
+    const auto pos = what.find("] ");
+    if (pos != std::string::npos) what = what.substr(pos + 2);
+    const auto q1 = what.find('\'');
+    const auto q2 = q1 == std::string::npos ? q1 : what.find('\'', q1 + 1);
+    const auto at = q2 == std::string::npos ? std::string_view::npos : text.find(what.substr(q1 + 1, q2 - q1 - 1));
+    if (at == std::string_view::npos) throw InputError(std::string(origin), fmt::format("invalid JSON: {}", what));
+    throw InputError(std::string(origin), fmt::format("invalid JSON at byte {}: {}", at + 1, what));
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path, "cannot open file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw InputError(path, "cannot read file");
+  return ss.str();
+}
+
+void write_file_atomic(const std::string& path, std::string_view content) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  if (ec) throw InfraError(fmt::format("cannot create directory {}: {}", target.parent_path().string(), ec.message()));
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InfraError(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  const char* p = content.data();
+  std::size_t left = content.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw InfraError(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw InfraError(fmt::format("cannot flush {}: {}", tmp, std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw InfraError(fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
+  }
+}
+
+}  // namespace vf

@@ -1,0 +1,66 @@
+// Reading JSON input with the path of every value, so each error names its field the way the
+// user wrote it: `models[0].tensors[3].shape[1]: expected a non-negative integer, got -4`.
+// Unknown keys are errors too (a typo must not silently become a default).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/core/bytes.h"
+
+namespace vf {
+
+class JsonIn {
+ public:
+  JsonIn(const nlohmann::json& j, std::string path) : j_(&j), path_(std::move(path)) {}
+
+  const nlohmann::json& raw() const { return *j_; }
+  const std::string& path() const { return path_; }
+
+  // Objects.
+  void expect_object(std::initializer_list<std::string_view> allowed_keys) const;
+  bool is_object() const { return j_->is_object(); }
+  bool has(std::string_view key) const;
+  JsonIn at(std::string_view key) const;  // required member
+  std::optional<JsonIn> opt(std::string_view key) const;
+
+  // Arrays.
+  void expect_array() const;
+  std::size_t size() const;
+  JsonIn at(std::size_t i) const;
+
+  // Scalars.
+  bool is_string() const { return j_->is_string(); }
+  std::string str() const;
+  bool boolean() const;
+  double number() const;  // finite
+  std::uint64_t u64() const;                              // a non-negative integer
+  std::uint64_t u64_in(std::uint64_t lo, std::uint64_t hi) const;
+  std::uint32_t u32_in(std::uint32_t lo, std::uint32_t hi) const;
+  double number_in(double lo, double hi) const;
+  Bytes bytes() const;  // an integer byte count or a string like "24GiB"
+  // A scalar rendered as text (options stored as strings): "20", "true", "0.5", "max".
+  std::string scalar_text() const;
+
+  [[noreturn]] void fail(const std::string& message) const;
+
+ private:
+  std::string type_name() const;
+  std::string child(std::string_view key) const;
+  const nlohmann::json* j_;
+  std::string path_;
+};
+
+// Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ...").
+nlohmann::json parse_json_text(std::string_view text, std::string_view origin);
+// Reads a whole file (InputError if it can't be read; the path is the field).
+std::string read_text_file(const std::string& path);
+// Writes atomically: a temporary in the same directory, fsync, rename. InfraError on failure.
+void write_file_atomic(const std::string& path, std::string_view content);
+
+}  // namespace vf
