@@ -1,0 +1,111 @@
+#include "models/model.h"
+
+#include <array>
+#include <cctype>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace vf {
+
+std::string_view role_name(TensorRole r) {
+  switch (r) {
+    case TensorRole::weight: return "weight";
+    case TensorRole::bias: return "bias";
+    case TensorRole::norm: return "norm";
+    case TensorRole::embedding: return "embedding";
+    case TensorRole::scale: return "scale";
+    case TensorRole::other: return "other";
+  }
+  return "?";
+}
+
+std::string_view kind_name(ModelKind k) {
+  switch (k) {
+    case ModelKind::diffusion: return "diffusion";
+    case ModelKind::text_encoder: return "text_encoder";
+    case ModelKind::vae: return "vae";
+  }
+  return "?";
+}
+
+namespace {
+
+struct FamilyName {
+  Family family;
+  std::string_view name;
+};
+constexpr std::array<FamilyName, 12> kFamilies = {{
+    {Family::flux, "flux"},
+    {Family::flux2, "flux2"},
+    {Family::sd3, "sd3"},
+    {Family::qwen_image, "qwen_image"},
+    {Family::wan21, "wan21"},
+    {Family::sdxl, "sdxl"},
+    {Family::sd15, "sd15"},
+    {Family::t5, "t5"},
+    {Family::clip, "clip"},
+    {Family::mistral, "mistral"},
+    {Family::vae_kl, "vae_kl"},
+    {Family::generic, "generic"},
+}};
+
+bool equals_ignore_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  }
+  return true;
+}
+
+std::string child_path(std::string_view parent, std::string_view field, std::size_t index) {
+  if (parent.empty()) return fmt::format("{}[{}]", field, index);
+  return fmt::format("{}.{}[{}]", parent, field, index);
+}
+
+// Scales and buffers are stored in the file but are not model parameters: an fp8 file carries
+// one scale per quantized weight, and SD3.5 stores its fixed positional table as a buffer. The
+// published parameter counts (and PyTorch's parameters()) leave both out.
+bool counts_as_parameter(TensorRole r) { return r != TensorRole::scale && r != TensorRole::other; }
+
+}  // namespace
+
+std::string_view family_name(Family f) {
+  for (const FamilyName& n : kFamilies) {
+    if (n.family == f) return n.name;
+  }
+  return "?";
+}
+
+std::optional<Family> parse_family(std::string_view name) {
+  for (const FamilyName& n : kFamilies) {
+    if (equals_ignore_case(n.name, name)) return n.family;
+  }
+  return std::nullopt;
+}
+
+void finalize_model(ModelSpec& m, std::string_view path) {
+  std::uint64_t params = 0;
+  Bytes model_bytes = 0;
+  const std::string params_what = fmt::format("{}{}params", path, path.empty() ? "" : ".");
+  const std::string bytes_what = fmt::format("{}{}bytes", path, path.empty() ? "" : ".");
+  for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
+    Module& mod = m.modules[mi];
+    const std::string module_path = child_path(path, "modules", mi);
+    Bytes module_bytes = 0;
+    for (std::size_t ti = 0; ti < mod.tensors.size(); ++ti) {
+      Tensor& t = mod.tensors[ti];
+      const std::string tensor_path = child_path(module_path, "tensors", ti);
+      t.numel = tensor_numel(t.shape, tensor_path);
+      t.bytes = tensor_bytes(t.dtype, t.shape, tensor_path);
+      module_bytes = checked_add(module_bytes, t.bytes, module_path);
+      if (counts_as_parameter(t.role)) params = checked_add(params, t.numel, params_what);
+    }
+    mod.bytes = module_bytes;
+    model_bytes = checked_add(model_bytes, module_bytes, bytes_what);
+  }
+  m.params = params;
+  m.bytes = model_bytes;
+}
+
+}  // namespace vf
