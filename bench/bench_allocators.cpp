@@ -1,0 +1,118 @@
+// malloc+free pairs per second of every allocator model, on a fixed-seed mix shaped like model
+// loads and activations: many small tensors (biases, norms, scales), some 1-10 MiB, a few large
+// weights, freed in random order while about 64 blocks stay live. Each iteration frees one live
+// block and allocates a new one in its place: one malloc+free pair.
+//
+//   cmake --build build --target vf_bench_allocators && build/bench/vf_bench_allocators
+//
+// Target (issue "Allocator models"): caching >= 5 million pairs/s on one core.
+#include <benchmark/benchmark.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "harness/sim/allocator.h"
+
+namespace vf::sim {
+namespace {
+
+constexpr std::size_t kLive = 64;         // blocks alive at a time
+constexpr std::size_t kSteps = 1u << 16;  // the pre-generated op stream, replayed in a loop
+
+struct Step {
+  Bytes size;
+  std::uint32_t slot;  // which live block is freed and replaced (also its key)
+  StreamId stream;
+};
+
+// splitmix64: a fixed-seed stream, identical on every machine.
+struct Rng {
+  std::uint64_t state;
+  std::uint64_t next() {
+    state += 0x9e3779b97f4a7c15ull;
+    std::uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t below(std::uint64_t n) { return next() % n; }
+};
+
+Bytes draw_size(Rng& rng) {
+  const std::uint64_t bucket = rng.below(100);
+  if (bucket < 60) {  // small: log-uniform 256 B .. 1 MiB
+    const unsigned shift = 8 + static_cast<unsigned>(rng.below(12));
+    return (Bytes{1} << shift) + rng.below(Bytes{1} << shift);
+  }
+  if (bucket < 75) {  // the exact sizes models repeat: 3072-wide bf16 vectors, 4 KiB scales
+    constexpr Bytes kCommon[] = {6144, 4096, 12288, 65536, 262144};
+    return kCommon[rng.below(5)];
+  }
+  if (bucket < 95) return 1 * MiB + rng.below(9 * MiB);  // 1-10 MiB: activations, small linears
+  return 10 * MiB + rng.below(150 * MiB);                // large weights and attention buffers
+}
+
+std::vector<Step> make_steps(unsigned streams) {
+  Rng rng{0x5eed0000u + streams};
+  std::vector<Step> steps(kSteps);
+  for (Step& s : steps) {
+    s.size = draw_size(rng);
+    s.slot = static_cast<std::uint32_t>(rng.below(kLive));
+    s.stream = streams > 1 && rng.below(10) == 0 ? static_cast<StreamId>(1 + rng.below(streams - 1)) : 0;
+  }
+  return steps;
+}
+
+void run(benchmark::State& state, AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options,
+         unsigned streams) {
+  const std::vector<Step> steps = make_steps(streams);
+  DeviceSpec spec;
+  spec.total = 80 * GiB;
+  SimDevice device(spec);
+  AllocatorConfig cfg;
+  cfg.mode = mode;
+  cfg.options = std::move(options);
+  const auto alloc = make_allocator(cfg, device, 1);
+  std::array<bool, kLive> live{};
+  std::size_t i = 0;
+  std::int64_t pairs = 0;
+  std::int64_t ooms = 0;
+  for (auto _ : state) {
+    const Step& s = steps[i];
+    if (++i == steps.size()) i = 0;
+    if (live[s.slot]) alloc->free(s.slot);
+    live[s.slot] = alloc->malloc(s.slot, s.size, s.stream);
+    ooms += live[s.slot] ? 0 : 1;
+    ++pairs;
+  }
+  state.SetItemsProcessed(pairs);
+  state.counters["reserved_MiB"] = to_mib(alloc->stats().reserved.current);
+  state.counters["peak_reserved_MiB"] = to_mib(alloc->stats().reserved.peak);
+  state.counters["ooms"] = static_cast<double>(ooms);
+}
+
+void BM_Raw(benchmark::State& s) { run(s, AllocatorMode::raw, {}, 1); }
+void BM_Caching(benchmark::State& s) { run(s, AllocatorMode::caching, {}, 1); }
+void BM_CachingTwoStreams(benchmark::State& s) { run(s, AllocatorMode::caching, {}, 2); }
+void BM_CachingMaxSplit(benchmark::State& s) {
+  run(s, AllocatorMode::caching, {{"max_split_size_mb", "64"}, {"roundup_power2_divisions", "4"}}, 1);
+}
+void BM_CachingExpandable(benchmark::State& s) { run(s, AllocatorMode::caching_expandable, {}, 1); }
+void BM_Async(benchmark::State& s) { run(s, AllocatorMode::async, {}, 1); }
+void BM_AsyncTwoStreams(benchmark::State& s) { run(s, AllocatorMode::async, {}, 2); }
+void BM_Async32MiB(benchmark::State& s) { run(s, AllocatorMode::async, {{"pool_granularity", "32MiB"}}, 1); }
+
+BENCHMARK(BM_Raw);
+BENCHMARK(BM_Caching);
+BENCHMARK(BM_CachingTwoStreams);
+BENCHMARK(BM_CachingMaxSplit);
+BENCHMARK(BM_CachingExpandable);
+BENCHMARK(BM_Async);
+BENCHMARK(BM_AsyncTwoStreams);
+BENCHMARK(BM_Async32MiB);
+
+}  // namespace
+}  // namespace vf::sim
+
+BENCHMARK_MAIN();

@@ -1,0 +1,52 @@
+#include "harness/sim/allocator.h"
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+#include "harness/sim/alloc_options.h"
+#include "harness/sim/async_pool.h"
+#include "harness/sim/caching.h"
+#include "harness/sim/raw.h"
+
+namespace vf::sim {
+
+void validate_allocator_config(const AllocatorConfig& config, std::string_view path) {
+  (void)parse_alloc_options(config, path);
+}
+
+std::unique_ptr<Allocator> make_allocator(const AllocatorConfig& config, SimDevice& device, std::uint64_t seed) {
+  const AllocOptions options = parse_alloc_options(config, "allocator");
+  switch (options.mode) {
+    case AllocatorMode::raw: return std::make_unique<RawAllocator>(device);
+    case AllocatorMode::caching:
+    case AllocatorMode::caching_expandable: return std::make_unique<CachingAllocator>(device, options.caching);
+    case AllocatorMode::async: return std::make_unique<AsyncPoolAllocator>(device, options.async, seed);
+  }
+  throw InfraError(fmt::format("allocator mode {} has no model", allocator_mode_name(options.mode)));
+}
+
+}  // namespace vf::sim
+
+namespace vf {
+
+std::string_view allocator_mode_name(AllocatorMode m) {
+  switch (m) {
+    case AllocatorMode::raw: return "raw";
+    case AllocatorMode::caching: return "caching";
+    case AllocatorMode::caching_expandable: return "caching-expandable";
+    case AllocatorMode::async: return "async";
+  }
+  return "?";
+}
+
+std::optional<AllocatorMode> parse_allocator_mode(std::string_view s) {
+  for (AllocatorMode m : kAllAllocatorModes) {
+    if (s == allocator_mode_name(m)) return m;
+  }
+  if (s == "native") return AllocatorMode::caching;
+  if (s == "expandable" || s == "caching_expandable") return AllocatorMode::caching_expandable;
+  if (s == "cudaMallocAsync") return AllocatorMode::async;
+  return std::nullopt;
+}
+
+}  // namespace vf

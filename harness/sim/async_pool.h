@@ -1,0 +1,148 @@
+// `async`: the cudaMallocAsync default memory pool as PyTorch's `backend:cudaMallocAsync` uses
+// it (cuda-allocators.md §2, §3.1, §7.5).
+//
+// PyTorch adds nothing on top of the driver: no rounding, no cache, no retry. The pool:
+//   - Used (allocated) grows by the request rounded up to 512 B;
+//   - Reserved grows in chunks of `pool_granularity` (UNVERIFIED, see below) mapped into one
+//     address range; a request is placed by address, so free space scattered over the pool
+//     cannot hold a large request and the pool grows (fragmentation: OOM is possible while
+//     reserved - used is much larger than the request, rapidsai/rmm#1245, pytorch#110194);
+//   - a free is reusable at once by its own stream; by other streams after an event edge
+//     (stream_wait issued after the free: ReuseFollowEventDependencies), after a synchronize, by
+//     chance (ReuseAllowOpportunistic: a seeded coin per free), or, when the pool cannot grow,
+//     by letting the driver insert the wait (ReuseAllowInternalDependencies);
+//   - on synchronize, a pool holding more than `release_threshold` trims free chunks down to it
+//     (CUDA's default threshold 0 trims at every sync; PyTorch sets UINT64_MAX: never);
+//   - OOM is raised at once: PyTorch does not sync, trim or retry.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "harness/sim/allocator.h"
+#include "harness/sim/free_index.h"
+#include "harness/sim/node_stash.h"
+
+namespace vf::sim {
+
+// Used grows in 512 B steps (observed, NVIDIA/cudf#10384; not a documented guarantee).
+inline constexpr Bytes kAsyncAlign = 512;
+// UNVERIFIED: how much physical memory the pool adds when it grows. No source states it;
+// §7.5 says assume 2 MiB (one physical page) until measured on a GPU.
+inline constexpr Bytes kDefaultPoolGranularity = 2 * MiB;
+// The origin thread's RTX 4090 trace moves reserved in 32 MiB steps
+// (reference/origin-discussion.txt): `pool_granularity=32MiB` reproduces it.
+inline constexpr Bytes kOriginPoolGranularity = 32 * MiB;
+// Physical memory comes in 2 MiB pages, so a granularity is a whole number of them.
+inline constexpr Bytes kPoolGranularityQuantum = 2 * MiB;
+// cudaMemPoolAttrReleaseThreshold as PyTorch sets it (UINT64_MAX): never trim on synchronize.
+inline constexpr Bytes kReleaseNever = ~Bytes{0};
+// UNVERIFIED: the chance that a free made on another stream has already completed when this
+// stream asks (run-to-run variable on a real GPU; drawn from the scenario seed here).
+inline constexpr double kDefaultOpportunisticProbability = 0.5;
+// The model maps the pool into one arena of virtual addresses this many times the device's
+// total memory, so address space never limits growth (the driver's VA use is not modelled).
+inline constexpr Bytes kAsyncArenaFactor = 4;
+// Stream ids the pool tracks event edges for (0 = compute, 1..N offload streams).
+inline constexpr StreamId kMaxAsyncStreams = 256;
+
+struct AsyncOptions {
+  Bytes release_threshold = kReleaseNever;  // PyTorch's setting (CUDA's own default is 0)
+  Bytes pool_granularity = kDefaultPoolGranularity;
+  bool reuse_follow_event_dependencies = true;
+  bool reuse_allow_opportunistic = true;
+  bool reuse_allow_internal_dependencies = true;
+  double opportunistic_probability = kDefaultOpportunisticProbability;
+  // per_process_memory_fraction: PyTorch enforces it on the sum of *requested* bytes.
+  double memory_fraction = 1.0;
+};
+
+class AsyncPoolAllocator final : public Allocator {
+ public:
+  // `seed` drives the opportunistic-reuse coin: the same seed gives the same trace.
+  AsyncPoolAllocator(SimDevice& device, const AsyncOptions& options, std::uint64_t seed);
+
+  AllocatorMode mode() const override { return AllocatorMode::async; }
+  bool malloc(BlockKey key, Bytes size, StreamId stream) override;
+  void free(BlockKey key) override;
+  void record_stream(BlockKey key, StreamId stream) override;
+  void stream_wait(StreamId waiter, StreamId target) override;
+  void synchronize() override;
+  void empty_cache() override;
+  const AllocStats& stats() const override { return stats_; }
+  void reset_peak_stats() override;
+  void live_blocks(std::vector<BlockView>& out) const override;
+  const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
+
+  // Introspection for tests and OOM reports.
+  const AsyncOptions& options() const { return options_; }
+  Bytes largest_free_range() const;  // largest free range, whoever may use it
+  std::size_t free_range_count() const { return sizes_.size(); }
+
+ private:
+  // Owners of a free range besides real streams.
+  static constexpr StreamId kAnyStream = 0xffffffffu;      // fresh or synchronized: any stream
+  static constexpr StreamId kUnifierStream = 0xfffffffeu;  // freed after record_stream (PyTorch's
+                                                           // "unifier" stream, nobody waits on it)
+  enum class Kind : std::uint8_t { free, used, unmapped };
+
+  // The arena is covered by ranges without gaps: free and used ranges are mapped memory,
+  // unmapped ranges are whole chunks of address space without memory.
+  struct Range {
+    Bytes size = 0;
+    Kind kind = Kind::unmapped;
+    StreamId owner = kAnyStream;      // free: who may reuse it without further ado
+    std::uint64_t free_tick = 0;      // free: the owner stream's free counter at the free
+    bool opportunistic = false;       // free: the coin said this free completed early
+    BlockKey key = 0;                 // used: whose allocation
+  };
+  using Arena = std::map<DeviceAddr, Range>;
+
+  struct Live {
+    bool live = false;
+    bool zero = false;  // a 0-byte request: PyTorch never calls cudaMallocAsync for it
+    DeviceAddr addr = 0;
+    Bytes size = 0;       // 512 B-rounded
+    Bytes requested = 0;
+    StreamId stream = 0;
+    bool recorded = false;  // record_stream on another stream: the free goes to the unifier
+  };
+
+  bool usable(const Range& r, StreamId stream) const;
+  bool best_single_fit(StreamId stream, Bytes size, DeviceAddr& at) const;
+  template <class Pred>
+  bool best_run(Pred usable_range, Bytes size, DeviceAddr& at) const;
+  bool grow(StreamId stream, Bytes size, DeviceAddr& at);
+  void take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size);
+  void carve(DeviceAddr at, Bytes size, BlockKey key);
+  void trim_to(Bytes keep);
+  Arena::iterator coalesce(Arena::iterator it);
+  void absorb_next(Arena::iterator dst);
+  Arena::iterator insert_range(DeviceAddr addr, const Range& r);
+  Arena::iterator erase_range(Arena::iterator it);
+  void set_owner(Arena::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic);
+  void ensure_stream(StreamId s);
+  void order_after(StreamId waiter, StreamId target);
+  bool coin();
+  void record_oom(Bytes size, Bytes rounded, StreamId stream, bool fraction);
+
+  SimDevice& device_;
+  AsyncOptions options_;
+  std::uint64_t rng_state_;
+  std::optional<Bytes> limit_;  // fraction x total, on requested bytes
+  DeviceAddr base_ = 0;         // arena start, aligned to the granularity
+  Arena arena_;
+  FreeIndex sizes_;  // free ranges by (owner, size, address), for the best fit of one owner
+  NodeStash<Arena> arena_nodes_;
+  std::vector<Live> keys_;
+  // Event-edge bookkeeping (vector clocks): ticks_[s] counts frees on stream s;
+  // seen_[w][s] is the latest free tick of s that stream w is ordered after.
+  std::vector<std::uint64_t> ticks_;
+  std::vector<std::vector<std::uint64_t>> seen_;
+  AllocStats stats_;
+  std::optional<OomInfo> last_oom_;
+};
+
+}  // namespace vf::sim

@@ -1,0 +1,239 @@
+// `caching` and `caching-expandable`: PyTorch's native CUDA caching allocator
+// (c10/cuda/CUDACachingAllocator.cpp) as a model you can read in one sitting.
+//
+// The rules, in the order a request meets them (cuda-allocators.md §1, §7.3, §7.4):
+//   1. round the request up (512 B, optionally power-of-two divisions);
+//   2. pick the pool by the rounded size: <= 1 MiB small, else large (pools never share);
+//   3. best fit among the free blocks of that pool cached *on the same stream*, obeying the
+//      oversize rules of max_split_size_mb;
+//   4. on a miss, get a new segment: cudaMalloc(2 MiB | 20 MiB | round-up-to-2 MiB) for native,
+//      or map 2 MiB / 20 MiB pages into the stream's growable segment for expandable;
+//   5. split the block when the remainder is worth keeping, else hand out the whole block;
+//   6. on failure walk the ladder: release oversize cached blocks, retry; sync every event,
+//      release every fully free segment (unmap every free page), retry; then OOM.
+// Frees merge with free neighbours of the same segment. A block used on other streams
+// (record_stream) stays out of the cache until events recorded at free time complete.
+//
+// Both modes share this class; what differs is the device layer below the blocks (whole
+// cudaMalloc segments vs. pages mapped into a reserved VA range) and is kept in
+// caching_expandable.cpp.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness/sim/allocator.h"
+#include "harness/sim/free_index.h"
+#include "harness/sim/node_stash.h"
+
+namespace vf::sim {
+
+// ---- Constants (PyTorch's names; unchanged in every version read, §1.1) --------------------
+
+// Every request is rounded up to a multiple of 512 B (minimum 512 B). cudaMalloc hands out
+// 512 B-spaced addresses, so carving blocks in 512 B steps keeps every block aligned.
+inline constexpr Bytes kMinBlockSize = 512;
+// Rounded requests up to 1 MiB are "small" and live in their own pool, so many tiny tensors
+// do not fragment the segments that large tensors need.
+inline constexpr Bytes kSmallSize = 1 * MiB;
+// A small-pool miss asks the device for one 2 MiB segment (one physical page) and carves it.
+inline constexpr Bytes kSmallBuffer = 2 * MiB;
+// Large requests below 10 MiB share a "large buffer" segment instead of getting their own.
+inline constexpr Bytes kMinLargeAlloc = 10 * MiB;
+// That large buffer: 20 MiB. Newer PyTorch makes it `large_segment_size_mb`; this is the default.
+inline constexpr Bytes kLargeBuffer = 20 * MiB;
+// Requests of 10 MiB and more get a segment of their own, rounded up to whole 2 MiB pages.
+inline constexpr Bytes kRoundLarge = 2 * MiB;
+// roundup_power2_divisions has one entry per power-of-two interval from 1 MiB to 64 GiB:
+// entry i covers [2^i, 2^(i+1)) MiB; everything below 1 MiB uses entry 0, >= 32 GiB entry 15.
+inline constexpr std::size_t kRoundupIntervals = 16;
+// Expandable segments reserve 1.125 x the device's total memory of virtual address space each
+// (written as 9/8 so it stays integer arithmetic).
+inline constexpr Bytes kExpandableVaNum = 9;
+inline constexpr Bytes kExpandableVaDen = 8;
+// "No limit" for max_split_size (PyTorch: SIZE_MAX).
+inline constexpr Bytes kUnlimited = ~Bytes{0};
+// Requests above this can never be satisfied by any device and are refused as OOM up front
+// (PyTorch refuses >= 1 EB the same way); it also keeps the rounding arithmetic overflow-free.
+inline constexpr Bytes kMaxRequest = Bytes{1} << 60;
+
+using RoundupDivisions = std::array<std::uint32_t, kRoundupIntervals>;
+
+// The knobs of PYTORCH_ALLOC_CONF that the model honours (alloc_options.cpp parses them).
+struct CachingOptions {
+  RoundupDivisions roundup_divisions{};     // roundup_power2_divisions; 0 / 1 = plain 512 B rounding
+  Bytes max_split_size = kUnlimited;        // max_split_size_mb: blocks >= it are never split
+  Bytes max_non_split_rounding = 20 * MiB;  // max_non_split_rounding_mb: oversize reuse slack
+  double garbage_collection_threshold = 0;  // (0,1); active only with a memory fraction
+  double memory_fraction = 1.0;             // per_process_memory_fraction; 1 = no limit
+  bool expandable_segments = false;         // expandable_segments:True
+  Bytes large_segment_size = kLargeBuffer;  // large_segment_size_mb
+  // Sim-only: how many later mallocs still see a record_stream event pending. nullopt (the
+  // default, conservative): events complete only at synchronize() / empty_cache() / the
+  // OOM ladder's sync. See "work done" in docs/allocators.md.
+  std::optional<std::uint32_t> event_lag_mallocs;
+};
+
+// §1.2: the rounded size of a request (size <= kMaxRequest).
+Bytes round_size(Bytes size, const RoundupDivisions& divisions);
+// The divisions-table entry a size uses.
+std::size_t roundup_interval(Bytes size);
+// §1.3: the segment size a miss asks for, from the rounded size.
+Bytes allocation_size(Bytes rounded, Bytes large_segment_size);
+
+class CachingAllocator final : public Allocator {
+ public:
+  CachingAllocator(SimDevice& device, const CachingOptions& options);
+
+  AllocatorMode mode() const override {
+    return options_.expandable_segments ? AllocatorMode::caching_expandable : AllocatorMode::caching;
+  }
+  bool malloc(BlockKey key, Bytes size, StreamId stream) override;
+  void free(BlockKey key) override;
+  void record_stream(BlockKey key, StreamId stream) override;
+  // The native allocator never sees stream edges: only its own events tell it work is done.
+  void stream_wait(StreamId, StreamId) override {}
+  void synchronize() override;
+  void empty_cache() override;
+  const AllocStats& stats() const override { return stats_; }
+  void reset_peak_stats() override;
+  void live_blocks(std::vector<BlockView>& out) const override;
+  const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
+
+  // Introspection for tests and reports.
+  const CachingOptions& options() const { return options_; }
+  std::size_t segment_count() const;       // live cudaMalloc segments / expandable VA segments
+  std::size_t pending_events() const { return pending_.size(); }
+  std::optional<Bytes> allowed_memory() const { return allowed_; }  // fraction x total
+
+ private:
+  using Index = std::uint32_t;
+  static constexpr Index kNone = 0xffffffffu;
+  static constexpr Index kZeroSized = 0xfffffffeu;  // a live key of 0 bytes: no block at all
+
+  enum class State : std::uint8_t {
+    free,             // in its pool's free set, reusable
+    allocated,        // handed out to a key
+    awaiting_events,  // freed, but other streams' events recorded at free time are pending
+    unmapped,         // expandable only: VA without physical pages
+  };
+
+  // Expandable: unmapped VA pieces by (stream, address), searched lowest address first.
+  struct UnmappedKey {
+    StreamId stream;
+    DeviceAddr addr;
+    Index block;
+    bool operator<(const UnmappedKey& o) const {
+      return stream != o.stream ? stream < o.stream : addr < o.addr;
+    }
+  };
+  using UnmappedSet = std::set<UnmappedKey>;
+
+  struct Pool {
+    bool small = false;
+    FreeIndex blocks;  // free mapped blocks by (stream, size, address): best fit is lower_bound
+    UnmappedSet unmapped;
+    std::uint64_t lookups = 0;  // get_free_block calls; block age for GC = lookups - gc_base
+  };
+
+  struct Block {
+    DeviceAddr addr = 0;
+    Bytes size = 0;
+    Bytes requested = 0;
+    Index prev = kNone;  // neighbours in the same segment, by address
+    Index next = kNone;
+    Index segment = kNone;
+    StreamId stream = 0;
+    State state = State::free;
+    bool small = false;
+    std::uint32_t event_count = 0;
+    std::uint64_t gc_base = 0;
+    BlockKey key = 0;
+    UnmappedSet::iterator unmapped_it{};  // valid while state == unmapped
+    std::vector<StreamId> stream_uses;    // record_stream set (rarely non-empty)
+  };
+
+  struct Segment {
+    bool live = false;
+    DeviceAlloc alloc;   // native: what cudaFree needs
+    DeviceAddr base = 0; // expandable: start of the reserved VA
+    Bytes page = 0;      // expandable: 2 MiB (small) or large_segment_size (large)
+  };
+
+  // An event recorded on a stream that used a freed block; `ready_at` is the malloc number
+  // whose process_events first sees it complete (kNever until a sync).
+  struct PendingEvent {
+    Index block;
+    std::uint64_t ready_at;
+  };
+  static constexpr std::uint64_t kNever = ~std::uint64_t{0};
+
+  enum class Failure : std::uint8_t { none, fraction, device };
+
+  // -- the malloc path (caching.cpp) --
+  Index get_free_block(Pool& pool, StreamId stream, Bytes size);
+  Index alloc_block(Pool& pool, StreamId stream, Bytes rounded, Bytes alloc_size);
+  bool release_available_cached_blocks(Pool& pool, StreamId stream, Bytes rounded);
+  void release_cached_blocks();
+  void garbage_collect_cached_blocks();
+  bool should_split(const Block& b, Bytes size) const;
+  Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key);
+  void free_block(Index b);
+  Bytes try_merge(Index dst, Index src);
+  void process_events();
+  void synchronize_and_free_events();
+  void record_oom(Bytes size, Bytes rounded, Bytes alloc_size, StreamId stream);
+
+  // -- native device layer (caching.cpp) --
+  Index new_segment(Pool& pool, StreamId stream, Bytes alloc_size);
+  void release_block(Index b);
+  void release_pool_native(Pool& pool);
+
+  // -- expandable device layer (caching_expandable.cpp) --
+  Index map_expandable(Pool& pool, StreamId stream, Bytes rounded);
+  Index find_expandable_candidate(Pool& pool, StreamId stream, Bytes size);
+  Index new_expandable_segment(Pool& pool, StreamId stream);
+  Index map_block(Index unmapped, Bytes bytes);
+  void unmap_block(Index b);
+  void merge_unmapped(Index dst, Index src);
+  void release_pool_expandable(Pool& pool);
+  Bytes expandable_size(Index b) const;
+
+  // -- bookkeeping --
+  Pool& pool_of(const Block& b) { return b.small ? small_ : large_; }
+  Index new_block();
+  void recycle_block(Index b);
+  Index new_segment_slot();
+  void insert_free(Index b);
+  void erase_free(Index b);
+  void insert_unmapped(Index b);
+  void erase_unmapped(Index b);
+  bool is_split(const Block& b) const { return b.prev != kNone || b.next != kNone; }
+  bool gc_enabled() const { return allowed_.has_value() && options_.garbage_collection_threshold > 0; }
+
+  SimDevice& device_;
+  CachingOptions options_;
+  bool any_divisions_ = false;    // a non-trivial roundup table is set
+  std::optional<Bytes> allowed_;  // memory fraction x total, when fraction < 1
+  Pool small_;
+  Pool large_;
+  std::vector<Block> blocks_;  // indexed by Index; new_block() may move it: re-fetch references
+  std::vector<Index> spare_blocks_;
+  std::vector<Segment> segments_;
+  std::vector<Index> spare_segments_;
+  std::vector<Index> keys_;  // BlockKey -> block (kNone: not live)
+  std::vector<Index> scratch_;  // block lists for release / GC passes (kept to avoid churn)
+  std::deque<PendingEvent> pending_;
+  std::uint64_t malloc_count_ = 0;
+  NodeStash<UnmappedSet> unmapped_nodes_;
+  Failure last_failure_ = Failure::none;
+  AllocStats stats_;
+  std::optional<OomInfo> last_oom_;
+};
+
+}  // namespace vf::sim

@@ -1,0 +1,78 @@
+// The simulated device: what the driver does below every allocator. Capacity is
+// total - used by others - context; cudaMalloc charges physical memory in 2 MiB pages
+// (small allocations packed into shared pages); VMM pages (expandable segments) are charged
+// exactly. Addresses are modelled so that overlap of live blocks can be checked.
+// Rules: ../shared/reference/cuda-allocators.md §3.2, §7.1-7.2.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "harness/core/bytes.h"
+#include "harness/scenario.h"
+
+namespace vf::sim {
+
+// cudaMalloc returns memory aligned to (and spaced by) at least 512 B.
+inline constexpr Bytes kCudaMallocAlign = 512;
+// Physical memory is backed in 2 MiB pages: buffers >= 2 MiB are charged in whole pages of
+// their own; smaller ones share pages.
+inline constexpr Bytes kDevicePage = 2 * MiB;
+
+using DeviceAddr = std::uint64_t;
+
+inline constexpr std::uint32_t kNoPage = 0xffffffffu;
+
+struct DeviceAlloc {
+  DeviceAddr addr = 0;
+  Bytes size = 0;                   // as requested, rounded up to 512 B
+  Bytes charge = 0;                 // physical bytes charged for it alone (0 when packed)
+  std::uint32_t page = kNoPage;     // the shared small page it was packed into
+};
+
+class SimDevice {
+ public:
+  explicit SimDevice(const DeviceSpec& spec);
+
+  // cudaMalloc(size): nullopt when the pages it needs are not free (cudaErrorMemoryAllocation).
+  std::optional<DeviceAlloc> cuda_malloc(Bytes size);
+  void cuda_free(const DeviceAlloc& a);
+
+  // Virtual address space without physical backing (cuMemAddressReserve), and physical pages
+  // mapped into it (cuMemCreate + cuMemMap), charged exactly (callers pass page multiples).
+  DeviceAddr reserve_address_range(Bytes size);
+  bool map(Bytes bytes);
+  void unmap(Bytes bytes);
+
+  Bytes capacity() const { return capacity_; }   // total - others - context
+  Bytes charged() const { return charged_; }     // physical bytes our process holds
+  Bytes peak_charged() const { return peak_charged_; }
+  Bytes free() const { return capacity_ - charged_; }
+  // The device-wide view (what NVML / cudaMemGetInfo would report as used): others + context +
+  // what we hold.
+  Bytes baseline_used() const { return spec_.used_by_others + spec_.context_overhead; }
+  Bytes device_used() const { return baseline_used() + charged_; }
+  const DeviceSpec& spec() const { return spec_; }
+
+ private:
+  bool charge(Bytes b);
+  void release(Bytes b);
+
+  struct SmallPage {
+    DeviceAddr base = 0;
+    Bytes used = 0;         // bump offset within the page
+    std::uint32_t live = 0; // live allocations in it; the page is released at 0
+  };
+
+  DeviceSpec spec_;
+  Bytes capacity_ = 0;
+  Bytes charged_ = 0;
+  Bytes peak_charged_ = 0;
+  DeviceAddr next_addr_ = 0x7f0000000000ull;
+  std::vector<SmallPage> small_pages_;   // slots are reused once a page is released
+  std::vector<std::uint32_t> free_slots_;  // released page slots
+  std::uint32_t open_page_ = kNoPage;      // the page new small allocations are packed into
+};
+
+}  // namespace vf::sim

@@ -1,0 +1,169 @@
+// The free blocks of one caching-allocator pool, ordered by (stream, size, address) exactly
+// like PyTorch's free lists, so "best fit" is the first entry at or after (stream, size).
+//
+// It is a std::set<(stream, size, address)> in behaviour, built for millions of updates per
+// second without heap churn: per stream ("lane"), sizes fall into bins, eight per power of two
+// (TLSF-style), a bitmap marks the non-empty bins, and each bin is a small vector sorted by
+// (size, address). Finding the best fit is a binary search in one bin or a bit scan to the next
+// non-empty bin; bins keep their capacity, so steady-state inserts do not allocate.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+#include "harness/core/bytes.h"
+
+namespace vf::sim {
+
+class FreeIndex {
+ public:
+  using StreamId = std::uint32_t;
+  using DeviceAddr = std::uint64_t;
+
+  struct Entry {
+    Bytes size;
+    DeviceAddr addr;
+    std::uint32_t block;
+  };
+
+  // A position in one stream's order; invalidated by any insert or erase.
+  struct Cursor {
+    std::uint32_t lane = 0;
+    std::uint32_t bin = 0;
+    std::uint32_t pos = 0;
+    bool valid = false;
+  };
+
+  void insert(StreamId stream, Bytes size, DeviceAddr addr, std::uint32_t block) {
+    Lane& lane = lane_for(stream);
+    const std::uint32_t b = bin_of(size);
+    std::vector<Entry>& bin = lane.bins[b];
+    bin.insert(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before), Entry{size, addr, block});
+    lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
+    ++count_;
+  }
+
+  // Erases the entry (stream, size, addr), which must be present.
+  void erase(StreamId stream, Bytes size, DeviceAddr addr) {
+    Lane& lane = lanes_[find_lane(stream)];
+    const std::uint32_t b = bin_of(size);
+    std::vector<Entry>& bin = lane.bins[b];
+    bin.erase(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before));
+    if (bin.empty()) lane.nonempty[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    --count_;
+  }
+
+  // The smallest entry of `stream` with size >= `size` (lowest address among equals).
+  Cursor lower_bound(StreamId stream, Bytes size) const {
+    const std::uint32_t l = find_lane(stream);
+    if (l == kNoLane) return {};
+    const Lane& lane = lanes_[l];
+    const std::uint32_t b = bin_of(size);
+    const std::vector<Entry>& bin = lane.bins[b];
+    const auto it = std::lower_bound(bin.begin(), bin.end(), Entry{size, 0, 0}, before);
+    if (it != bin.end()) return Cursor{l, b, static_cast<std::uint32_t>(it - bin.begin()), true};
+    return first_from(l, b + 1);
+  }
+
+  // The largest entry of `stream`.
+  Cursor last(StreamId stream) const {
+    const std::uint32_t l = find_lane(stream);
+    if (l == kNoLane) return {};
+    return last_upto(l, kBins - 1);
+  }
+
+  Cursor next(Cursor c) const {
+    if (c.pos + 1 < lanes_[c.lane].bins[c.bin].size()) return Cursor{c.lane, c.bin, c.pos + 1, true};
+    return first_from(c.lane, c.bin + 1);
+  }
+
+  const Entry& at(Cursor c) const { return lanes_[c.lane].bins[c.bin][c.pos]; }
+
+  std::size_t size() const { return count_; }
+
+  // Calls f(entry) for every entry, stream by stream (in order of first use), each in order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const Lane& lane : lanes_) {
+      for (std::uint32_t w = 0; w < kWords; ++w) {
+        for (std::uint64_t bits = lane.nonempty[w]; bits != 0; bits &= bits - 1) {
+          for (const Entry& e : lane.bins[w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits))]) f(e);
+        }
+      }
+    }
+  }
+
+  // Appends every entry's block (all streams) to `out`.
+  void collect(std::vector<std::uint32_t>& out) const {
+    for_each([&](const Entry& e) { out.push_back(e.block); });
+  }
+
+ private:
+  // Eight bins per power of two: the top bit picks the octave, the next three bits the bin.
+  // Sizes below 16 B share bin 0 (the caching allocator never has blocks below 512 B).
+  static constexpr std::uint32_t kBins = 61 * 8;
+  static constexpr std::uint32_t kWords = (kBins + 63) / 64;
+  static constexpr std::uint32_t kNoLane = 0xffffffffu;
+
+  static std::uint32_t bin_of(Bytes size) {
+    if (size < 16) return 0;
+    const auto top = static_cast<std::uint32_t>(std::bit_width(size) - 1);  // >= 4
+    return (top - 3) * 8 + static_cast<std::uint32_t>((size >> (top - 3)) & 7) - 8;
+  }
+
+  static bool before(const Entry& a, const Entry& b) { return a.size != b.size ? a.size < b.size : a.addr < b.addr; }
+
+  struct Lane {
+    StreamId stream = 0;
+    std::vector<std::vector<Entry>> bins = std::vector<std::vector<Entry>>(kBins);
+    std::array<std::uint64_t, kWords> nonempty{};
+  };
+
+  std::uint32_t find_lane(StreamId stream) const {
+    for (std::uint32_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i].stream == stream) return i;
+    }
+    return kNoLane;
+  }
+
+  Lane& lane_for(StreamId stream) {
+    const std::uint32_t i = find_lane(stream);
+    if (i != kNoLane) return lanes_[i];
+    lanes_.emplace_back();
+    lanes_.back().stream = stream;
+    return lanes_.back();
+  }
+
+  // First entry in bins >= `from` of lane `l`.
+  Cursor first_from(std::uint32_t l, std::uint32_t from) const {
+    const Lane& lane = lanes_[l];
+    for (std::uint32_t w = from / 64; w < kWords && from < kBins; ++w) {
+      std::uint64_t bits = lane.nonempty[w];
+      if (w == from / 64) bits &= ~std::uint64_t{0} << (from % 64);
+      if (bits != 0) return Cursor{l, w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits)), 0, true};
+    }
+    return {};
+  }
+
+  // Last entry in bins <= `upto` of lane `l`.
+  Cursor last_upto(std::uint32_t l, std::uint32_t upto) const {
+    const Lane& lane = lanes_[l];
+    for (std::uint32_t w = upto / 64 + 1; w-- > 0;) {
+      std::uint64_t bits = lane.nonempty[w];
+      if (w == upto / 64 && upto % 64 != 63) bits &= (std::uint64_t{1} << (upto % 64 + 1)) - 1;
+      if (bits != 0) {
+        const std::uint32_t b = w * 64 + 63 - static_cast<std::uint32_t>(std::countl_zero(bits));
+        return Cursor{l, b, static_cast<std::uint32_t>(lane.bins[b].size() - 1), true};
+      }
+    }
+    return {};
+  }
+
+  std::vector<Lane> lanes_;  // one per stream seen, in order of first use
+  std::size_t count_ = 0;
+};
+
+}  // namespace vf::sim

@@ -1,0 +1,43 @@
+// `raw`: every tensor is its own cudaMalloc / cudaFree (PYTORCH_NO_CUDA_MEMORY_CACHING=1).
+// cudaFree synchronizes the device, so memory is back the moment the free is issued. Reserved is
+// what the driver charged (2 MiB pages, small buffers packed); allocated is the 512 B-rounded size.
+#pragma once
+
+#include <vector>
+
+#include "harness/sim/allocator.h"
+
+namespace vf::sim {
+
+class RawAllocator final : public Allocator {
+ public:
+  explicit RawAllocator(SimDevice& device) : device_(device) {}
+
+  AllocatorMode mode() const override { return AllocatorMode::raw; }
+  bool malloc(BlockKey key, Bytes size, StreamId stream) override;
+  void free(BlockKey key) override;
+  void record_stream(BlockKey, StreamId) override {}
+  void stream_wait(StreamId, StreamId) override {}
+  void synchronize() override {}
+  void empty_cache() override {}
+  const AllocStats& stats() const override { return stats_; }
+  void reset_peak_stats() override;
+  void live_blocks(std::vector<BlockView>& out) const override;
+  const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
+
+ private:
+  struct Live {
+    bool live = false;
+    DeviceAlloc alloc;
+    Bytes requested = 0;
+    StreamId stream = 0;
+  };
+  void sync_reserved();
+
+  SimDevice& device_;
+  std::vector<Live> blocks_;  // indexed by key
+  AllocStats stats_;
+  std::optional<OomInfo> last_oom_;
+};
+
+}  // namespace vf::sim

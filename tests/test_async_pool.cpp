@@ -1,0 +1,316 @@
+// `async`: the cudaMallocAsync default pool as PyTorch uses it (cuda-allocators.md §2, §3.1,
+// §7.5): 512 B Used steps, chunked growth, release threshold, the three reuse policies, the
+// fragmentation term, no retry.
+#include <gtest/gtest.h>
+
+#include "harness/core/error.h"
+#include "harness/sim/async_pool.h"
+
+namespace vf::sim {
+namespace {
+
+DeviceSpec spec_of(Bytes total) {
+  DeviceSpec s;
+  s.total = total;
+  s.context_overhead = 0;
+  return s;
+}
+
+DeviceAddr addr_of(const Allocator& a, BlockKey key) {
+  std::vector<BlockView> live;
+  a.live_blocks(live);
+  for (const BlockView& b : live) {
+    if (b.key == key) return b.addr;
+  }
+  ADD_FAILURE() << "key " << key << " is not live";
+  return 0;
+}
+
+// Cross-stream tests switch the coin off so only the rule under test can allow reuse.
+AsyncOptions no_opportunistic() {
+  AsyncOptions o;
+  o.reuse_allow_opportunistic = false;
+  return o;
+}
+
+TEST(AsyncPool, UsedGrowsBy512ByteStepsReservedByChunks) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, {}, 0);
+  ASSERT_TRUE(a.malloc(0, 600, 0));
+  EXPECT_EQ(a.stats().allocated.current, 1024u);
+  EXPECT_EQ(a.stats().active.current, 1024u);
+  EXPECT_EQ(a.stats().requested.current, 600u);
+  EXPECT_EQ(a.stats().reserved.current, 2 * MiB);  // default granularity (UNVERIFIED): 2 MiB
+  ASSERT_TRUE(a.malloc(1, 3 * MiB, 0));            // 2 MiB - 1 KiB free in the pool: grow by 2 MiB
+  EXPECT_EQ(a.stats().reserved.current, 4 * MiB);
+  EXPECT_EQ(addr_of(a, 1), addr_of(a, 0) + 1024);  // placed by address, right after
+  EXPECT_EQ(d.charged(), 4 * MiB);
+}
+
+TEST(AsyncPool, ThirtyTwoMiBGranularityReservesAheadOfAllocated) {
+  SimDevice d(spec_of(24 * GiB));
+  AsyncOptions o;
+  o.pool_granularity = kOriginPoolGranularity;
+  AsyncPoolAllocator a(d, o, 0);
+  ASSERT_TRUE(a.malloc(0, 40 * MiB, 0));
+  EXPECT_EQ(a.stats().reserved.current, 64 * MiB);  // two chunks for 40 MiB
+  ASSERT_TRUE(a.malloc(1, 40 * MiB, 0));            // 24 MiB tail + one more chunk
+  EXPECT_EQ(a.stats().reserved.current, 96 * MiB);
+  EXPECT_EQ(addr_of(a, 1), addr_of(a, 0) + 40 * MiB);
+  ASSERT_TRUE(a.malloc(2, 10 * MiB, 0));            // fits the 16 MiB tail
+  EXPECT_EQ(a.stats().reserved.current, 96 * MiB);
+}
+
+// ---- release threshold -----------------------------------------------------------------------
+
+TEST(AsyncPool, ThresholdZeroTrimsAtSynchronize) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncOptions o;
+  o.release_threshold = 0;  // CUDA's own default
+  AsyncPoolAllocator a(d, o, 0);
+  ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
+  ASSERT_TRUE(a.malloc(1, 10 * MiB, 0));
+  a.free(0);
+  EXPECT_EQ(a.stats().reserved.current, 110 * MiB);  // nothing happens at the free itself
+  a.synchronize();
+  EXPECT_EQ(a.stats().reserved.current, 10 * MiB);   // only the live block's chunks stay
+  EXPECT_EQ(d.charged(), 10 * MiB);
+}
+
+TEST(AsyncPool, PyTorchsThresholdNeverTrimsAtSynchronize) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, {}, 0);  // release_threshold = UINT64_MAX, as PyTorch sets it
+  EXPECT_EQ(a.options().release_threshold, kReleaseNever);
+  ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
+  a.free(0);
+  a.synchronize();
+  EXPECT_EQ(a.stats().reserved.current, 100 * MiB);
+  a.empty_cache();  // torch.cuda.empty_cache(): device sync + TrimTo(0)
+  EXPECT_EQ(a.stats().reserved.current, 0u);
+  EXPECT_EQ(d.charged(), 0u);
+}
+
+TEST(AsyncPool, ThresholdKeepsThatMuchAtSynchronize) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncOptions o;
+  o.release_threshold = 30 * MiB;
+  AsyncPoolAllocator a(d, o, 0);
+  ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
+  a.free(0);
+  a.synchronize();
+  EXPECT_EQ(a.stats().reserved.current, 30 * MiB);
+}
+
+TEST(AsyncPool, TrimNeverReleasesAChunkHoldingLiveData) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncOptions o;
+  o.pool_granularity = 32 * MiB;
+  AsyncPoolAllocator a(d, o, 0);
+  ASSERT_TRUE(a.malloc(0, 40 * MiB, 0));  // [0, 40) in chunks 0-1
+  ASSERT_TRUE(a.malloc(1, 10 * MiB, 0));  // [40, 50) in chunk 1
+  a.free(0);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved.current, 32 * MiB);  // chunk 0 released, chunk 1 kept
+}
+
+// ---- reuse across streams ---------------------------------------------------------------------
+
+TEST(AsyncPool, SameStreamReusesAtOnce) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, no_opportunistic(), 0);
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 0));
+  const DeviceAddr first = addr_of(a, 0);
+  a.free(0);
+  ASSERT_TRUE(a.malloc(1, 64 * MiB, 0));
+  EXPECT_EQ(addr_of(a, 1), first);
+  EXPECT_EQ(a.stats().reserved.current, 64 * MiB);
+}
+
+TEST(AsyncPool, OtherStreamReusesOnlyAfterAWaitEdgeOrASync) {
+  auto reserved_after = [](auto between) {
+    SimDevice d(spec_of(1 * GiB));
+    AsyncPoolAllocator a(d, no_opportunistic(), 0);
+    EXPECT_TRUE(a.malloc(0, 64 * MiB, 0));
+    a.free(0);
+    between(a);
+    EXPECT_TRUE(a.malloc(1, 64 * MiB, 1));
+    return a.stats().reserved.current;
+  };
+  EXPECT_EQ(reserved_after([](Allocator&) {}), 128 * MiB);                          // no edge: grow
+  EXPECT_EQ(reserved_after([](Allocator& a) { a.stream_wait(1, 0); }), 64 * MiB);   // edge after free
+  EXPECT_EQ(reserved_after([](Allocator& a) { a.stream_wait(0, 1); }), 128 * MiB);  // wrong direction
+  EXPECT_EQ(reserved_after([](Allocator& a) { a.synchronize(); }), 64 * MiB);
+}
+
+TEST(AsyncPool, AWaitIssuedBeforeTheFreeDoesNotCount) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, no_opportunistic(), 0);
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 0));
+  a.stream_wait(1, 0);
+  a.free(0);
+  ASSERT_TRUE(a.malloc(1, 64 * MiB, 1));
+  EXPECT_EQ(a.stats().reserved.current, 128 * MiB);
+}
+
+TEST(AsyncPool, EventEdgesAreTransitive) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, no_opportunistic(), 0);
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 0));
+  a.free(0);
+  a.stream_wait(1, 0);
+  a.stream_wait(2, 1);  // stream 2 is now after stream 0's free too
+  ASSERT_TRUE(a.malloc(1, 64 * MiB, 2));
+  EXPECT_EQ(a.stats().reserved.current, 64 * MiB);
+}
+
+TEST(AsyncPool, FollowEventDependenciesCanBeSwitchedOff) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncOptions o = no_opportunistic();
+  o.reuse_follow_event_dependencies = false;
+  AsyncPoolAllocator a(d, o, 0);
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 0));
+  a.free(0);
+  a.stream_wait(1, 0);
+  ASSERT_TRUE(a.malloc(1, 64 * MiB, 1));
+  EXPECT_EQ(a.stats().reserved.current, 128 * MiB);
+}
+
+TEST(AsyncPool, OpportunisticReuseFollowsTheSeededCoin) {
+  auto reserved_with = [](double p) {
+    SimDevice d(spec_of(1 * GiB));
+    AsyncOptions o;
+    o.opportunistic_probability = p;
+    AsyncPoolAllocator a(d, o, 0);
+    EXPECT_TRUE(a.malloc(0, 64 * MiB, 0));
+    a.free(0);
+    EXPECT_TRUE(a.malloc(1, 64 * MiB, 1));
+    return a.stats().reserved.current;
+  };
+  EXPECT_EQ(reserved_with(1.0), 64 * MiB);   // the free always counts as complete
+  EXPECT_EQ(reserved_with(0.0), 128 * MiB);  // never
+}
+
+TEST(AsyncPool, SameSeedSameTrace) {
+  auto trace = [](std::uint64_t seed) {
+    SimDevice d(spec_of(4 * GiB));
+    AsyncPoolAllocator a(d, {}, seed);
+    std::vector<DeviceAddr> addrs;
+    for (BlockKey k = 0; k < 64; ++k) {
+      EXPECT_TRUE(a.malloc(k, (k % 7 + 1) * MiB, k % 3));
+      addrs.push_back(addr_of(a, k));
+      if (k % 2 == 1) a.free(k - 1);
+    }
+    addrs.push_back(a.stats().reserved.current);
+    return addrs;
+  };
+  EXPECT_EQ(trace(42), trace(42));
+  bool any_differs = false;  // the coin matters: some seed takes another path
+  for (std::uint64_t s = 1; s < 16 && !any_differs; ++s) any_differs = trace(s) != trace(0);
+  EXPECT_TRUE(any_differs);
+}
+
+TEST(AsyncPool, InternalDependenciesOnlyWhenThePoolCannotGrow) {
+  auto run = [](bool internal) {
+    SimDevice d(spec_of(64 * MiB));
+    AsyncOptions o = no_opportunistic();
+    o.reuse_allow_internal_dependencies = internal;
+    AsyncPoolAllocator a(d, o, 0);
+    EXPECT_TRUE(a.malloc(0, 64 * MiB, 0));
+    a.free(0);
+    const bool ok = a.malloc(1, 64 * MiB, 1);  // cannot grow: device full
+    EXPECT_EQ(a.stats().num_alloc_retries, 0u);
+    return ok;
+  };
+  EXPECT_TRUE(run(true));    // the driver inserts the wait and reuses stream 0's free
+  EXPECT_FALSE(run(false));  // OOM
+}
+
+TEST(AsyncPool, RecordStreamFreesGoToTheUnifierStream) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, no_opportunistic(), 0);
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 0));
+  a.record_stream(0, 1);
+  a.free(0);
+  ASSERT_TRUE(a.malloc(1, 64 * MiB, 0));  // not even the creation stream reuses it at once
+  EXPECT_EQ(a.stats().reserved.current, 128 * MiB);
+  a.free(1);
+  a.synchronize();
+  ASSERT_TRUE(a.malloc(2, 128 * MiB, 1));  // after a sync all of it merges and is reusable
+  EXPECT_EQ(a.stats().reserved.current, 128 * MiB);
+}
+
+// ---- fragmentation and OOM --------------------------------------------------------------------
+
+TEST(AsyncPool, FragmentationOomWithReservedMinusUsedMuchLargerThanTheRequest) {
+  SimDevice d(spec_of(100 * MiB));
+  AsyncPoolAllocator a(d, {}, 0);
+  for (BlockKey k = 0; k < 50; ++k) ASSERT_TRUE(a.malloc(k, 2 * MiB, 0));
+  for (BlockKey k = 0; k < 50; k += 2) a.free(k);  // 25 scattered 2 MiB holes
+  EXPECT_EQ(a.stats().reserved.current, 100 * MiB);
+  EXPECT_EQ(a.stats().allocated.current, 50 * MiB);
+  EXPECT_FALSE(a.malloc(100, 4 * MiB, 0));  // no 4 MiB hole, and the pool cannot grow
+  EXPECT_EQ(a.stats().reserved.current - a.stats().allocated.current, 50 * MiB);
+  EXPECT_EQ(a.stats().num_ooms, 1u);
+  EXPECT_EQ(a.stats().num_alloc_retries, 0u);  // PyTorch raises at once
+  ASSERT_TRUE(a.last_oom());
+  EXPECT_NE(a.last_oom()->detail.find("reserved - used = 50.00 MiB"), std::string::npos);
+  EXPECT_NE(a.last_oom()->detail.find("largest free range 2.00 MiB"), std::string::npos);
+  a.synchronize();  // a sync does not defragment
+  EXPECT_FALSE(a.malloc(100, 4 * MiB, 0));
+  EXPECT_TRUE(a.malloc(100, 2 * MiB, 0));
+}
+
+TEST(AsyncPool, MemoryFractionLimitsRequestedBytes) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncOptions o;
+  o.memory_fraction = 0.5;
+  AsyncPoolAllocator a(d, o, 0);
+  ASSERT_TRUE(a.malloc(0, 500 * MiB, 0));
+  EXPECT_FALSE(a.malloc(1, 20 * MiB, 0));
+  EXPECT_EQ(d.charged(), 500 * MiB);
+  ASSERT_TRUE(a.last_oom());
+  EXPECT_NE(a.last_oom()->detail.find("per_process_memory_fraction"), std::string::npos);
+  EXPECT_TRUE(a.malloc(1, 12 * MiB, 0));
+}
+
+// ---- stats ------------------------------------------------------------------------------------
+
+TEST(AsyncPool, PeaksResetToCurrent) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, {}, 0);
+  ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
+  a.free(0);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved.peak, 100 * MiB);
+  EXPECT_EQ(a.stats().allocated.peak, 100 * MiB);
+  a.reset_peak_stats();  // writing 0 to ReservedMemHigh / UsedMemHigh: peak = current
+  EXPECT_EQ(a.stats().reserved.peak, 0u);
+  ASSERT_TRUE(a.malloc(1, 10 * MiB, 0));
+  EXPECT_EQ(a.stats().reserved.peak, 10 * MiB);
+  EXPECT_EQ(a.stats().inactive_split.current, 0u);
+}
+
+TEST(AsyncPool, ZeroBytesAndMisuse) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, {}, 0);
+  ASSERT_TRUE(a.malloc(0, 0, 0));
+  EXPECT_EQ(a.stats().reserved.current, 0u);
+  EXPECT_THROW(a.malloc(0, 8, 0), InfraError);
+  a.free(0);
+  EXPECT_THROW(a.free(0), InfraError);
+  EXPECT_THROW(a.malloc(1, 8, kMaxAsyncStreams), InfraError);
+}
+
+TEST(AsyncPool, BuiltFromTheConfig) {
+  SimDevice d(spec_of(1 * GiB));
+  AllocatorConfig cfg;
+  cfg.mode = AllocatorMode::async;
+  cfg.options = {{"pool_granularity", "32MiB"}, {"release_threshold", "0"}};
+  const auto a = make_allocator(cfg, d, 7);
+  EXPECT_EQ(a->mode(), AllocatorMode::async);
+  ASSERT_TRUE(a->malloc(0, 1, 0));
+  EXPECT_EQ(a->stats().reserved.current, 32 * MiB);
+}
+
+}  // namespace
+}  // namespace vf::sim

@@ -1,0 +1,264 @@
+// Trace replay: the JSONL format, its errors, the replay rows, the two output formats, and the
+// origin discussion's table reproduced under `async` with 32 MiB pool granularity.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+#include "harness/sim/replay.h"
+
+namespace vf::sim {
+namespace {
+
+DeviceSpec spec_of(Bytes total) {
+  DeviceSpec s;
+  s.total = total;
+  s.context_overhead = 0;
+  return s;
+}
+
+AllocatorConfig config(AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options = {}) {
+  AllocatorConfig c;
+  c.mode = mode;
+  c.options = std::move(options);
+  return c;
+}
+
+std::string error_of(std::string_view text) {
+  try {
+    parse_trace_text(text, "t.jsonl");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an InputError for: " << text;
+  return {};
+}
+
+TEST(TraceParse, AllOpsCommentsAndBlankLines) {
+  const std::string text =
+      "# a comment\n"
+      "\n"
+      "{\"op\":\"alloc\",\"id\":7,\"size\":1048577,\"stream\":0}\n"
+      "  {\"op\":\"alloc\",\"id\":8,\"size\":\"320MiB\",\"name\":\"blocks.0\"}\r\n"
+      "{\"op\":\"record_stream\",\"id\":7,\"stream\":1}\n"
+      "{\"op\":\"wait\",\"stream\":0,\"on\":1}\n"
+      "{\"op\":\"sync\"}\n"
+      "{\"op\":\"free\",\"id\":7}\n"
+      "{\"op\":\"empty_cache\"}";  // no trailing newline
+  const auto ev = parse_trace_text(text, "t.jsonl");
+  ASSERT_EQ(ev.size(), 7u);
+  EXPECT_EQ(ev[0].op, TraceEvent::Op::alloc);
+  EXPECT_EQ(ev[0].line, 3u);
+  EXPECT_EQ(ev[0].size, 1048577u);
+  EXPECT_EQ(ev[1].size, 320 * MiB);
+  EXPECT_EQ(ev[1].stream, 0u);  // default stream
+  EXPECT_EQ(ev[1].name, "blocks.0");
+  EXPECT_EQ(ev[2].op, TraceEvent::Op::record_stream);
+  EXPECT_EQ(ev[2].stream, 1u);
+  EXPECT_EQ(ev[3].op, TraceEvent::Op::wait);
+  EXPECT_EQ(ev[3].stream, 0u);
+  EXPECT_EQ(ev[3].on, 1u);
+  EXPECT_EQ(ev[4].op, TraceEvent::Op::sync);
+  EXPECT_EQ(ev[5].op, TraceEvent::Op::free);
+  EXPECT_EQ(ev[6].op, TraceEvent::Op::empty_cache);
+  EXPECT_EQ(ev[6].line, 9u);
+}
+
+TEST(TraceParse, ErrorsNameTheLineAndTheField) {
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1}"), "t.jsonl:1: size: missing");
+  EXPECT_EQ(error_of("\n{\"op\":\"alloc\",\"id\":1,\"size\":\"12XB\"}").rfind("t.jsonl:2: size: unknown unit", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1.5}").rfind("t.jsonl:1: size: expected whole bytes", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":-1,\"size\":1}"), "t.jsonl:1: id: must not be negative, got -1");
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":\"x\",\"size\":1}").rfind("t.jsonl:1: id: expected a non-negative integer", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1,\"stream\":64}"),
+            "t.jsonl:1: stream: stream 64 is out of range (0..63)");
+  EXPECT_EQ(error_of("{\"op\":\"malloc\"}").rfind("t.jsonl:1: op: unknown op \"malloc\"", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"free\",\"id\":1,\"size\":3}"), "t.jsonl:1: size: not a field of \"free\"");
+  EXPECT_EQ(error_of("{\"id\":1}"), "t.jsonl:1: op: missing");
+  EXPECT_EQ(error_of("[1,2]").rfind("t.jsonl:1: each line must be a JSON object", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"sync\"}\n{\"op\":").rfind("t.jsonl:2: not valid JSON", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"wait\",\"stream\":1}"), "t.jsonl:1: on: missing");
+  EXPECT_EQ(error_of("{\"op\":\"sync\",\"name\":3}"), "t.jsonl:1: name: expected a string, got 3");
+}
+
+TEST(TraceParse, LivenessIsChecked) {
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1}\n{\"op\":\"alloc\",\"id\":1,\"size\":1}"),
+            "t.jsonl:2: id: id 1 is already live (allocated at line 1)");
+  EXPECT_EQ(error_of("{\"op\":\"free\",\"id\":5}"), "t.jsonl:1: id: id 5 is not live (never allocated or already freed)");
+  EXPECT_EQ(error_of("{\"op\":\"record_stream\",\"id\":5,\"stream\":1}"), "t.jsonl:1: id: id 5 is not live");
+  // An id may be reused once freed.
+  EXPECT_NO_THROW(parse_trace_text(
+      "{\"op\":\"alloc\",\"id\":1,\"size\":1}\n{\"op\":\"free\",\"id\":1}\n{\"op\":\"alloc\",\"id\":1,\"size\":1}", "t"));
+}
+
+TEST(TraceParse, MissingFileIsAnInputError) {
+  try {
+    parse_trace_file("/nonexistent/trace.jsonl");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "/nonexistent/trace.jsonl");
+  }
+}
+
+TEST(TraceReplay, SparseLargeIdsAndRows) {
+  const auto ev = parse_trace_text(
+      "{\"op\":\"alloc\",\"id\":18446744073709551615,\"size\":\"1MiB\"}\n"
+      "{\"op\":\"alloc\",\"id\":900000000000,\"size\":\"30MiB\"}\n"
+      "{\"op\":\"free\",\"id\":18446744073709551615}\n"
+      "{\"op\":\"alloc\",\"id\":3,\"size\":600}\n"
+      "{\"op\":\"empty_cache\"}\n",
+      "t");
+  const ReplayResult r = replay_trace(ev, config(AllocatorMode::caching), spec_of(1 * GiB), 0);
+  ASSERT_EQ(r.rows.size(), 5u);
+  EXPECT_EQ(r.mode, AllocatorMode::caching);
+  EXPECT_EQ(r.rows[0].reserved, 2 * MiB);             // 1 MiB is small: 2 MiB segment
+  EXPECT_EQ(r.rows[1].reserved, 32 * MiB);            // + its own 30 MiB segment
+  EXPECT_EQ(r.rows[1].allocated, 31 * MiB);
+  EXPECT_EQ(r.rows[2].op, TraceEvent::Op::free);
+  EXPECT_EQ(r.rows[2].size, 1 * MiB);                 // a free row shows the size it had
+  EXPECT_EQ(r.rows[2].allocated, 30 * MiB);
+  EXPECT_EQ(r.rows[3].allocated, 30 * MiB + 1024);    // 600 B reuses the cached small segment
+  EXPECT_EQ(r.rows[3].reserved, 32 * MiB);
+  EXPECT_EQ(r.rows[4].reserved, 32 * MiB);            // both segments still in use
+  EXPECT_EQ(r.rows[1].device_used, 32 * MiB);
+  EXPECT_EQ(r.stats.reserved.peak, 32 * MiB);
+  EXPECT_EQ(r.oom_count, 0u);
+}
+
+TEST(TraceReplay, OomIsRecordedAndTheReplayGoesOn) {
+  const auto ev = parse_trace_text(
+      "{\"op\":\"alloc\",\"id\":1,\"size\":\"40MiB\"}\n"
+      "{\"op\":\"alloc\",\"id\":2,\"size\":\"40MiB\"}\n"
+      "{\"op\":\"record_stream\",\"id\":2,\"stream\":1}\n"
+      "{\"op\":\"free\",\"id\":2}\n"
+      "{\"op\":\"free\",\"id\":1}\n"
+      "{\"op\":\"alloc\",\"id\":2,\"size\":\"40MiB\"}\n",
+      "t");
+  const ReplayResult r = replay_trace(ev, config(AllocatorMode::caching), spec_of(64 * MiB), 0);
+  EXPECT_TRUE(r.rows[1].oom);
+  EXPECT_TRUE(r.rows[2].skipped);
+  EXPECT_TRUE(r.rows[3].skipped);
+  EXPECT_FALSE(r.rows[5].oom);
+  EXPECT_EQ(r.oom_count, 1u);
+  ASSERT_EQ(r.ooms.size(), 1u);
+  EXPECT_EQ(r.ooms[0].first, 1u);
+  EXPECT_EQ(r.ooms[0].second.request, 40 * MiB);
+  const std::string debug = format_replay_debug(r);
+  EXPECT_NE(debug.find("[DEBUG 1] reserved: 40.00 MiB (+ 0.00 MiB), allocated: 40.00 MiB, module: 40.00 MiB OOM\n"),
+            std::string::npos);
+  EXPECT_NE(debug.find("free: 40.00 MiB (skipped: its alloc failed)"), std::string::npos);
+}
+
+TEST(TraceReplay, DebugAndTableFormats) {
+  const auto ev = parse_trace_text(
+      "{\"op\":\"alloc\",\"id\":1,\"size\":\"320MiB\",\"name\":\"blocks.0\"}\n"
+      "{\"op\":\"free\",\"id\":1}\n"
+      "{\"op\":\"empty_cache\"}\n",
+      "t");
+  const ReplayResult r = replay_trace(ev, config(AllocatorMode::caching), spec_of(24 * GiB), 5);
+  EXPECT_EQ(format_replay_debug(r),
+            "[DEBUG 0] reserved: 320.00 MiB (+ 320.00 MiB), allocated: 320.00 MiB, module: 320.00 MiB (blocks.0)\n"
+            "[DEBUG 1] reserved: 320.00 MiB (+ 0.00 MiB), allocated: 0.00 MiB, free: 320.00 MiB\n"
+            "[DEBUG 2] reserved: 0.00 MiB (- 320.00 MiB), allocated: 0.00 MiB, empty_cache\n");
+  const std::string table = format_replay_table(r);
+  EXPECT_EQ(table.rfind("# mode caching seed 5 device 24 GiB", 0), 0u);
+  EXPECT_NE(table.find("event"), std::string::npos);
+  EXPECT_NE(table.find("reserved"), std::string::npos);
+  EXPECT_NE(table.find("blocks.0"), std::string::npos);
+  EXPECT_NE(table.find("# peaks: requested 320.00 MiB, allocated 320.00 MiB, reserved 320.00 MiB"), std::string::npos);
+}
+
+TEST(TraceReplay, SameSeedSameRows) {
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    text += fmt::format("{{\"op\":\"alloc\",\"id\":{},\"size\":{},\"stream\":{}}}\n", i, (i % 9 + 1) * 700000, i % 3);
+    if (i % 2 == 1) text += fmt::format("{{\"op\":\"free\",\"id\":{}}}\n", i - 1);
+    if (i % 17 == 0) text += fmt::format("{{\"op\":\"wait\",\"stream\":{},\"on\":{}}}\n", i % 3, (i + 1) % 3);
+  }
+  const auto ev = parse_trace_text(text, "t");
+  const auto cfg = config(AllocatorMode::async);
+  const ReplayResult a = replay_trace(ev, cfg, spec_of(8 * GiB), 11);
+  const ReplayResult b = replay_trace(ev, cfg, spec_of(8 * GiB), 11);
+  EXPECT_EQ(format_replay_table(a), format_replay_table(b));
+}
+
+TEST(TraceReplay, BadOptionsAreInputErrors) {
+  EXPECT_THROW(replay_trace({}, config(AllocatorMode::async, {{"max_split_size_mb", "100"}}), spec_of(1 * GiB), 0),
+               InputError);
+}
+
+// ---- The origin discussion's table --------------------------------------------------------------
+// reference/origin-discussion.txt: FLUX.2 text encoder on an RTX 4090 with cudaMallocAsync.
+// The thread prints reserved and allocated (MB = MiB) after each module's allocation.
+
+struct DebugLine {
+  std::size_t index;
+  double reserved;   // MiB
+  double allocated;  // MiB, as printed (two decimals)
+};
+
+// Every line the thread shows; 4..61 are elided there ("...") and follow the +320 MB pattern.
+std::vector<DebugLine> origin_lines() {
+  std::vector<DebugLine> lines;
+  lines.push_back({0, 1280, 1280});
+  for (std::size_t i = 1; i <= 63; ++i) lines.push_back({i, 1280.0 + 320.0 * static_cast<double>(i), 1280.0 + 320.0 * static_cast<double>(i)});
+  lines.push_back({64, 21504, 21480});
+  lines.push_back({65, 21536, 21520});
+  lines.push_back({66, 21568, 21560});
+  lines.push_back({67, 21600, 21600});
+  lines.push_back({68, 21632, 21610});
+  lines.push_back({69, 21632, 21610.01});
+  lines.push_back({70, 21632, 21610.02});
+  lines.push_back({71, 21632, 21610.03});
+  return lines;
+}
+
+std::string fixture_path() { return std::string(VF_SOURCE_DIR) + "/tests/data/origin-flux2.jsonl"; }
+
+TEST(OriginTable, AsyncWith32MiBGranularityReproducesEveryDebugLine) {
+  const auto events = parse_trace_file(fixture_path());
+  ASSERT_EQ(events.size(), 72u);
+  DeviceSpec rtx4090;  // 24 GiB, default context
+  rtx4090.total = 24 * GiB;
+  const ReplayResult r =
+      replay_trace(events, config(AllocatorMode::async, {{"pool_granularity", "32MiB"}}), rtx4090, 0);
+  ASSERT_EQ(r.rows.size(), 72u);
+  EXPECT_EQ(r.oom_count, 0u);
+  for (const DebugLine& want : origin_lines()) {
+    const ReplayRow& row = r.rows[want.index];
+    EXPECT_EQ(fmt::format("{:.2f}", to_mib(row.reserved)), fmt::format("{:.2f}", want.reserved)) << "DEBUG " << want.index;
+    EXPECT_EQ(fmt::format("{:.2f}", to_mib(row.allocated)), fmt::format("{:.2f}", want.allocated)) << "DEBUG " << want.index;
+  }
+  // Reserved moves in whole 32 MiB chunks ahead of allocated: +64 for the first 40 MB module,
+  // then +32 for each of the next three and for the 10 MB one, then nothing.
+  const std::string debug = format_replay_debug(r);
+  EXPECT_NE(debug.find("[DEBUG 3] reserved: 2240.00 MiB (+ 320.00 MiB), allocated: 2240.00 MiB, module: 320.00 MiB\n"),
+            std::string::npos);
+  EXPECT_NE(debug.find("[DEBUG 64] reserved: 21504.00 MiB (+ 64.00 MiB), allocated: 21480.00 MiB, module: 40.00 MiB\n"),
+            std::string::npos);
+  EXPECT_NE(debug.find("[DEBUG 65] reserved: 21536.00 MiB (+ 32.00 MiB), allocated: 21520.00 MiB, module: 40.00 MiB\n"),
+            std::string::npos);
+  EXPECT_NE(debug.find("[DEBUG 68] reserved: 21632.00 MiB (+ 32.00 MiB), allocated: 21610.00 MiB, module: 10.00 MiB\n"),
+            std::string::npos);
+  EXPECT_NE(debug.find("[DEBUG 71] reserved: 21632.00 MiB (+ 0.00 MiB), allocated: 21610.03 MiB, module: 0.01 MiB\n"),
+            std::string::npos);
+  for (const ReplayRow& row : r.rows) EXPECT_EQ(row.reserved % (32 * MiB), 0u) << "DEBUG " << row.index;
+}
+
+TEST(OriginTable, DefaultTwoMiBGranularityDoesNotShowTheSteps) {
+  const auto events = parse_trace_file(fixture_path());
+  DeviceSpec rtx4090;
+  rtx4090.total = 24 * GiB;
+  const ReplayResult r = replay_trace(events, config(AllocatorMode::async), rtx4090, 0);
+  // 40 MiB is a whole number of 2 MiB chunks: reserved == allocated, no 32 MiB steps.
+  EXPECT_EQ(r.rows[64].reserved, r.rows[64].allocated);
+  EXPECT_EQ(to_mib(r.rows[64].reserved), 21480.0);
+  EXPECT_EQ(to_mib(r.rows[68].reserved), 21610.0);
+  EXPECT_EQ(to_mib(r.rows[69].reserved), 21612.0);  // the first 10 KiB needs a fresh 2 MiB chunk
+}
+
+}  // namespace
+}  // namespace vf::sim
