@@ -1,0 +1,200 @@
+#include "harness/campaign.h"
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/repro.h"
+#include "harness/shrink.h"
+
+#ifndef VF_VERSION
+#define VF_VERSION "0.0.0"
+#endif
+#ifndef VF_GIT_HASH
+#define VF_GIT_HASH "unknown"
+#endif
+
+namespace vf {
+
+std::string tool_version() { return fmt::format("{} (git {})", VF_VERSION, VF_GIT_HASH); }
+
+CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace) {
+  CaseResult r;
+  r.plan = predict(s);
+  r.program = lower(s, r.plan);
+  r.exec = backend.execute(s, r.program, ExecOptions{record_trace});
+  r.verdict = judge(s, r.plan, r.program, r.exec);
+  return r;
+}
+
+std::uint64_t case_seed(std::uint64_t campaign_seed, std::uint64_t index) {
+  return splitmix64(splitmix64(campaign_seed) ^ index);
+}
+
+std::string signature_dir(std::string_view signature) {
+  std::string d(signature);
+  for (char& ch : d) {
+    if (ch == ':' || ch == '/' || ch == ' ') ch = '-';
+  }
+  return d;
+}
+
+namespace {
+
+nlohmann::ordered_json trace_excerpt(const Scenario& s, const CaseResult& r, std::uint32_t around, std::uint32_t radius) {
+  nlohmann::ordered_json rows = nlohmann::json::array();
+  const std::uint32_t lo = around > radius ? around - radius : 0;
+  const std::uint32_t hi = around + radius;
+  for (const TraceRow& row : r.exec.trace) {
+    if (row.op < lo || row.op > hi) continue;
+    const Op& op = r.program.ops[row.op];
+    rows.push_back({{"op", row.op},
+                    {"kind", op_kind_name(op.kind)},
+                    {"phase", phase_name(op.phase)},
+                    {"stream", op.stream},
+                    {"what", describe_op(s, r.program, row.op)},
+                    {"bytes", op.buffer != kNone ? r.program.buffers[op.buffer].bytes : 0},
+                    {"live", row.live},
+                    {"allocated", row.allocated},
+                    {"reserved", row.reserved},
+                    {"device_used", row.device_used}});
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t campaign_seed, std::uint64_t case_index,
+                      std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices) {
+  nlohmann::ordered_json j;
+  j["schema"] = r.verdict.finding() ? "vramfuzz.finding/1" : "vramfuzz.result/1";
+  j["tool"] = tool_version();
+  j["signature"] = r.verdict.signature;
+  j["verdict"] = {{"kind", verdict_kind_name(r.verdict.kind)},
+                  {"message", r.verdict.message},
+                  {"stage", r.verdict.stage},
+                  {"op", r.verdict.op},
+                  {"measured", r.verdict.measured},
+                  {"predicted", r.verdict.predicted},
+                  {"reserve", r.verdict.reserve},
+                  {"overshoot", r.verdict.overshoot}};
+  j["campaign_seed"] = campaign_seed;
+  j["case_index"] = case_index;
+  j["case_seed"] = seed;
+  if (!choices.empty()) j["choices"] = choices;
+  j["environment"] = {{"backend", r.exec.backend}, {"device", r.exec.environment}};
+  nlohmann::ordered_json loads = nlohmann::json::array();
+  for (const LoadPlan& lp : r.plan.loads) loads.push_back(fmt::format("{}: {}", s.models[lp.model].id, lp.log_line));
+  j["plan"] = {{"policy", r.plan.policy},
+               {"predicted_peak", r.plan.predicted_peak},
+               {"reserve", r.plan.reserve},
+               {"available", r.plan.available},
+               {"loads", loads}};
+  j["peaks"] = {{"reserved", r.exec.reserved_peak}, {"allocated", r.exec.allocated_peak}, {"live", r.exec.live_peak},
+                {"device_used", r.exec.device_peak}};
+  j["trace_around_peak"] = trace_excerpt(s, r, r.verdict.op, 12);
+  j["replay"] = fmt::format("vramfuzz run {}", path.empty() ? "FILE" : path);
+  j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
+  return j.dump(2) + "\n";
+}
+
+std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog, Backend& backend) {
+  namespace fs = std::filesystem;
+  std::vector<CorpusEntry> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw InputError("--corpus", fmt::format("not a directory: {}", dir));
+  std::vector<std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files) {
+    const nlohmann::json doc = parse_json_text(read_text_file(f), f);
+    if (!doc.is_object() || !doc.contains("signature") || !doc["signature"].is_string()) continue;  // not a repro
+    CorpusEntry c;
+    c.file = f;
+    c.signature = doc["signature"].get<std::string>();
+    const Scenario s = load_case_file(f, catalog);
+    const CaseResult r = run_case(s, backend, false);
+    c.still_fails = r.verdict.signature == c.signature;
+    c.verdict = r.verdict.signature.empty() ? std::string(verdict_kind_name(r.verdict.kind)) : r.verdict.signature;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend& backend) {
+  CampaignResult out;
+  std::set<std::string> known;
+  if (!cfg.corpus_dir.empty()) {
+    out.corpus = replay_corpus(cfg.corpus_dir, catalog, backend);
+    for (const CorpusEntry& c : out.corpus) {
+      known.insert(c.signature);
+      spdlog::info("corpus: {} {} ({})", c.still_fails ? "still fails" : "FIXED", c.file, c.verdict);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  for (std::uint64_t i = 0;; ++i) {
+    if (cfg.cases != 0 && i >= cfg.cases) break;
+    if (cfg.seconds > 0 && elapsed() >= cfg.seconds) break;
+    if (cfg.cases == 0 && cfg.seconds <= 0) break;
+    const std::uint64_t seed = case_seed(cfg.seed, i);
+    PrngChoices choices(seed);
+    const Scenario s = generate_scenario(choices, cfg.gen, catalog);
+    CaseResult r = run_case(s, backend, false);
+    ++out.cases;
+    if (r.verdict.expected_oom) ++out.expected_ooms;
+    if (r.verdict.kind == VerdictKind::error) {
+      ++out.errors;
+      spdlog::warn("case {} (seed {}): error: {}", i, seed, r.verdict.message);
+      continue;
+    }
+    if (!r.verdict.finding()) continue;
+    ++out.findings;
+    SignatureCount& sc = out.signatures[r.verdict.signature];
+    ++sc.count;
+    if (sc.count == 1 || r.verdict.overshoot > sc.worst_overshoot) sc.worst_overshoot = r.verdict.overshoot;
+    if (sc.count == 1) {
+      sc.first_case_seed = seed;
+      sc.known = known.count(r.verdict.signature) > 0;
+      spdlog::info("case {}: {} finding {} ({})", i, sc.known ? "known" : "new", r.verdict.signature, r.verdict.message);
+    }
+    if (cfg.out_dir.empty() || sc.count > cfg.keep_per_signature) continue;
+    // On disk before the campaign moves on. Re-run with the trace for the file: the same
+    // scenario gives the same trace on sim.
+    r = run_case(s, backend, true);
+    const std::string dir = fmt::format("{}/findings/{}", cfg.out_dir, signature_dir(r.verdict.signature));
+    const std::string file = fmt::format("{}/case-{:016x}.json", dir, seed);
+    write_file_atomic(file, case_json(s, r, cfg.seed, i, seed, file, choices.recorded()));
+    if (!sc.first_file.empty()) continue;
+    sc.first_file = file;
+    if (!cfg.shrink || sc.known) continue;
+    ShrinkOptions opt;
+    opt.max_execs = cfg.shrink_execs;
+    opt.max_seconds = cfg.shrink_seconds;
+    opt.confirm_runs = cfg.confirm_runs;
+    const ShrinkResult sr = shrink(s, backend, opt);
+    ReproOrigin origin;
+    origin.campaign_seed = cfg.seed;
+    origin.case_index = i;
+    origin.case_seed = seed;
+    origin.choices = choices.recorded();
+    origin.source_file = file;
+    sc.repro_file = write_repro(dir, sr, origin);
+    sc.repro_modules = sr.final_size.modules;
+    sc.shrink_execs = sr.executions;
+    sc.flaky = sr.flaky;
+    spdlog::info("  shrunk to {} module(s) in {} executions: {}", sr.final_size.modules, sr.executions, sc.repro_file);
+  }
+  out.seconds = elapsed();
+  return out;
+}
+
+}  // namespace vf

@@ -1,0 +1,100 @@
+// One case through the whole pipeline, and a campaign of many: generate -> predict -> lower ->
+// execute -> judge, each finding written to disk (atomically) before the next case runs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/exec.h"
+#include "harness/generate.h"
+#include "harness/lower.h"
+#include "harness/oracle.h"
+#include "harness/predict.h"
+#include "harness/scenario.h"
+
+namespace vf {
+
+struct CaseResult {
+  Plan plan;
+  Program program;
+  ExecResult exec;
+  Verdict verdict;
+};
+
+// Runs one scenario on `backend`. Never throws for a case that could be built: backend faults
+// become an `error` verdict.
+CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace);
+
+struct CampaignConfig {
+  std::uint64_t seed = 1;
+  std::uint64_t cases = 0;   // 0: until the time budget
+  double seconds = 0;        // 0: until the case count
+  GenConfig gen;
+  std::string out_dir;       // empty: nothing written
+  std::uint32_t keep_per_signature = 3;  // finding files kept per signature (all are counted)
+  std::string command_line;  // recorded in the summary
+  bool shrink = true;        // shrink the first finding of each new signature into a repro
+  std::uint64_t shrink_execs = 400;
+  double shrink_seconds = 120;
+  std::uint32_t confirm_runs = 1;  // re-runs of each repro for its reliability figure
+  std::string corpus_dir;    // repros replayed before searching; their signatures are known
+};
+
+struct SignatureCount {
+  std::uint64_t count = 0;
+  std::int64_t worst_overshoot = 0;
+  std::string first_file;    // the first finding written for it
+  std::uint64_t first_case_seed = 0;
+  bool known = false;        // also in the regression corpus: not new
+  std::string repro_file;    // the shrunk repro, when shrinking ran
+  std::size_t repro_modules = 0;
+  std::uint64_t shrink_execs = 0;
+  bool flaky = false;
+};
+
+// A repro of the regression corpus, replayed before the search.
+struct CorpusEntry {
+  std::string file;
+  std::string signature;  // as recorded
+  bool still_fails = false;
+  std::string verdict;    // what it gives now
+};
+
+struct CampaignResult {
+  std::uint64_t cases = 0;
+  std::uint64_t findings = 0;
+  std::uint64_t errors = 0;
+  std::uint64_t expected_ooms = 0;  // OOMs the plan itself predicted (not findings)
+  double seconds = 0;
+  std::map<std::string, SignatureCount> signatures;
+  std::vector<CorpusEntry> corpus;
+  std::size_t new_signatures() const {
+    std::size_t n = 0;
+    for (const auto& [sig, c] : signatures) n += c.known ? 0 : 1;
+    return n;
+  }
+};
+
+// Replays every repro / finding under `dir` (recursively) once on `backend`.
+std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog, Backend& backend);
+
+// The seed of case `index` of a campaign seeded `seed` (splitmix64 of the pair): any case can be
+// regenerated alone with `vramfuzz fuzz --seed S --case I` or from its recorded seed.
+std::uint64_t case_seed(std::uint64_t campaign_seed, std::uint64_t index);
+
+CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend& backend);
+
+// The JSON a case result is written as (`vramfuzz.finding/1` for a finding, else
+// `vramfuzz.result/1`): the scenario, the plan summary, the verdict, peaks, the trace around the
+// peak, and the replay command.
+std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t campaign_seed, std::uint64_t case_index,
+                      std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices = {});
+
+// Signature as a directory name ("violation:forward:upcast:raw" -> "violation-forward-upcast-raw").
+std::string signature_dir(std::string_view signature);
+
+std::string tool_version();  // "0.1.0 (git abcdef123456)"
+
+}  // namespace vf

@@ -1,0 +1,43 @@
+// The vramfuzz subcommands. Each `add_*` registers its CLI11 subcommand and a callback that
+// returns the process exit code (0 nothing found, 1 findings, 2 bad input, 3 fault).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "harness/scenario.h"
+
+namespace vf::cli {
+
+using Action = std::function<int()>;
+
+// Options shared by commands that take a scenario or generate one.
+struct PolicyFlags {
+  std::string policy;                  // --policy comfy:dec2025
+  std::string reserve;                 // --reserve 600MiB
+  std::vector<std::string> sets;       // --set key=value (policy constants)
+  std::string allocator;               // --allocator caching
+  std::vector<std::string> options;    // --option key=value (allocator options)
+  void add_to(CLI::App& app, bool with_allocator);
+  // Applies them to a loaded scenario (flags win over the file).
+  void apply(Scenario& s) const;
+};
+
+void add_run(CLI::App& app, Action& action);
+void add_plan(CLI::App& app, Action& action);
+void add_fuzz(CLI::App& app, Action& action);
+void add_models(CLI::App& app, Action& action);
+void add_shrink(CLI::App& app, Action& action);
+void add_replay(CLI::App& app, Action& action);
+// `models import`, registered under the `models` subcommand (cmd_import.cpp).
+void add_import(CLI::App& models, Action& action);
+
+// "60s", "5m", "1h", "90" (seconds), "1.5m".
+double parse_duration(const std::string& text, const std::string& flag);
+// Splits "key=value"; InputError(flag) when there is no '='.
+std::pair<std::string, std::string> split_kv(const std::string& kv, const std::string& flag);
+
+}  // namespace vf::cli

@@ -1,0 +1,61 @@
+// vramfuzz: finds the cases where a GPU model loader's VRAM prediction is wrong.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "harness/campaign.h"
+#include "harness/cli/commands.h"
+#include "harness/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"vramfuzz: stress-test and OOM fuzzing harness for GPU model loaders"};
+  app.set_version_flag("--version", vf::tool_version());
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+
+  vf::cli::Action action;
+  vf::cli::add_run(app, action);
+  vf::cli::add_plan(app, action);
+  vf::cli::add_fuzz(app, action);
+  vf::cli::add_shrink(app, action);
+  vf::cli::add_replay(app, action);
+  vf::cli::add_models(app, action);
+  vf::cli::add_import(*app.get_subcommand("models"), action);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return vf::kExitBadInput;
+  }
+
+  // Logs go to stderr so stdout stays the command's output.
+  auto logger = spdlog::stderr_color_mt("vramfuzz");
+  logger->set_pattern("%^[%l]%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  try {
+    return action ? action() : vf::kExitBadInput;
+  } catch (const vf::InputError& e) {
+    spdlog::error("{}", e.what());
+    return vf::kExitBadInput;
+  } catch (const vf::InfraError& e) {
+    spdlog::error("{}", e.what());
+    return vf::kExitInfra;
+  } catch (const std::exception& e) {
+    spdlog::critical("internal error: {}", e.what());
+    return vf::kExitInfra;
+  }
+}

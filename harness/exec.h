@@ -1,0 +1,83 @@
+// Backends run a lowered program and measure it: `sim` (the CPU model of device + allocator)
+// and `cuda` (a real GPU). A backend reports the allocator's peaks overall and per stage, an
+// optional per-op trace, and the OOM event if one happened. It never throws for a case it could
+// run: a fault of the backend itself is reported in `error` (the oracle's `error` verdict).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/core/bytes.h"
+#include "harness/lower.h"
+#include "harness/scenario.h"
+#include "harness/sim/allocator.h"
+
+namespace vf {
+
+struct TraceRow {
+  std::uint32_t op = 0;
+  Bytes live = 0;         // requested bytes live (the program's own view)
+  Bytes allocated = 0;    // allocator allocated (rounded blocks)
+  Bytes reserved = 0;     // allocator reserved (segments / pool / pages)
+  Bytes device_used = 0;  // others + context + what the process holds
+};
+
+struct OomEvent {
+  std::uint32_t op = 0;
+  Bytes request = 0;
+  Bytes device_free = 0;
+  Bytes reserved = 0;
+  Bytes allocated = 0;
+  std::string detail;
+};
+
+struct ExecOptions {
+  bool record_trace = false;
+};
+
+struct ExecResult {
+  std::string backend;        // "sim" or "cuda"
+  std::string environment;    // "sim" or "NVIDIA H200, driver …, CUDA …"
+  std::uint32_t ops_executed = 0;
+  std::vector<TraceRow> trace;  // one row per executed op when recorded
+  Bytes live_peak = 0;
+  Bytes allocated_peak = 0;
+  Bytes reserved_peak = 0;
+  std::uint32_t reserved_peak_op = 0;
+  Bytes device_peak = 0;
+  std::vector<Bytes> stage_reserved_peak;        // per stage: reserved after each of its ops (transitions aside)
+  std::vector<std::uint32_t> stage_reserved_peak_op;
+  std::optional<OomEvent> oom;
+  std::optional<std::string> error;
+  sim::AllocStats final_stats;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual ExecResult execute(const Scenario& s, const Program& p, const ExecOptions& opt) = 0;
+};
+
+// "sim" always works; "cuda" throws InfraError with a one-line reason when there is no usable GPU
+// or the build has no CUDA. "auto" picks cuda when it is usable, else sim.
+std::unique_ptr<Backend> make_backend(std::string_view name);
+// The backend "auto" would pick, without creating it ("cuda" or "sim").
+std::string best_backend();
+
+// The CPU simulation of the device and allocator.
+class SimBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "sim"; }
+  ExecResult execute(const Scenario& s, const Program& p, const ExecOptions& opt) override;
+};
+
+// The origin discussion's DEBUG-line style: one line per allocation with reserved and its delta,
+// allocated, and the module's bytes.
+std::string format_trace(const Scenario& s, const Program& p, const ExecResult& r, std::uint32_t first = 0,
+                         std::uint32_t last = 0xffffffffu);
+
+}  // namespace vf

@@ -1,0 +1,171 @@
+#include "harness/generate.h"
+
+#include <array>
+#include <span>
+
+#include <fmt/format.h>
+
+namespace vf {
+namespace {
+
+struct PipelineShape {
+  std::string_view name;
+  std::array<std::string_view, 4> models;  // empty = unused; order = pipeline order
+};
+
+// Pipelines people run, text encoder(s) -> diffusion model -> VAE, plus single models, smallest
+// first: RapidCheck shrinks every draw toward its lower bound, so index 0 must be the simplest.
+constexpr PipelineShape kPipelines[] = {
+    {"sd15", {"sd15-unet", "", "", ""}},
+    {"sdxl", {"clip-l", "sdxl-unet", "", ""}},
+    {"t5", {"t5xxl", "", "", ""}},
+    {"flux1-dit", {"flux1-dev", "", "", ""}},
+    {"sd35", {"t5xxl", "sd35-large", "", ""}},
+    {"wan", {"wan21-14b", "", "", ""}},
+    {"flux2-te", {"flux2-text-encoder", "", "", ""}},
+    {"qwen", {"qwen-image", "", "", ""}},
+    {"flux1", {"t5xxl", "clip-l", "flux1-dev", "flux-vae"}},
+    {"flux2-dit", {"flux2-dev", "", "", ""}},
+    {"flux2", {"flux2-text-encoder", "flux2-dev", "flux2-vae", ""}},
+};
+
+// Storage / compute pairs that carry the origin bugs: fp8 -> bf16 / fp32, bf16 -> fp32,
+// GGUF -> fp16 / bf16, and the plain native case.
+struct DtypePair {
+  Dtype storage;
+  Dtype compute;
+};
+constexpr DtypePair kDtypePairs[] = {
+    {Dtype::bf16, Dtype::bf16},       {Dtype::fp8_e4m3fn, Dtype::bf16}, {Dtype::fp8_e4m3fn, Dtype::fp32},
+    {Dtype::fp8_e5m2, Dtype::fp16},   {Dtype::bf16, Dtype::fp32},       {Dtype::fp16, Dtype::fp16},
+    {Dtype::q8_0, Dtype::fp16},       {Dtype::q4_k, Dtype::bf16},       {Dtype::q5_k, Dtype::fp16},
+    {Dtype::q6_k, Dtype::bf16},       {Dtype::q4_0, Dtype::fp16},       {Dtype::int8, Dtype::bf16},
+};
+
+// `exact` is not drawn: with no reserve it is a lower bound by construction (allocator rounding
+// always exceeds it); it is checked against each mode's overhead bound by its own property.
+constexpr std::string_view kPolicies[] = {"comfy:oct2025", "comfy:nov2025", "comfy:dec2025"};
+
+template <typename T, std::size_t N>
+const T& pick(Choices& c, const T (&items)[N]) {
+  return items[c.draw(0, N - 1)];
+}
+
+// A synthetic model with the outliers that break largest-layer reserves: an embedding, fused
+// projections, one giant tensor followed by many tiny ones (the WAN text-encoder pattern).
+std::shared_ptr<ModelSpec> synthetic_model(Choices& c, Dtype storage, std::string_view id) {
+  auto m = std::make_shared<ModelSpec>();
+  m->name = std::string(id);
+  m->source = "inline";
+  m->kind = ModelKind::diffusion;
+  m->family = Family::generic;
+  const std::uint64_t hidden = 256 * c.draw(4, 24);  // 1024 .. 6144
+  m->arch = ArchShape{16, static_cast<std::uint32_t>(hidden), static_cast<std::uint32_t>(hidden * c.draw(3, 7)), 256, 2, 1, false, 0};
+  // A hand-tuned factor, as ComfyUI's are: the estimate per latent unit (0.01 x bytes x factor MiB)
+  // covers the true per-token width (widest + 3 x hidden, 4 latent units per token) with a margin
+  // of 1x to 4x, and one model in eight is under-tuned (0.5x to 1x), like a new architecture.
+  const double matched = static_cast<double>(m->arch.widest + 3 * m->arch.hidden) / (4.0 * 0.01 * static_cast<double>(MiB));
+  const double margin = c.chance(1, 8) ? static_cast<double>(c.draw(5, 10)) / 10.0 : static_cast<double>(c.draw(10, 40)) / 10.0;
+  m->memory_usage_factor = matched * margin;
+  auto add = [&](std::string name, std::vector<std::uint64_t> shape, Dtype d, TensorRole role) {
+    Module mod;
+    mod.name = std::move(name);
+    mod.tensors.push_back(Tensor{"weight", std::move(shape), d, role, 0, 0});
+    m->modules.push_back(std::move(mod));
+  };
+  const bool quantized_ok = hidden % 256 == 0;
+  const Dtype w = quantized_ok || !dtype_info(storage).gguf_quantized ? storage : Dtype::bf16;
+  if (c.chance(1, 2)) add("embed", {256 * c.draw(64, 1024), hidden}, Dtype::bf16, TensorRole::embedding);
+  if (c.chance(1, 2)) add("giant", {hidden * c.draw(4, 16), hidden}, w, TensorRole::weight);
+  const std::uint64_t blocks = c.draw(1, 48);
+  for (std::uint64_t b = 0; b < blocks; ++b) {
+    const std::uint64_t fused = c.chance(1, 3) ? 3 : 1;
+    add(fmt::format("blocks.{}.qkv", b), {hidden * fused, hidden}, w, TensorRole::weight);
+    add(fmt::format("blocks.{}.mlp", b), {hidden * c.draw(2, 4), hidden}, w, TensorRole::weight);
+    add(fmt::format("blocks.{}.norm", b), {hidden}, Dtype::fp32, TensorRole::norm);
+  }
+  const std::uint64_t tiny = c.draw(0, 64);
+  for (std::uint64_t t = 0; t < tiny; ++t) add(fmt::format("tiny.{}", t), {c.draw(1, 64) * 64}, Dtype::fp32, TensorRole::norm);
+  finalize_model(*m, id);
+  return m;
+}
+
+}  // namespace
+
+Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
+  Scenario s;
+  // Device.
+  s.device.name = "sim";
+  s.device.total = cfg.vram ? *cfg.vram : Bytes{pick(c, kDeviceSizesGiB)} * GiB;
+  if (c.chance(1, 2)) s.device.used_by_others = c.draw(0, 24) * 64 * MiB;  // a desktop, a second app
+  if (s.device.used_by_others + s.device.context_overhead >= s.device.total / 2) s.device.used_by_others = 0;
+
+  // Allocator and policy.
+  s.allocator.mode = cfg.allocator ? *cfg.allocator : pick(c, kAllAllocatorModes);
+  const std::string policy = cfg.policy ? *cfg.policy : std::string(pick(c, kPolicies));
+  s.policy = parse_policy(policy, "--policy");
+  if (!cfg.policy && c.chance(1, 4)) apply_policy_override(s.policy, "reserve", fmt::format("{}MiB", c.draw(4, 24) * 50), "policy");
+  for (const auto& [k, v] : cfg.policy_overrides) apply_policy_override(s.policy, k, v, "policy");
+
+  // Models: a real pipeline, or a synthetic outlier model.
+  DtypePair pair = pick(c, kDtypePairs);
+  if (cfg.dtypes) pair = DtypePair{cfg.dtypes->first, cfg.dtypes->second};
+  const bool lora = c.chance(1, 4);
+  if (cfg.model) {
+    ModelRef ref;
+    ref.id = cfg.model->name;
+    ref.source = cfg.model->source;
+    ref.compute = pair.compute;  // the file fixes the storage; the compute dtype is still drawn
+    ref.lora = lora && cfg.model->kind == ModelKind::diffusion;
+    ref.spec = cfg.model;
+    s.models.push_back(std::move(ref));
+    s.name = cfg.model->name;
+  } else if (c.chance(1, 6)) {
+    ModelRef ref;
+    ref.id = "synthetic";
+    ref.source = "inline";
+    ref.compute = pair.compute;
+    ref.lora = lora;
+    ref.spec = synthetic_model(c, pair.storage, "synthetic");
+    s.models.push_back(std::move(ref));
+    s.name = "synthetic";
+  } else {
+    const PipelineShape& shape = pick(c, kPipelines);
+    s.name = std::string(shape.name);
+    for (std::string_view name : shape.models) {
+      if (name.empty()) continue;
+      const CatalogEntry* e = find_catalog_entry(name);
+      if (!e) continue;
+      ModelRef ref;
+      ref.id = std::string(name);
+      ref.source = fmt::format("catalog:{}", name);
+      // VAEs and small encoders keep their native dtype; the big models take the drawn pair.
+      const bool small = e->kind == ModelKind::vae || name == "clip-l";
+      ref.storage = StorageChoice{small ? e->native_dtype : pair.storage, c.chance(3, 4)};
+      ref.storage_given = !small;
+      ref.compute = small ? (e->kind == ModelKind::vae && c.chance(1, 3) ? Dtype::fp32 : Dtype::bf16) : pair.compute;
+      ref.lora = lora && e->kind == ModelKind::diffusion;
+      ref.spec = catalog.get(name, ref.storage, ref.id);
+      s.models.push_back(std::move(ref));
+    }
+  }
+
+  // Workload: resolutions across the budget knee, batches, video frames, CFG.
+  s.workload.width = static_cast<std::uint32_t>(64 * c.draw(4, 32));
+  s.workload.height = c.chance(1, 2) ? s.workload.width : static_cast<std::uint32_t>(64 * c.draw(4, 32));
+  s.workload.batch = c.chance(2, 3) ? 1 : static_cast<std::uint32_t>(c.draw(2, 8));
+  const bool video = s.models.size() == 1 && s.models[0].spec->family == Family::wan21;
+  s.workload.frames = video ? static_cast<std::uint32_t>(1 + 4 * c.draw(0, 20)) : 1;
+  static constexpr double kCfg[] = {1.0, 3.5, 7.0};
+  s.workload.cfg = pick(c, kCfg);
+
+  // Offload streams {0, 1, 2, 4}, or the preset's.
+  static constexpr std::uint32_t kStreams[] = {0, 1, 2, 4};
+  if (c.chance(1, 2)) s.offload_streams = pick(c, kStreams);
+  s.seed = c.draw(0, 0xffffffffu);
+  s.stages = default_stages(s.models.size());
+  validate_scenario(s);
+  return s;
+}
+
+}  // namespace vf

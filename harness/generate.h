@@ -1,0 +1,33 @@
+// The scenario generator: every random decision is a draw from a Choices, so the same seed or
+// the same recorded choice sequence gives the same scenario, whichever driver produced it.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "harness/choices.h"
+#include "harness/scenario.h"
+
+namespace vf {
+
+struct GenConfig {
+  std::optional<std::string> policy;         // "comfy:dec2025"; unset: drawn
+  std::optional<AllocatorMode> allocator;    // unset: drawn
+  std::optional<Bytes> vram;                 // device total; unset: drawn from consumer/datacenter sizes
+  std::vector<std::pair<std::string, std::string>> policy_overrides;  // applied after the preset
+  // `fuzz --model FILE`: an imported model (source "file:..."). When set, every case runs this one
+  // model; workloads, devices, allocators, streams and dtypes are still drawn around it.
+  std::shared_ptr<const ModelSpec> model;
+  // A workload class: the storage -> compute dtype pair of the big models (e.g. fp8 -> fp32 for
+  // the origin class); unset: drawn.
+  std::optional<std::pair<Dtype, Dtype>> dtypes;
+};
+
+// Throws only on a bug (the generated scenario is validated before it is returned).
+Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog);
+
+// Device sizes the generator draws from (GiB): consumer cards to H200.
+inline constexpr std::uint32_t kDeviceSizesGiB[] = {6, 8, 12, 16, 24, 32, 48, 80, 141};
+
+}  // namespace vf

@@ -1,0 +1,375 @@
+#include "harness/lower.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+
+namespace vf {
+
+std::string_view op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::alloc: return "alloc";
+    case OpKind::free: return "free";
+    case OpKind::h2d: return "h2d";
+    case OpKind::upcast: return "upcast";
+    case OpKind::dequant: return "dequant";
+    case OpKind::compute: return "compute";
+    case OpKind::wait: return "wait";
+    case OpKind::sync: return "sync";
+    case OpKind::empty_cache: return "empty_cache";
+    case OpKind::flush_if_cached: return "flush_if_cached";
+  }
+  return "?";
+}
+
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::load: return "load";
+    case Phase::patch: return "patch";
+    case Phase::forward: return "forward";
+    case Phase::evict: return "evict";
+    case Phase::unload: return "unload";
+  }
+  return "?";
+}
+
+std::string_view buffer_kind_name(BufferKind k) {
+  switch (k) {
+    case BufferKind::weight: return "weight";
+    case BufferKind::transfer: return "transfer";
+    case BufferKind::convert: return "convert";
+    case BufferKind::scaled: return "scaled";
+    case BufferKind::lora: return "lora";
+    case BufferKind::activation: return "activation";
+  }
+  return "?";
+}
+
+namespace {
+
+// ComfyUI's scaled-fp8 layers upcast the stored weight to the compute dtype and then multiply by
+// the scale out of place, so for a moment the plain upcast copy and the scaled result are both
+// alive: two compute-size buffers per scaled weight, where an unscaled upcast or a GGUF
+// dequantize (which writes the compute dtype directly) needs one.
+bool scaled_module(const Module& m) {
+  return std::any_of(m.tensors.begin(), m.tensors.end(), [](const Tensor& t) { return t.role == TensorRole::scale; });
+}
+
+// Tensors the forward converts to the compute dtype. Embedding tables are gathered, not
+// converted whole (only the looked-up rows are cast: negligible); fp8 scales and buffers are read
+// as they are.
+bool converted(const Tensor& t, Dtype compute) {
+  return (t.role == TensorRole::weight || t.role == TensorRole::bias || t.role == TensorRole::norm) &&
+         needs_conversion(t.dtype, compute);
+}
+
+OpKind conversion_kind(Dtype storage) {
+  const DtypeInfo& i = dtype_info(storage);
+  return i.gguf_quantized || storage == Dtype::int8 ? OpKind::dequant : OpKind::upcast;
+}
+
+class Lowerer {
+ public:
+  Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()) {
+    weights_.resize(s.models.size());
+    resident_.resize(s.models.size());
+    for (std::size_t m = 0; m < s.models.size(); ++m) {
+      const auto& mods = s.models[m].spec->modules;
+      weights_[m].resize(mods.size());
+      for (std::size_t i = 0; i < mods.size(); ++i) weights_[m][i].assign(mods[i].tensors.size(), kNone);
+      resident_[m].assign(mods.size(), 0);
+    }
+    prog_.streams = 1 + ns_;
+  }
+
+  Program run() {
+    for (std::uint32_t i = 0; i < s_.stages.size(); ++i) {
+      stage_ = static_cast<std::uint16_t>(i);
+      prog_.stage_begin.push_back(static_cast<std::uint32_t>(prog_.ops.size()));
+      const Stage& st = s_.stages[i];
+      const StagePlan& sp = plan_.stages[i];
+      switch (st.op) {
+        case StageOp::load: load(plan_.loads[static_cast<std::size_t>(sp.load_plan)]); break;
+        case StageOp::forward: forward(sp); break;
+        case StageOp::unload: unload(st.model); break;
+      }
+    }
+    return std::move(prog_);
+  }
+
+ private:
+  std::uint32_t new_buffer(Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model, std::uint32_t module,
+                           std::uint32_t tensor) {
+    prog_.buffers.push_back(Buffer{bytes, stream, kind, static_cast<std::uint16_t>(model), module, tensor});
+    return static_cast<std::uint32_t>(prog_.buffers.size() - 1);
+  }
+  void emit(OpKind k, Phase ph, std::uint8_t stream, std::uint32_t buffer = kNone, std::uint32_t src = kNone,
+            std::uint8_t target = 0) {
+    prog_.ops.push_back(Op{k, ph, stream, target, stage_, buffer, src});
+  }
+  std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model,
+                      std::uint32_t module, std::uint32_t tensor) {
+    const std::uint32_t b = new_buffer(bytes, stream, kind, model, module, tensor);
+    emit(OpKind::alloc, ph, stream, b);
+    return b;
+  }
+  void free(Phase ph, std::uint32_t b) { emit(OpKind::free, ph, prog_.buffers[b].stream, b); }
+
+  void unload_module(Phase ph, std::uint32_t m, std::uint32_t mod) {
+    for (std::uint32_t& b : weights_[m][mod]) {
+      if (b != kNone) free(ph, b);
+      b = kNone;
+    }
+    resident_[m][mod] = 0;
+  }
+
+  void load(const LoadPlan& lp) {
+    // Evictions to make room (smart memory partial unloads), then ComfyUI's soft_empty_cache.
+    for (const Eviction& ev : lp.evictions) {
+      for (std::uint32_t mod : ev.modules) unload_module(Phase::evict, ev.model, mod);
+    }
+    if (!lp.evictions.empty()) emit(OpKind::empty_cache, Phase::evict, 0);
+    else emit(OpKind::flush_if_cached, Phase::load, 0);
+
+    const std::uint32_t m = lp.model;
+    const ModelRef& ref = s_.models[m];
+    const ModelSpec& model = *ref.spec;
+    const ComfyConstants& c = s_.policy.constants;
+    // A re-load that shrinks the resident set unloads first.
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+      if (resident_[m][i] && !lp.resident[i]) unload_module(Phase::load, m, i);
+    }
+    // Resident modules are moved in the walk's order; LoRA is merged right after each module
+    // arrives: a compute copy of the weight and the patched result in the patch dtype, then the
+    // result is rounded back into the stored weight (the backup lives on the host).
+    for (std::uint32_t i : lp.sorted) {
+      if (!lp.resident[i] || resident_[m][i]) continue;
+      const Module& mod = model.modules[i];
+      for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
+        const std::uint32_t b = alloc(Phase::load, mod.tensors[t].bytes, 0, BufferKind::weight, m, i, t);
+        emit(OpKind::h2d, Phase::load, 0, b);
+        weights_[m][i][t] = b;
+      }
+      resident_[m][i] = 1;
+      if (!ref.lora) continue;
+      bool patched = false;
+      for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
+        const Tensor& tensor = mod.tensors[t];
+        if (tensor.role != TensorRole::weight) continue;
+        const Bytes bytes = tensor.numel * compute_elem_bytes(c.lora_patch_dtype);
+        const std::uint32_t copy = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
+        emit(conversion_kind(tensor.dtype), Phase::patch, 0, copy, weights_[m][i][t]);
+        const std::uint32_t result = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
+        emit(OpKind::compute, Phase::patch, 0, result, copy);
+        free(Phase::patch, copy);
+        free(Phase::patch, result);
+        patched = true;
+      }
+      if (patched && c.patch_sync) emit(OpKind::sync, Phase::patch, 0);
+    }
+  }
+
+  // Allocates and converts the parameters of `mod` that differ from the compute dtype, reading
+  // from `src[t]` (resident weight or transfer buffer); returns the buffers to free after compute.
+  // With `patched` (a LoRA applied at forward time) every weight gets a private compute-dtype
+  // copy even when no conversion is needed: the patch is added to it in place.
+  void convert(std::uint32_t m, std::uint32_t i, const std::vector<std::uint32_t>& src, std::vector<std::uint32_t>& temps,
+               bool patched = false) {
+    const ModelRef& ref = s_.models[m];
+    const Module& mod = ref.spec->modules[i];
+    const bool scaled = scaled_module(mod);
+    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
+      const Tensor& tensor = mod.tensors[t];
+      if (!converted(tensor, ref.compute) && !(patched && tensor.role == TensorRole::weight)) continue;
+      const Bytes bytes = tensor.numel * compute_elem_bytes(ref.compute);
+      const std::uint32_t copy = alloc(Phase::forward, bytes, 0, BufferKind::convert, m, i, t);
+      emit(conversion_kind(tensor.dtype), Phase::forward, 0, copy, src[t]);
+      const DtypeInfo& di = dtype_info(tensor.dtype);
+      if (scaled && tensor.role == TensorRole::weight && (di.fp8 || tensor.dtype == Dtype::int8)) {
+        const std::uint32_t result = alloc(Phase::forward, bytes, 0, BufferKind::scaled, m, i, t);
+        emit(OpKind::upcast, Phase::forward, 0, result, copy);
+        free(Phase::forward, copy);
+        temps.push_back(result);
+      } else {
+        temps.push_back(copy);
+      }
+    }
+  }
+
+  // Issues the transfer of offloaded module `i` (k-th offloaded module in forward order) on its
+  // offload stream (the compute stream when there are none).
+  std::vector<std::uint32_t> issue_transfer(std::uint32_t m, std::uint32_t i, std::size_t k) {
+    const Module& mod = s_.models[m].spec->modules[i];
+    const std::uint8_t stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + k % ns_);
+    std::vector<std::uint32_t> bufs(mod.tensors.size());
+    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
+      bufs[t] = alloc(Phase::forward, mod.tensors[t].bytes, stream, BufferKind::transfer, m, i, t);
+      emit(OpKind::h2d, Phase::forward, stream, bufs[t]);
+    }
+    return bufs;
+  }
+
+  void forward(const StagePlan& sp) {
+    const std::uint32_t m = sp.model;
+    const ModelRef& ref = s_.models[m];
+    const ModelSpec& model = *ref.spec;
+    std::vector<std::uint32_t> offloaded;
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+      if (!resident_[m][i]) offloaded.push_back(i);
+    }
+    for (std::uint32_t pass = 0; pass < sp.passes; ++pass) {
+      const std::uint32_t act = alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
+      std::vector<std::vector<std::uint32_t>> transfers(offloaded.size());
+      std::size_t issued = 0;  // offloaded modules whose transfer has been issued
+      std::size_t k = 0;       // index of the next offloaded module in forward order
+      for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+        std::vector<std::uint32_t> temps;
+        if (resident_[m][i]) {
+          convert(m, i, weights_[m][i], temps);
+          emit(OpKind::compute, Phase::forward, 0, act);
+          for (std::uint32_t b : temps) free(Phase::forward, b);
+          continue;
+        }
+        // The CPU runs up to NS transfers ahead of the module being computed.
+        const std::size_t want = std::min(offloaded.size(), k + 1 + ns_);
+        for (; issued < want; ++issued) transfers[issued] = issue_transfer(m, offloaded[issued], issued);
+        const std::uint8_t stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + k % ns_);
+        if (stream != 0) emit(OpKind::wait, Phase::forward, 0, kNone, kNone, stream);
+        convert(m, i, transfers[k], temps, ref.lora);
+        if (ref.lora) {
+          // LowVramPatch: the LoRA delta (up x down) is computed in the compute dtype and added
+          // in place to the weight's private cast copy.
+          const Module& mod = model.modules[i];
+          for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
+            if (mod.tensors[t].role != TensorRole::weight) continue;
+            const Bytes bytes = mod.tensors[t].numel * compute_elem_bytes(ref.compute);
+            temps.push_back(alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t));
+          }
+        }
+        emit(OpKind::compute, Phase::forward, 0, act);
+        for (std::uint32_t b : temps) free(Phase::forward, b);
+        // uncast: the offload stream waits for the compute before the transfer buffers are freed
+        // on it (ComfyUI PR #10501).
+        if (stream != 0) emit(OpKind::wait, Phase::forward, stream, kNone, kNone, 0);
+        for (std::uint32_t b : transfers[k]) free(Phase::forward, b);
+        transfers[k].clear();
+        ++k;
+      }
+      free(Phase::forward, act);
+    }
+  }
+
+  void unload(std::uint32_t m) {
+    for (std::uint32_t i = 0; i < resident_[m].size(); ++i) {
+      if (resident_[m][i]) unload_module(Phase::unload, m, i);
+    }
+    emit(OpKind::empty_cache, Phase::unload, 0);
+  }
+
+  const Scenario& s_;
+  const Plan& plan_;
+  std::uint32_t ns_;
+  std::uint16_t stage_ = 0;
+  Program prog_;
+  std::vector<std::vector<std::vector<std::uint32_t>>> weights_;  // [model][module][tensor] -> buffer
+  std::vector<std::vector<std::uint8_t>> resident_;
+};
+
+}  // namespace
+
+Program lower(const Scenario& s, const Plan& plan) { return Lowerer(s, plan).run(); }
+
+LivePeaks live_peaks(const Program& p) {
+  LivePeaks lp;
+  lp.stage_peak.assign(p.stage_begin.size(), 0);
+  lp.stage_peak_op.assign(p.stage_begin.size(), 0);
+  Bytes live = 0;
+  for (std::uint32_t i = 0; i < p.ops.size(); ++i) {
+    const Op& op = p.ops[i];
+    const std::uint16_t st = op.stage;
+    if (op.kind == OpKind::alloc) live += p.buffers[op.buffer].bytes;
+    else if (op.kind == OpKind::free) live -= p.buffers[op.buffer].bytes;
+    // Measured the way the backend measures a stage: after each op, transitions aside.
+    if (!is_transition(op) && (live > lp.stage_peak[st] || lp.stage_peak[st] == 0)) {
+      lp.stage_peak[st] = live;
+      lp.stage_peak_op[st] = i;
+    }
+    if (live > lp.peak) {
+      lp.peak = live;
+      lp.peak_op = i;
+    }
+  }
+  return lp;
+}
+
+std::string describe_buffer(const Scenario& s, const Program& p, std::uint32_t buffer) {
+  if (buffer == kNone) return "";
+  const Buffer& b = p.buffers[buffer];
+  const ModelRef& ref = s.models[b.model];
+  if (b.module == kNone) return fmt::format("{}: {}", ref.id, buffer_kind_name(b.kind));
+  const Module& mod = ref.spec->modules[b.module];
+  return fmt::format("{}: {}.{} ({})", ref.id, mod.name, mod.tensors[b.tensor].name, buffer_kind_name(b.kind));
+}
+
+std::string describe_op(const Scenario& s, const Program& p, std::uint32_t op) {
+  const Op& o = p.ops[op];
+  switch (o.kind) {
+    case OpKind::wait: return fmt::format("stream {} waits on stream {}", o.stream, o.target);
+    case OpKind::sync: return "synchronize";
+    case OpKind::empty_cache: return "empty_cache";
+    case OpKind::flush_if_cached: return "empty_cache if cached > 25% of free";
+    case OpKind::compute:
+      if (o.src != kNone) return fmt::format("LoRA merge into {}", describe_buffer(s, p, o.buffer));
+      return fmt::format("compute -> {}", describe_buffer(s, p, o.buffer));
+    default: return describe_buffer(s, p, o.buffer);
+  }
+}
+
+std::string check_program(const Program& p) {
+  std::vector<std::uint8_t> live(p.buffers.size(), 0);
+  std::vector<std::uint8_t> seen(p.buffers.size(), 0);
+  // For each offload stream: was the compute stream told to wait for it since its last h2d?
+  std::vector<std::uint8_t> pending_h2d(p.streams, 0);
+  for (std::uint32_t i = 0; i < p.ops.size(); ++i) {
+    const Op& o = p.ops[i];
+    if (o.stream >= p.streams) return fmt::format("op {}: stream {} out of range", i, o.stream);
+    switch (o.kind) {
+      case OpKind::alloc:
+        if (seen[o.buffer]) return fmt::format("op {}: buffer {} allocated twice", i, o.buffer);
+        seen[o.buffer] = live[o.buffer] = 1;
+        if (p.buffers[o.buffer].stream != o.stream) return fmt::format("op {}: alloc on the wrong stream", i);
+        break;
+      case OpKind::free:
+        if (!live[o.buffer]) return fmt::format("op {}: free of buffer {} that is not live", i, o.buffer);
+        if (p.buffers[o.buffer].stream != o.stream) return fmt::format("op {}: free not on the allocation stream", i);
+        live[o.buffer] = 0;
+        break;
+      case OpKind::h2d:
+        if (!live[o.buffer]) return fmt::format("op {}: copy into a dead buffer", i);
+        if (o.stream != 0) pending_h2d[o.stream] = 1;
+        break;
+      case OpKind::upcast:
+      case OpKind::dequant:
+        if (!live[o.buffer] || (o.src != kNone && !live[o.src])) return fmt::format("op {}: conversion touches a dead buffer", i);
+        if (o.src != kNone && p.buffers[o.src].stream != o.stream && pending_h2d[p.buffers[o.src].stream]) {
+          return fmt::format("op {}: reads a transfer on stream {} without waiting for it", i, p.buffers[o.src].stream);
+        }
+        break;
+      case OpKind::wait:
+        if (o.target >= p.streams) return fmt::format("op {}: waits on stream {} out of range", i, o.target);
+        if (o.stream == 0) pending_h2d[o.target] = 0;
+        break;
+      default: break;
+    }
+  }
+  for (std::size_t b = 0; b < p.buffers.size(); ++b) {
+    if (live[b] && p.buffers[b].kind != BufferKind::weight) {
+      return fmt::format("buffer {} ({}) is never freed", b, buffer_kind_name(p.buffers[b].kind));
+    }
+  }
+  return {};
+}
+
+}  // namespace vf

@@ -1,0 +1,96 @@
+// Lowering: the plan becomes the ordered ops a runtime really performs. Resident weights are
+// allocated and copied at load (LoRA patch transients where LoRA is on); at forward time, in
+// forward order, resident weights whose storage dtype differs from the compute dtype get an
+// upcast/dequant transient, and offloaded weights get a transfer buffer on offload stream
+// i mod N (issued up to N modules ahead, as a CPU running ahead of the GPU does), a cross-stream
+// wait, the upcast/dequant transient, the compute, and frees on the right streams. Rules and
+// their sources: docs/lowering.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/core/bytes.h"
+#include "harness/predict.h"
+#include "harness/scenario.h"
+
+namespace vf {
+
+enum class OpKind : std::uint8_t {
+  alloc,           // buffer allocated on `stream`
+  free,            // buffer freed (ordered on the stream it was allocated on)
+  h2d,             // host-to-device copy into `buffer` on `stream`
+  upcast,          // float conversion: `src` (storage dtype) -> `buffer` (compute dtype)
+  dequant,         // GGUF / int8 block dequantization: `src` -> `buffer`
+  compute,         // the module's kernels on the compute stream, writing the activation buffer
+  wait,            // `stream` waits for the work issued so far on `target`
+  sync,            // device synchronize
+  empty_cache,     // torch.cuda.empty_cache()
+  flush_if_cached, // ComfyUI's rule: empty the cache if cached-unused > 25% of free (§1 of the reference)
+};
+std::string_view op_kind_name(OpKind k);
+
+enum class Phase : std::uint8_t { load, patch, forward, evict, unload };
+std::string_view phase_name(Phase p);
+
+enum class BufferKind : std::uint8_t { weight, transfer, convert, scaled, lora, activation };
+std::string_view buffer_kind_name(BufferKind k);
+
+inline constexpr std::uint32_t kNone = 0xffffffffu;
+
+struct Buffer {
+  Bytes bytes = 0;
+  std::uint8_t stream = 0;
+  BufferKind kind = BufferKind::weight;
+  std::uint16_t model = 0;
+  std::uint32_t module = kNone;  // kNone for activations
+  std::uint32_t tensor = kNone;
+};
+
+struct Op {
+  OpKind kind = OpKind::sync;
+  Phase phase = Phase::load;
+  std::uint8_t stream = 0;
+  std::uint8_t target = 0;       // wait: the stream waited on
+  std::uint16_t stage = 0;
+  std::uint32_t buffer = kNone;  // alloc/free/h2d/upcast/dequant destination; compute: activation
+  std::uint32_t src = kNone;     // upcast/dequant source buffer
+};
+
+struct Program {
+  std::vector<Op> ops;
+  std::vector<Buffer> buffers;
+  std::uint32_t streams = 1;  // compute stream + offload streams
+  std::vector<std::uint32_t> stage_begin;  // first op of each stage; ops of stage i are [begin[i], begin[i+1])
+  std::uint32_t stage_end(std::size_t stage) const {
+    return stage + 1 < stage_begin.size() ? stage_begin[stage + 1] : static_cast<std::uint32_t>(ops.size());
+  }
+};
+
+Program lower(const Scenario& s, const Plan& plan);
+
+// Ops that hand memory over from the previous stage to this one (evictions, the cache flush):
+// what is reserved while they run is the previous stage's state, so a stage's measured peak is
+// taken over its other ops.
+inline bool is_transition(const Op& op) { return op.phase == Phase::evict || op.kind == OpKind::flush_if_cached; }
+
+// The exact live (requested) bytes of the program: the peak overall and per stage, and the op
+// where each was first reached.
+struct LivePeaks {
+  Bytes peak = 0;
+  std::uint32_t peak_op = 0;
+  std::vector<Bytes> stage_peak;
+  std::vector<std::uint32_t> stage_peak_op;
+};
+LivePeaks live_peaks(const Program& p);
+
+// "model te: layers.3.mlp.gate_proj.weight" style names for traces and reports.
+std::string describe_buffer(const Scenario& s, const Program& p, std::uint32_t buffer);
+std::string describe_op(const Scenario& s, const Program& p, std::uint32_t op);
+
+// Invariants every lowered program must satisfy (used by tests and properties); returns an empty
+// string or the first broken rule.
+std::string check_program(const Program& p);
+
+}  // namespace vf

@@ -1,0 +1,39 @@
+// The oracle: P1 (the allocator's measured reserved peak <= predicted peak + reserve, per checked
+// stage) and P2 (no OOM where the plan said it fits). A verdict carries a signature that
+// identifies the bug across shrinking: kind + phase + activity + allocator mode.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "harness/exec.h"
+#include "harness/lower.h"
+#include "harness/predict.h"
+#include "harness/scenario.h"
+
+namespace vf {
+
+enum class VerdictKind : std::uint8_t { pass, violation, oom, error };
+std::string_view verdict_kind_name(VerdictKind k);
+
+struct Verdict {
+  VerdictKind kind = VerdictKind::pass;
+  std::string signature;       // "violation:forward:upcast:raw"; empty for pass
+  std::int64_t overshoot = 0;  // measured - (predicted + reserve) at the judged stage, bytes
+  std::uint32_t stage = 0;     // the judged stage
+  std::uint32_t op = 0;        // the op of the stage peak, or the failing alloc
+  Bytes measured = 0;          // the stage's reserved peak
+  Bytes predicted = 0;         // the stage's predicted peak
+  Bytes reserve = 0;
+  bool expected_oom = false;   // an OOM where the plan said it does not fit: not a finding
+  std::string message;         // one line for people
+  bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom; }
+};
+
+// What an op was doing, for signatures: alloc ops are named after the buffer they create
+// (weight -> load, transfer -> h2d, convert -> upcast/dequant, lora -> lora, activation -> compute).
+std::string_view op_activity(const Scenario& s, const Program& p, std::uint32_t op);
+
+Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r);
+
+}  // namespace vf

@@ -1,0 +1,700 @@
+#include "harness/scenario.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/sim/allocator.h"
+#include "models/import.h"
+
+namespace vf {
+
+// ---- names ------------------------------------------------------------------------------------
+
+std::string_view preset_name(Preset p) {
+  switch (p) {
+    case Preset::oct2025: return "oct2025";
+    case Preset::nov2025: return "nov2025";
+    case Preset::dec2025: return "dec2025";
+  }
+  return "?";
+}
+
+std::optional<Preset> parse_preset(std::string_view s) {
+  for (Preset p : {Preset::oct2025, Preset::nov2025, Preset::dec2025}) {
+    if (s == preset_name(p)) return p;
+  }
+  return std::nullopt;
+}
+
+std::string_view account_mode_name(AccountMode a) {
+  switch (a) {
+    case AccountMode::none: return "none";
+    case AccountMode::largest: return "largest";
+    case AccountMode::lookahead: return "lookahead";
+  }
+  return "?";
+}
+
+std::string_view stage_op_name(StageOp s) {
+  switch (s) {
+    case StageOp::load: return "load";
+    case StageOp::forward: return "forward";
+    case StageOp::unload: return "unload";
+  }
+  return "?";
+}
+
+// ---- presets ----------------------------------------------------------------------------------
+
+// 0.8 GiB the way ComfyUI computes it (1024^3 * 0.8, truncated to whole bytes).
+inline constexpr Bytes kInferenceFloor = 858993459;
+
+ComfyConstants preset_constants(Preset p) {
+  ComfyConstants c;
+  c.reserve = 400 * MiB;  // EXTRA_RESERVED_VRAM on Linux, all three dates
+  c.inference_floor = kInferenceFloor;
+  c.min_weight_ratio = 0.0;
+  c.unload_factor = 1.1;
+  c.cfg_mult = 2.0;
+  c.cond_batch_safety = 1.5;
+  c.flash_attention = true;
+  switch (p) {
+    case Preset::oct2025:
+      // ComfyUI a125cd84 (2025-10-11): no offload accounting, 128 MiB weight floor, async
+      // offload off unless --async-offload, LoRA merged in fp32 without a per-module sync.
+      c.weight_floor = 128 * MiB;
+      c.account = AccountMode::none;
+      c.dequant_term = false;
+      c.num_streams = 0;
+      c.lora_math_factor = 2.0;
+      c.lora_patch_dtype = Dtype::fp32;
+      c.patch_sync = false;
+      break;
+    case Preset::nov2025:
+      // After #10733 (2025-11-13: buffer = cost + NS x largest module) and #10953 (2025-11-27:
+      // two offload streams by default on NVIDIA).
+      c.weight_floor = 0;
+      c.account = AccountMode::largest;
+      c.dequant_term = false;
+      c.num_streams = 2;
+      c.lora_math_factor = 2.0;
+      c.lora_patch_dtype = Dtype::fp32;
+      c.patch_sync = false;
+      break;
+    case Preset::dec2025:
+      // After #11096 (look-ahead buffer), #11171 (upcast/dequant term), #11173 (LoRA math factor
+      // 2) and #11144 (synchronize after patching each module; LoRA merged in fp16).
+      c.weight_floor = 0;
+      c.account = AccountMode::lookahead;
+      c.dequant_term = true;
+      c.num_streams = 2;
+      c.lora_math_factor = 2.0;
+      c.lora_patch_dtype = Dtype::fp16;
+      c.patch_sync = true;
+      break;
+  }
+  return c;
+}
+
+std::string Policy::label() const {
+  return fmt::format("{}:{}", predictor == PredictorKind::comfy ? "comfy" : "exact", preset_name(preset));
+}
+
+Policy parse_policy(std::string_view text, std::string_view what) {
+  Policy p;
+  std::string_view kind = text;
+  std::string_view preset = "dec2025";
+  if (const auto colon = text.find(':'); colon != std::string_view::npos) {
+    kind = text.substr(0, colon);
+    preset = text.substr(colon + 1);
+  }
+  if (kind == "comfy") {
+    p.predictor = PredictorKind::comfy;
+  } else if (kind == "exact") {
+    p.predictor = PredictorKind::exact;
+  } else {
+    throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025 or exact)", text));
+  }
+  const auto pr = parse_preset(preset);
+  if (!pr) throw InputError(std::string(what), fmt::format("unknown preset \"{}\" (use oct2025, nov2025 or dec2025)", preset));
+  p.preset = *pr;
+  p.constants = preset_constants(*pr);
+  return p;
+}
+
+namespace {
+
+bool parse_bool_text(std::string_view v, const std::string& path) {
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  throw InputError(path, fmt::format("expected true or false, got \"{}\"", v));
+}
+
+double parse_double_text(std::string_view v, double lo, double hi, const std::string& path) {
+  double d = 0;
+  try {
+    size_t used = 0;
+    d = std::stod(std::string(v), &used);
+    if (used != v.size()) throw std::invalid_argument("junk");
+  } catch (const std::exception&) {
+    throw InputError(path, fmt::format("expected a number, got \"{}\"", v));
+  }
+  if (!(d >= lo && d <= hi)) throw InputError(path, fmt::format("must be between {} and {}, got {}", lo, hi, v));
+  return d;
+}
+
+}  // namespace
+
+void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what) {
+  const std::string path = fmt::format("{}.{}", what, key);
+  ComfyConstants& c = p.constants;
+  if (key == "reserve") {
+    const Bytes r = parse_size(value, path);
+    if (p.predictor == PredictorKind::exact) p.exact_reserve = r;
+    c.reserve = r;
+  } else if (key == "inference_floor") {
+    c.inference_floor = parse_size(value, path);
+  } else if (key == "weight_floor") {
+    c.weight_floor = parse_size(value, path);
+  } else if (key == "min_weight_ratio") {
+    c.min_weight_ratio = parse_double_text(value, 0.0, 1.0, path);
+  } else if (key == "unload_factor") {
+    c.unload_factor = parse_double_text(value, 1.0, 10.0, path);
+  } else if (key == "cfg_mult") {
+    c.cfg_mult = parse_double_text(value, 1.0, 16.0, path);
+  } else if (key == "cond_batch_safety") {
+    c.cond_batch_safety = parse_double_text(value, 1.0, 16.0, path);
+  } else if (key == "lora_math_factor") {
+    c.lora_math_factor = parse_double_text(value, 0.0, 16.0, path);
+  } else if (key == "account") {
+    if (value == "none") c.account = AccountMode::none;
+    else if (value == "largest") c.account = AccountMode::largest;
+    else if (value == "lookahead") c.account = AccountMode::lookahead;
+    else throw InputError(path, fmt::format("unknown account mode \"{}\" (use none, largest or lookahead)", value));
+  } else if (key == "dequant_term") {
+    c.dequant_term = parse_bool_text(value, path);
+  } else if (key == "num_streams") {
+    const auto n = static_cast<std::uint32_t>(parse_double_text(value, 0, kMaxOffloadStreams, path));
+    if (std::to_string(n) != value) throw InputError(path, fmt::format("expected an integer 0..{}, got \"{}\"", kMaxOffloadStreams, value));
+    c.num_streams = n;
+  } else if (key == "flash_attention") {
+    c.flash_attention = parse_bool_text(value, path);
+  } else if (key == "lora_patch_dtype") {
+    const auto d = parse_dtype(value);
+    if (!d || !dtype_info(*d).compute) throw InputError(path, fmt::format("expected fp16, bf16 or fp32, got \"{}\"", value));
+    c.lora_patch_dtype = *d;
+  } else if (key == "patch_sync") {
+    c.patch_sync = parse_bool_text(value, path);
+  } else {
+    throw InputError(path, "unknown policy constant (known: reserve, inference_floor, weight_floor, min_weight_ratio, "
+                           "unload_factor, cfg_mult, cond_batch_safety, lora_math_factor, account, dequant_term, "
+                           "num_streams, flash_attention, lora_patch_dtype, patch_sync)");
+  }
+  // Keep the latest value of each key once, in the order first given, for round-tripping.
+  auto it = std::find_if(p.overrides.begin(), p.overrides.end(), [&](const auto& kv) { return kv.first == key; });
+  if (it != p.overrides.end()) it->second = std::string(value);
+  else p.overrides.emplace_back(std::string(key), std::string(value));
+}
+
+std::vector<Stage> default_stages(std::size_t model_count) {
+  std::vector<Stage> stages;
+  for (std::size_t i = 0; i < model_count; ++i) {
+    stages.push_back({StageOp::load, static_cast<std::uint32_t>(i)});
+    stages.push_back({StageOp::forward, static_cast<std::uint32_t>(i)});
+  }
+  return stages;
+}
+
+// ---- parsing ----------------------------------------------------------------------------------
+
+namespace {
+
+// Size limits that keep every later sum far from 2^64 while admitting any real device or model.
+inline constexpr Bytes kMaxDeviceBytes = Bytes{1} << 50;  // 1 PiB
+inline constexpr Bytes kMaxModelBytes = Bytes{1} << 48;   // 256 TiB
+inline constexpr std::uint32_t kMaxImageSide = 16384;
+inline constexpr std::uint32_t kMinImageSide = 16;  // one 2x2 patch of an 8x-downsampled latent
+inline constexpr std::uint32_t kMaxBatch = 64;
+inline constexpr std::uint32_t kMaxFrames = 1024;
+inline constexpr std::uint32_t kMaxTextTokens = 1u << 16;
+inline constexpr std::size_t kMaxTensorRank = 8;
+inline constexpr std::size_t kMaxModulesPerModel = 1u << 20;
+
+Dtype parse_dtype_field(const JsonIn& j) {
+  const std::string s = j.str();
+  const auto d = parse_dtype(s);
+  if (!d) j.fail(fmt::format("unknown dtype \"{}\" (known: {})", s, dtype_list()));
+  return *d;
+}
+
+TensorRole parse_role(const JsonIn& j) {
+  const std::string s = j.str();
+  for (TensorRole r : {TensorRole::weight, TensorRole::bias, TensorRole::norm, TensorRole::embedding,
+                       TensorRole::scale, TensorRole::other}) {
+    if (s == role_name(r)) return r;
+  }
+  j.fail(fmt::format("unknown role \"{}\" (known: weight, bias, norm, embedding, scale, other)", s));
+}
+
+DeviceSpec parse_device(const JsonIn& j) {
+  j.expect_object({"name", "total", "used_by_others", "context_overhead"});
+  DeviceSpec d;
+  if (auto v = j.opt("name")) d.name = v->str();
+  d.total = j.at("total").bytes();
+  if (d.total == 0) j.at("total").fail("device total must be greater than 0");
+  if (d.total > kMaxDeviceBytes) j.at("total").fail(fmt::format("larger than the {} a device can have here", format_size(kMaxDeviceBytes)));
+  if (auto v = j.opt("used_by_others")) d.used_by_others = v->bytes();
+  if (auto v = j.opt("context_overhead")) d.context_overhead = v->bytes();
+  if (d.used_by_others >= d.total || d.context_overhead >= d.total - d.used_by_others) {
+    j.at(d.used_by_others >= d.total ? "used_by_others" : "context_overhead")
+        .fail(fmt::format("memory used by others ({}) plus the context ({}) leave nothing of the {} device",
+                          format_mib(d.used_by_others), format_mib(d.context_overhead), format_size(d.total)));
+  }
+  return d;
+}
+
+AllocatorConfig parse_allocator(const JsonIn& j) {
+  AllocatorConfig c;
+  auto mode_of = [](const JsonIn& v) {
+    const std::string s = v.str();
+    const auto m = parse_allocator_mode(s);
+    if (!m) v.fail(fmt::format("unknown allocator mode \"{}\" (use raw, caching, caching-expandable or async)", s));
+    return *m;
+  };
+  if (j.is_string()) {
+    c.mode = mode_of(j);
+  } else {
+    j.expect_object({"mode", "options"});
+    c.mode = mode_of(j.at("mode"));
+    if (auto o = j.opt("options")) {
+      if (!o->is_object()) o->fail("expected an object of option: value");
+      for (auto it = o->raw().begin(); it != o->raw().end(); ++it) {
+        c.options.emplace_back(it.key(), JsonIn(*it, fmt::format("{}.{}", o->path(), it.key())).scalar_text());
+      }
+    }
+  }
+  sim::validate_allocator_config(c, j.path());
+  return c;
+}
+
+Policy parse_policy_json(const JsonIn& j) {
+  if (j.is_string()) return parse_policy(j.str(), j.path());
+  j.expect_object({"name", "overrides"});
+  Policy p = parse_policy(j.at("name").str(), j.path() + ".name");
+  if (auto o = j.opt("overrides")) {
+    if (!o->is_object()) o->fail("expected an object of constant: value");
+    for (auto it = o->raw().begin(); it != o->raw().end(); ++it) {
+      const JsonIn v(*it, fmt::format("{}.{}", o->path(), it.key()));
+      apply_policy_override(p, it.key(), v.scalar_text(), o->path());
+    }
+  }
+  return p;
+}
+
+Workload parse_workload(const JsonIn& j) {
+  j.expect_object({"width", "height", "batch", "frames", "cfg", "text_tokens"});
+  Workload w;
+  auto side = [&](std::string_view key, std::uint32_t& out) {
+    if (auto v = j.opt(key)) {
+      const std::uint64_t x = v->u64();
+      if (x < kMinImageSide || x > kMaxImageSide) {
+        v->fail(fmt::format("must be between {} and {} pixels, got {}", kMinImageSide, kMaxImageSide, x));
+      }
+      out = static_cast<std::uint32_t>(x);
+    }
+  };
+  side("width", w.width);
+  side("height", w.height);
+  if (auto v = j.opt("batch")) w.batch = v->u32_in(1, kMaxBatch);
+  if (auto v = j.opt("frames")) w.frames = v->u32_in(1, kMaxFrames);
+  if (auto v = j.opt("cfg")) w.cfg = v->number_in(0.0, 100.0);
+  if (auto v = j.opt("text_tokens")) w.text_tokens = v->u32_in(0, kMaxTextTokens);
+  return w;
+}
+
+ArchShape parse_arch(const JsonIn& j) {
+  j.expect_object({"latent_channels", "hidden", "widest", "text_tokens", "patch", "temporal_down", "gated",
+                   "kept_hidden_states"});
+  ArchShape a;
+  constexpr std::uint32_t kMaxWidth = 1u << 24;
+  if (auto v = j.opt("latent_channels")) a.latent_channels = v->u32_in(0, 1024);
+  if (auto v = j.opt("hidden")) a.hidden = v->u32_in(0, kMaxWidth);
+  if (auto v = j.opt("widest")) a.widest = v->u32_in(0, kMaxWidth);
+  if (auto v = j.opt("text_tokens")) a.text_tokens = v->u32_in(0, kMaxTextTokens);
+  if (auto v = j.opt("patch")) a.patch = v->u32_in(1, 16);
+  if (auto v = j.opt("temporal_down")) a.temporal_down = v->u32_in(1, 16);
+  if (auto v = j.opt("gated")) a.gated = v->boolean();
+  if (auto v = j.opt("kept_hidden_states")) a.kept_hidden_states = v->u32_in(0, 256);
+  return a;
+}
+
+std::vector<Module> parse_modules(const JsonIn& j) {
+  std::vector<Module> modules;
+  const std::size_t n = j.size();
+  if (n == 0) j.fail("a model needs at least one module");
+  if (n > kMaxModulesPerModel) j.fail(fmt::format("too many modules ({} > {})", n, kMaxModulesPerModel));
+  modules.reserve(n);
+  // Running totals over the model, so an overflow names the field that causes it (finalize_model
+  // would only name the total).
+  Bytes model_bytes = 0;
+  std::uint64_t model_numel = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const JsonIn mj = j.at(i);
+    mj.expect_object({"name", "tensors", "cast_hook"});
+    Module m;
+    m.name = mj.at("name").str();
+    if (auto v = mj.opt("cast_hook")) m.cast_hook = v->boolean();
+    const JsonIn tj = mj.at("tensors");
+    if (tj.size() == 0) tj.fail("a module needs at least one tensor");
+    for (std::size_t t = 0; t < tj.size(); ++t) {
+      const JsonIn x = tj.at(t);
+      x.expect_object({"name", "shape", "dtype", "role"});
+      Tensor tensor;
+      tensor.name = x.at("name").str();
+      const JsonIn sj = x.at("shape");
+      if (sj.size() > kMaxTensorRank) sj.fail(fmt::format("rank {} is more than {} dimensions", sj.size(), kMaxTensorRank));
+      for (std::size_t d = 0; d < sj.size(); ++d) {
+        const JsonIn dim = sj.at(d);
+        const std::uint64_t v = dim.u64();
+        if (v == 0) dim.fail("a dimension must be at least 1");
+        tensor.shape.push_back(v);
+      }
+      tensor.dtype = parse_dtype_field(x.at("dtype"));
+      // One tensor too large for 64 bits is its shape's fault; a model whose total overflows is
+      // the fault of the tensor that takes it over.
+      const std::uint64_t numel = tensor_numel(tensor.shape, sj.path());
+      const Bytes bytes = tensor_bytes(tensor.dtype, tensor.shape, sj.path());
+      if (__builtin_add_overflow(model_bytes, bytes, &model_bytes) || __builtin_add_overflow(model_numel, numel, &model_numel)) {
+        x.fail(fmt::format("the model's total size overflows 64 bits with this tensor ({} bytes)", bytes));
+      }
+      tensor.role = TensorRole::weight;
+      if (auto r = x.opt("role")) tensor.role = parse_role(*r);
+      else if (tensor.shape.size() <= 1) tensor.role = tensor.name == "bias" ? TensorRole::bias : TensorRole::norm;
+      m.tensors.push_back(std::move(tensor));
+    }
+    modules.push_back(std::move(m));
+  }
+  return modules;
+}
+
+// `base_dir`: where a relative "file:PATH" source is looked up (the scenario file's directory).
+ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_dir) {
+  j.expect_object({"id", "source", "storage", "scaled", "compute", "lora", "kind", "family", "memory_usage_factor",
+                   "arch", "modules"});
+  ModelRef ref;
+  if (auto v = j.opt("compute")) {
+    ref.compute = parse_dtype_field(*v);
+    if (!dtype_info(ref.compute).compute) v->fail(fmt::format("{} is not a compute dtype (use fp32, fp16 or bf16)", dtype_name(ref.compute)));
+  }
+  if (auto v = j.opt("lora")) ref.lora = v->boolean();
+  const bool inline_model = j.has("modules");
+  ref.source = inline_model ? "inline" : "";
+  if (auto v = j.opt("source")) ref.source = v->str();
+  if (ref.source.empty()) j.at("source").fail("required: \"catalog:NAME\", \"file:PATH\", or give \"modules\" inline");
+
+  if (ref.source.rfind("catalog:", 0) == 0) {
+    for (std::string_view k : {"kind", "family", "memory_usage_factor", "arch", "modules"}) {
+      if (j.has(k)) j.at(k).fail("not allowed with a catalog model (the catalog defines it)");
+    }
+    const std::string name = ref.source.substr(8);
+    const CatalogEntry* e = find_catalog_entry(name);
+    if (!e) {
+      // build_catalog_model throws the message that lists the catalog.
+      (void)build_catalog_model(name, {}, j.path() + ".source");
+      j.at("source").fail(fmt::format("unknown catalog model \"{}\"", name));
+    }
+    ref.storage.dtype = e->native_dtype;
+    if (auto v = j.opt("storage")) {
+      ref.storage.dtype = parse_dtype_field(*v);
+      ref.storage_given = true;
+    }
+    if (auto v = j.opt("scaled")) ref.storage.scaled = v->boolean();
+    ref.id = name;
+    ref.spec = catalog.get(name, ref.storage, j.path());
+  } else if (ref.source == "inline") {
+    for (std::string_view k : {"storage", "scaled"}) {
+      if (j.has(k)) j.at(k).fail("not allowed with an inline model (each tensor names its dtype)");
+    }
+    auto spec = std::make_shared<ModelSpec>();
+    spec->source = "inline";
+    spec->kind = ModelKind::diffusion;
+    if (auto v = j.opt("kind")) {
+      const std::string k = v->str();
+      if (k == "diffusion") spec->kind = ModelKind::diffusion;
+      else if (k == "text_encoder") spec->kind = ModelKind::text_encoder;
+      else if (k == "vae") spec->kind = ModelKind::vae;
+      else v->fail(fmt::format("unknown kind \"{}\" (use diffusion, text_encoder or vae)", k));
+    }
+    if (auto v = j.opt("family")) {
+      const auto f = parse_family(v->str());
+      if (!f) v->fail(fmt::format("unknown family \"{}\"", v->str()));
+      spec->family = *f;
+    }
+    if (auto v = j.opt("memory_usage_factor")) spec->memory_usage_factor = v->number_in(0.0, 1000.0);
+    if (auto v = j.opt("arch")) spec->arch = parse_arch(*v);
+    spec->modules = parse_modules(j.at("modules"));
+    ref.id = "model";
+    spec->name = ref.id;
+    finalize_model(*spec, j.path());
+    if (spec->bytes > kMaxModelBytes) j.at("modules").fail(fmt::format("model is {} bytes, more than the {} limit", spec->bytes, format_size(kMaxModelBytes)));
+    ref.spec = std::move(spec);
+  } else if (ref.source.rfind("file:", 0) == 0) {
+    // A safetensors / GGUF file (or a sharded index.json), imported now (models/import.h).
+    for (std::string_view k : {"storage", "scaled", "kind", "memory_usage_factor", "arch", "modules"}) {
+      if (j.has(k)) j.at(k).fail("not allowed with a file model (the file defines it)");
+    }
+    ImportOptions opts;
+    if (auto v = j.opt("family")) {
+      const auto f = parse_family(v->str());
+      if (!f) v->fail(fmt::format("unknown family \"{}\"", v->str()));
+      opts.family = *f;
+    }
+    const std::filesystem::path file(ref.source.substr(5));
+    if (file.empty()) j.at("source").fail("\"file:\" needs a path");
+    const std::string resolved = file.is_absolute() || base_dir.empty() ? file.string() : (std::filesystem::path(base_dir) / file).string();
+    ImportedModel imported;
+    try {
+      imported = import_model_file(resolved, opts);
+    } catch (const InputError& e) {
+      throw InputError(j.path() + ".source", e.what());
+    }
+    ref.source = imported.model.source;  // "file:<absolute path>": a finding written elsewhere still replays
+    ref.id = imported.model.name;
+    ref.spec = std::make_shared<const ModelSpec>(std::move(imported.model));
+  } else {
+    j.at("source").fail(fmt::format("unknown source \"{}\" (use \"catalog:NAME\", \"file:PATH\" or give \"modules\" inline)", ref.source));
+  }
+  if (auto v = j.opt("id")) {
+    ref.id = v->str();
+    if (ref.id.empty()) v->fail("must not be empty");
+  }
+  return ref;
+}
+
+std::vector<Stage> parse_pipeline(const JsonIn& j, const std::vector<ModelRef>& models) {
+  std::vector<Stage> stages;
+  std::vector<bool> loaded(models.size(), false);
+  const std::size_t n = j.size();
+  if (n == 0) j.fail("the pipeline needs at least one stage");
+  if (n > 4096) j.fail("more than 4096 stages");
+  for (std::size_t i = 0; i < n; ++i) {
+    const JsonIn s = j.at(i);
+    s.expect_object({"op", "model"});
+    Stage st;
+    const std::string op = s.at("op").str();
+    if (op == "load") st.op = StageOp::load;
+    else if (op == "forward") st.op = StageOp::forward;
+    else if (op == "unload") st.op = StageOp::unload;
+    else s.at("op").fail(fmt::format("unknown stage op \"{}\" (use load, forward or unload)", op));
+    const std::string id = s.at("model").str();
+    const auto it = std::find_if(models.begin(), models.end(), [&](const ModelRef& m) { return m.id == id; });
+    if (it == models.end()) s.at("model").fail(fmt::format("no model with id \"{}\"", id));
+    st.model = static_cast<std::uint32_t>(it - models.begin());
+    // The same order rule validate_scenario enforces, checked here so the path carries the
+    // document's prefix ("scenario.pipeline[2]" inside a finding file).
+    if (st.op == StageOp::load) loaded[st.model] = true;
+    else if (!loaded[st.model]) s.fail(fmt::format("{} of \"{}\" before it is loaded", op, id));
+    if (st.op == StageOp::unload) loaded[st.model] = false;
+    stages.push_back(st);
+  }
+  return stages;
+}
+
+}  // namespace
+
+void validate_scenario(const Scenario& s) {
+  if (s.models.empty()) throw InputError("models", "a scenario needs at least one model");
+  std::set<std::string> ids;
+  Bytes total = 0;
+  for (std::size_t i = 0; i < s.models.size(); ++i) {
+    const ModelRef& m = s.models[i];
+    if (!m.spec) throw InputError(fmt::format("models[{}]", i), "model is not resolved");
+    if (!ids.insert(m.id).second) throw InputError(fmt::format("models[{}].id", i), fmt::format("duplicate model id \"{}\"", m.id));
+    if (!dtype_info(m.compute).compute) throw InputError(fmt::format("models[{}].compute", i), "not a compute dtype");
+    total = checked_add(total, m.spec->bytes, fmt::format("models[{}]", i));
+  }
+  if (s.device.total == 0) throw InputError("device.total", "device total must be greater than 0");
+  if (s.device.available() == 0) throw InputError("device", "memory used by others plus the context leave nothing of the device");
+  if (s.offload_streams && *s.offload_streams > kMaxOffloadStreams) {
+    throw InputError("offload_streams", fmt::format("must be between 0 and {}", kMaxOffloadStreams));
+  }
+  if (s.workload.width < kMinImageSide || s.workload.height < kMinImageSide || s.workload.width > kMaxImageSide ||
+      s.workload.height > kMaxImageSide) {
+    throw InputError(s.workload.width < kMinImageSide || s.workload.width > kMaxImageSide ? "workload.width" : "workload.height",
+                     fmt::format("must be between {} and {} pixels", kMinImageSide, kMaxImageSide));
+  }
+  if (s.workload.batch < 1 || s.workload.batch > kMaxBatch) throw InputError("workload.batch", fmt::format("must be between 1 and {}", kMaxBatch));
+  if (s.workload.frames < 1 || s.workload.frames > kMaxFrames) throw InputError("workload.frames", fmt::format("must be between 1 and {}", kMaxFrames));
+  // Stage order: forward and unload need the model on the device.
+  std::vector<bool> loaded(s.models.size(), false);
+  if (s.stages.empty()) throw InputError("pipeline", "the pipeline needs at least one stage");
+  for (std::size_t i = 0; i < s.stages.size(); ++i) {
+    const Stage& st = s.stages[i];
+    if (st.model >= s.models.size()) throw InputError(fmt::format("pipeline[{}].model", i), "no such model");
+    if (st.op == StageOp::load) loaded[st.model] = true;
+    else if (!loaded[st.model]) {
+      throw InputError(fmt::format("pipeline[{}]", i), fmt::format("{} of \"{}\" before it is loaded", stage_op_name(st.op), s.models[st.model].id));
+    }
+    if (st.op == StageOp::unload) loaded[st.model] = false;
+  }
+}
+
+Scenario parse_scenario_json(std::string_view text, Catalog& catalog, std::string_view origin) {
+  return scenario_from_json(parse_json_text(text, origin), catalog, "",
+                            std::filesystem::path(std::string(origin)).parent_path().string());
+}
+
+Scenario load_case_file(const std::string& path, Catalog& catalog) {
+  return parse_case_json(read_text_file(path), catalog, path);
+}
+
+Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_view origin) {
+  const std::string path(origin);
+  const std::string base_dir = std::filesystem::path(path).parent_path().string();
+  const nlohmann::json doc = parse_json_text(text, origin);
+  if (doc.is_object() && doc.contains("schema") && doc["schema"].is_string()) {
+    const std::string schema = doc["schema"].get<std::string>();
+    if (schema.rfind("vramfuzz.finding/", 0) == 0 || schema.rfind("vramfuzz.repro/", 0) == 0 ||
+        schema.rfind("vramfuzz.result/", 0) == 0) {
+      if (!doc.contains("scenario")) throw InputError(path + ": scenario", "required field is missing");
+      return scenario_from_json(doc["scenario"], catalog, "scenario", base_dir);
+    }
+  }
+  return scenario_from_json(doc, catalog, "", base_dir);
+}
+
+Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir) {
+  const JsonIn j(doc, path);
+  j.expect_object({"schema", "name", "seed", "device", "allocator", "policy", "models", "workload", "offload_streams",
+                   "pipeline"});
+  if (auto v = j.opt("schema")) {
+    if (v->str() != kScenarioSchema) v->fail(fmt::format("unsupported schema \"{}\" (this build reads {})", v->str(), kScenarioSchema));
+  }
+  Scenario s;
+  if (auto v = j.opt("name")) s.name = v->str();
+  if (auto v = j.opt("seed")) s.seed = v->u64();
+  s.device = parse_device(j.at("device"));
+  if (auto v = j.opt("allocator")) s.allocator = parse_allocator(*v);
+  if (auto v = j.opt("policy")) s.policy = parse_policy_json(*v);
+  else s.policy = parse_policy("comfy:dec2025", "policy");
+  const JsonIn mj = j.at("models");
+  if (mj.size() == 0) mj.fail("a scenario needs at least one model");
+  if (mj.size() > 64) mj.fail("more than 64 models");
+  for (std::size_t i = 0; i < mj.size(); ++i) {
+    s.models.push_back(parse_model(mj.at(i), catalog, base_dir));
+    for (std::size_t k = 0; k < i; ++k) {
+      if (s.models[k].id == s.models[i].id) {
+        throw InputError(mj.at(i).path() + ".id",
+                         fmt::format("duplicate model id \"{}\" (give each model an \"id\")", s.models[i].id));
+      }
+    }
+  }
+  if (auto v = j.opt("workload")) s.workload = parse_workload(*v);
+  if (auto v = j.opt("offload_streams")) s.offload_streams = v->u32_in(0, kMaxOffloadStreams);
+  if (auto v = j.opt("pipeline")) s.stages = parse_pipeline(*v, s.models);
+  else s.stages = default_stages(s.models.size());
+  validate_scenario(s);
+  return s;
+}
+
+Scenario load_scenario_file(const std::string& path, Catalog& catalog) {
+  return parse_scenario_json(read_text_file(path), catalog, path);
+}
+
+// ---- writing ----------------------------------------------------------------------------------
+
+namespace {
+
+nlohmann::json size_json(Bytes b) {
+  // Exact multiples print as readable strings; anything else stays an exact byte count.
+  if (b != 0 && b % GiB == 0) return fmt::format("{}GiB", b / GiB);
+  if (b != 0 && b % MiB == 0) return fmt::format("{}MiB", b / MiB);
+  return b;
+}
+
+nlohmann::json option_value_json(const std::string& v) {
+  // Options are kept as text; numbers and booleans go back out as JSON numbers / booleans.
+  if (v == "true") return true;
+  if (v == "false") return false;
+  const auto j = nlohmann::json::parse(v, nullptr, false);
+  if (!j.is_discarded() && j.is_number()) return j;
+  return v;
+}
+
+nlohmann::json model_json(const ModelRef& m) {
+  nlohmann::json j;
+  j["id"] = m.id;
+  if (m.source == "inline") {
+    const ModelSpec& spec = *m.spec;
+    j["source"] = "inline";
+    j["kind"] = kind_name(spec.kind);
+    j["family"] = family_name(spec.family);
+    j["memory_usage_factor"] = spec.memory_usage_factor;
+    j["arch"] = {{"latent_channels", spec.arch.latent_channels}, {"hidden", spec.arch.hidden},
+                 {"widest", spec.arch.widest},                   {"text_tokens", spec.arch.text_tokens},
+                 {"patch", spec.arch.patch},                     {"temporal_down", spec.arch.temporal_down},
+                 {"gated", spec.arch.gated},                     {"kept_hidden_states", spec.arch.kept_hidden_states}};
+    nlohmann::json mods = nlohmann::json::array();
+    for (const Module& mod : spec.modules) {
+      nlohmann::json tj = nlohmann::json::array();
+      for (const Tensor& t : mod.tensors) {
+        tj.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"role", role_name(t.role)}});
+      }
+      nlohmann::json mj = {{"name", mod.name}, {"tensors", std::move(tj)}};
+      if (!mod.cast_hook) mj["cast_hook"] = false;
+      mods.push_back(std::move(mj));
+    }
+    j["modules"] = std::move(mods);
+  } else if (m.source.rfind("file:", 0) == 0) {
+    j["source"] = m.source;
+    j["family"] = family_name(m.spec->family);  // detected or given: either way it reloads the same
+  } else {
+    j["source"] = m.source;
+    j["storage"] = dtype_name(m.storage.dtype);
+    if (dtype_info(m.storage.dtype).fp8 || m.storage.dtype == Dtype::int8) j["scaled"] = m.storage.scaled;
+  }
+  j["compute"] = dtype_name(m.compute);
+  j["lora"] = m.lora;
+  return j;
+}
+
+}  // namespace
+
+std::string scenario_to_json(const Scenario& s, int indent) {
+  nlohmann::ordered_json j;
+  j["schema"] = kScenarioSchema;
+  if (!s.name.empty()) j["name"] = s.name;
+  j["seed"] = s.seed;
+  j["device"] = {{"name", s.device.name},
+                 {"total", size_json(s.device.total)},
+                 {"used_by_others", size_json(s.device.used_by_others)},
+                 {"context_overhead", size_json(s.device.context_overhead)}};
+  nlohmann::json opts = nlohmann::json::object();
+  for (const auto& [k, v] : s.allocator.options) opts[k] = option_value_json(v);
+  j["allocator"] = {{"mode", allocator_mode_name(s.allocator.mode)}, {"options", opts}};
+  if (s.policy.overrides.empty()) {
+    j["policy"] = s.policy.label();
+  } else {
+    nlohmann::json ov = nlohmann::json::object();
+    for (const auto& [k, v] : s.policy.overrides) ov[k] = option_value_json(v);
+    j["policy"] = {{"name", s.policy.label()}, {"overrides", ov}};
+  }
+  nlohmann::json models = nlohmann::json::array();
+  for (const ModelRef& m : s.models) models.push_back(model_json(m));
+  j["models"] = std::move(models);
+  j["workload"] = {{"width", s.workload.width}, {"height", s.workload.height}, {"batch", s.workload.batch},
+                   {"frames", s.workload.frames}, {"cfg", s.workload.cfg},     {"text_tokens", s.workload.text_tokens}};
+  if (s.offload_streams) j["offload_streams"] = *s.offload_streams;
+  nlohmann::json pipe = nlohmann::json::array();
+  for (const Stage& st : s.stages) pipe.push_back({{"op", stage_op_name(st.op)}, {"model", s.models[st.model].id}});
+  j["pipeline"] = std::move(pipe);
+  return j.dump(indent);
+}
+
+}  // namespace vf

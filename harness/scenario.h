@@ -1,0 +1,156 @@
+// A scenario is one case: device, allocator config, policy, models, workload, offload streams
+// and the pipeline of stages. It is plain data: load/save is JSON (`vramfuzz.scenario/1`,
+// docs/formats.md), validation happens at load with the path of the offending field.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "harness/core/bytes.h"
+#include "harness/core/dtype.h"
+#include "harness/core/workload.h"
+#include "models/catalog.h"
+#include "models/model.h"
+
+namespace vf {
+
+inline constexpr std::string_view kScenarioSchema = "vramfuzz.scenario/1";
+
+// The context a fresh CUDA process costs before the first tensor. Default from pytorch PR #86509
+// (total - free after one small tensor with lazy module loading: 287,047,680 B); replaced by the
+// H200 measurement in reports/gpu/ once the GPU check has run.
+inline constexpr Bytes kDefaultContextOverhead = 287047680;
+
+struct DeviceSpec {
+  std::string name = "sim";
+  Bytes total = 24 * GiB;
+  Bytes used_by_others = 0;                     // other processes, the desktop
+  Bytes context_overhead = kDefaultContextOverhead;
+  // What our process can use at all: total - others - context (0 if they exceed the total).
+  Bytes available() const { return sat_sub(sat_sub(total, used_by_others), context_overhead); }
+};
+
+enum class AllocatorMode : std::uint8_t { raw, caching, caching_expandable, async };
+std::string_view allocator_mode_name(AllocatorMode m);
+std::optional<AllocatorMode> parse_allocator_mode(std::string_view s);
+inline constexpr AllocatorMode kAllAllocatorModes[] = {AllocatorMode::raw, AllocatorMode::caching,
+                                                       AllocatorMode::caching_expandable, AllocatorMode::async};
+
+// Allocator options by the allocator's own names (max_split_size_mb, release_threshold, ...),
+// kept as text so a scenario round-trips exactly; the allocator factory validates them.
+struct AllocatorConfig {
+  AllocatorMode mode = AllocatorMode::raw;
+  std::vector<std::pair<std::string, std::string>> options;
+};
+
+enum class PredictorKind : std::uint8_t { comfy, exact };
+enum class Preset : std::uint8_t { oct2025, nov2025, dec2025 };
+std::string_view preset_name(Preset p);
+std::optional<Preset> parse_preset(std::string_view s);
+
+// How the offload buffer is budgeted (comfyui-accounting.md §2.4, §5).
+enum class AccountMode : std::uint8_t {
+  none,      // before ComfyUI PR #10733: no buffer at all
+  largest,   // PR #10733: cost_i + NS x (largest module_mem in the model)
+  lookahead  // PR #11096: cost_i + module_mem of the next NS modules in sorted order
+};
+std::string_view account_mode_name(AccountMode a);
+
+// Every constant of ComfyUI's classic accounting, with the value its preset gives it; each one
+// can be overridden in the scenario (`policy.overrides`) or on the CLI (`--reserve 600MiB`).
+struct ComfyConstants {
+  Bytes reserve = 400 * MiB;           // EXTRA_RESERVED_VRAM (Linux)
+  Bytes inference_floor = 819 * MiB + 205 * KiB;  // 0.8 GiB (the "0.8" of minimum_inference_memory)
+  double min_weight_ratio = 0.0;       // MIN_WEIGHT_MEMORY_RATIO on NVIDIA
+  Bytes weight_floor = 0;              // Oct-2025: 128 MiB; later 0
+  double unload_factor = 1.1;          // evict until free >= 1.1 x need + extra_mem
+  double cfg_mult = 2.0;               // the sampler's batch doubling for memory_required
+  double cond_batch_safety = 1.5;      // conds batched while 1.5 x memory_required < free
+  double lora_math_factor = 2.0;       // LOWVRAM_PATCH_ESTIMATE_MATH_FACTOR
+  AccountMode account = AccountMode::lookahead;
+  bool dequant_term = true;            // PR #11171: offload cost counts the upcast/dequant copy
+  std::uint32_t num_streams = 2;       // NUM_STREAMS; the scenario's offload_streams wins when set
+  bool flash_attention = true;         // flash / PyTorch / xformers attention in the estimate
+  Dtype lora_patch_dtype = Dtype::fp16;  // dtype LoRA is merged in at load (Oct-2025: fp32)
+  bool patch_sync = true;              // PR #11144: synchronize after patching each module
+};
+
+// The constants of a dated preset (oct2025 = ComfyUI a125cd84; nov2025 = after #10733 and
+// #10953; dec2025 = after #11096, #11171, #11173, #11144).
+ComfyConstants preset_constants(Preset p);
+
+struct Policy {
+  PredictorKind predictor = PredictorKind::comfy;
+  Preset preset = Preset::dec2025;  // exact: the placement it takes its resident set from
+  ComfyConstants constants;         // preset values with overrides applied
+  std::vector<std::pair<std::string, std::string>> overrides;  // as given, for round-tripping
+  std::optional<Bytes> exact_reserve;  // exact predictor: reserve to add (default 0)
+  std::string label() const;           // "comfy:dec2025", "exact:dec2025"
+};
+
+// Parses "comfy:dec2025", "comfy", "exact", "exact:oct2025". Throws InputError(what).
+Policy parse_policy(std::string_view text, std::string_view what);
+// Applies one override (`reserve=600MiB`, `account=lookahead`, `dequant_term=false` ...).
+void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what);
+
+struct ModelRef {
+  std::string id;      // how stages name it ("te", "dit"); defaults to the catalog name
+  std::string source;  // "catalog:NAME", "inline", or "file:<absolute path>" (resolved at load)
+  StorageChoice storage;   // catalog models: how the file stores it
+  bool storage_given = false;  // false: the catalog's native dtype
+  Dtype compute = Dtype::bf16;  // ComfyUI's manual-cast dtype (the dtype kernels run in)
+  bool lora = false;            // a LoRA patches every weight of this model
+  std::shared_ptr<const ModelSpec> spec;  // resolved, finalized
+};
+
+enum class StageOp : std::uint8_t { load, forward, unload };
+std::string_view stage_op_name(StageOp s);
+
+struct Stage {
+  StageOp op = StageOp::load;
+  std::uint32_t model = 0;  // index into Scenario::models
+};
+
+struct Scenario {
+  std::string name;  // optional label
+  DeviceSpec device;
+  AllocatorConfig allocator;
+  Policy policy;
+  std::vector<ModelRef> models;
+  Workload workload;
+  std::optional<std::uint32_t> offload_streams;  // 0..8; unset: the preset's NUM_STREAMS
+  std::vector<Stage> stages;
+  std::uint64_t seed = 0;  // seeds allocator-side nondeterminism (async opportunistic reuse)
+
+  // NUM_STREAMS as the runtime uses it (scenario value, else the policy's).
+  std::uint32_t streams() const { return offload_streams ? *offload_streams : policy.constants.num_streams; }
+};
+
+inline constexpr std::uint32_t kMaxOffloadStreams = 8;
+
+// JSON in / out. `load_scenario_*` validate everything and throw InputError with the field path.
+Scenario load_scenario_file(const std::string& path, Catalog& catalog);
+Scenario parse_scenario_json(std::string_view text, Catalog& catalog, std::string_view origin);
+// From an already parsed document; `path` prefixes field paths ("scenario" inside a repro file);
+// `base_dir` is where a relative "file:PATH" model source is found (parse_scenario_json uses the
+// directory of `origin`, the load functions that of the file).
+Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path,
+                            const std::string& base_dir = "");
+// A scenario file, or a finding / repro file that embeds one under "scenario".
+Scenario load_case_file(const std::string& path, Catalog& catalog);
+// The same from text (`origin` names it in errors; its directory is where "file:" sources are found).
+Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_view origin);
+std::string scenario_to_json(const Scenario& s, int indent = 2);
+// Re-checks the invariants load enforces (for scenarios built in code: generator, shrinker).
+void validate_scenario(const Scenario& s);
+
+// The default pipeline when a scenario lists none: load + forward of each model in order.
+std::vector<Stage> default_stages(std::size_t model_count);
+
+}  // namespace vf

@@ -1,0 +1,460 @@
+// The vramfuzz command line, run as a real process: exit codes (0 nothing found, 1 findings,
+// 2 bad input, 3 infrastructure fault), error messages that name the field or flag, finding files
+// that replay, and campaigns that are deterministic.
+#include <gtest/gtest.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/campaign.h"
+#include "models/catalog.h"
+#include "tests/run_cli.h"
+
+#ifndef VF_CLI
+#error "VF_CLI must name the vramfuzz executable (tests/CMakeLists.txt)"
+#endif
+
+namespace vf {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kExample = std::string(VF_SOURCE_DIR) + "/docs/examples/flux2-te-fp8-fp32-12gib.json";
+
+using test::describe;
+using test::expect_clean;
+using test::Proc;
+
+// Runs vramfuzz with `args` in `cwd` (tests/run_cli.h).
+Proc run_cli(const std::vector<std::string>& args, const fs::path& cwd, int timeout_s = 30) {
+  return test::run_process(VF_CLI, args, cwd, timeout_s);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The "verdict: ..." line of `run`.
+std::string verdict_line(const std::string& out) {
+  const auto pos = out.find("\nverdict: ");
+  if (pos == std::string::npos) return {};
+  const auto end = out.find('\n', pos + 1);
+  return out.substr(pos + 1, end == std::string::npos ? std::string::npos : end - pos - 1);
+}
+
+// The signature in "verdict: KIND SIGNATURE - message" (empty for pass).
+std::string verdict_signature(const std::string& line) {
+  std::istringstream in(line);
+  std::string word, kind, sig;
+  in >> word >> kind >> sig;
+  return sig == "-" ? std::string() : sig;
+}
+
+std::size_t count_lines(const std::string& s) {
+  std::size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "vf_test_cli_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  Proc run(const std::vector<std::string>& args, int timeout_s = 30) { return run_cli(args, dir_, timeout_s); }
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+  // A bad-input run: exit 2, no crash, nothing on stdout, the `needle` on stderr.
+  Proc expect_bad_input(const std::vector<std::string>& args, const std::string& needle) {
+    const Proc p = run(args);
+    std::string cmd;
+    for (const std::string& a : args) cmd += " " + a;
+    SCOPED_TRACE("vramfuzz" + cmd);
+    expect_clean(p);
+    EXPECT_EQ(p.exit_code, 2) << describe(p);
+    EXPECT_NE(p.err.find(needle), std::string::npos) << "stderr should name \"" << needle << "\"\n" << describe(p);
+    EXPECT_EQ(p.out, "") << describe(p);
+    return p;
+  }
+  fs::path dir_;
+};
+
+// ---- run / plan on the example ----------------------------------------------------------------
+
+TEST_F(Cli, RunExampleFindsTheOriginBugUnderOct2025) {
+  const Proc p = run({"run", kExample});
+  expect_clean(p);
+  EXPECT_EQ(p.exit_code, 1) << describe(p);
+  EXPECT_NE(p.out.find("policy comfy:oct2025"), std::string::npos) << describe(p);
+  const std::string v = verdict_line(p.out);
+  EXPECT_TRUE(v.rfind("verdict: oom oom:forward:", 0) == 0 || v.rfind("verdict: violation violation:forward:", 0) == 0)
+      << "an OOM or violation in the forward pass, got: " << v;
+  EXPECT_NE(v.find(":raw"), std::string::npos) << v;
+}
+
+TEST_F(Cli, RunExamplePassesUnderDec2025) {
+  const Proc p = run({"run", kExample, "--policy", "comfy:dec2025"});
+  expect_clean(p);
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  EXPECT_NE(p.out.find("policy comfy:dec2025"), std::string::npos) << describe(p);
+  EXPECT_EQ(verdict_line(p.out).rfind("verdict: pass", 0), 0u) << describe(p);
+}
+
+TEST_F(Cli, RunJsonWritesAFindingThatReplays) {
+  const Proc p = run({"run", kExample, "--json", "out.json"});
+  expect_clean(p);
+  ASSERT_EQ(p.exit_code, 1) << describe(p);
+  ASSERT_TRUE(fs::exists(dir_ / "out.json"));
+  const json j = json::parse(read_file(dir_ / "out.json"));
+  EXPECT_EQ(j["schema"], "vramfuzz.finding/1");
+  const std::string line = verdict_line(p.out);
+  EXPECT_EQ(j["signature"], verdict_signature(line));
+  EXPECT_FALSE(j["signature"].get<std::string>().empty());
+  EXPECT_EQ(j["replay"], "vramfuzz run out.json");
+  ASSERT_TRUE(j.contains("scenario"));
+  EXPECT_EQ(j["scenario"]["schema"], "vramfuzz.scenario/1");
+  EXPECT_EQ(j["scenario"]["policy"], "comfy:oct2025");
+  EXPECT_GT(j["peaks"]["reserved"].get<std::uint64_t>(), 0u);
+
+  const Proc again = run({"run", "out.json"});
+  expect_clean(again);
+  EXPECT_EQ(again.exit_code, 1) << describe(again);
+  EXPECT_EQ(verdict_line(again.out), line);
+  EXPECT_FALSE(line.empty());
+}
+
+TEST_F(Cli, RunJsonReplayKeepsTheFlags) {
+  // The example OOMs under its own comfy:oct2025; with --policy comfy:dec2025 it passes. The
+  // result file must replay the case that ran (flags applied), not the input file.
+  const Proc p = run({"run", kExample, "--policy", "comfy:dec2025", "--json", "pass.json"});
+  expect_clean(p);
+  ASSERT_EQ(p.exit_code, 0) << describe(p);
+  const json j = json::parse(read_file(dir_ / "pass.json"));
+  EXPECT_EQ(j["schema"], "vramfuzz.result/1");
+  EXPECT_EQ(j["signature"], "");
+  EXPECT_EQ(j["scenario"]["policy"], "comfy:dec2025");
+  const std::string replay = j["replay"].get<std::string>();
+  ASSERT_EQ(replay.rfind("vramfuzz run ", 0), 0u) << replay;
+  const Proc again = run({"run", replay.substr(std::string("vramfuzz run ").size())});
+  expect_clean(again);
+  EXPECT_EQ(again.exit_code, 0) << "the replay command must reproduce the pass\n" << describe(again);
+  EXPECT_EQ(verdict_line(again.out), verdict_line(p.out));
+}
+
+TEST_F(Cli, PlanPrintsTheComfyLoadLine) {
+  const Proc p = run({"plan", kExample});
+  expect_clean(p);
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  const std::regex comfy(
+      R"(loaded partially; [0-9]+\.[0-9]{2} MB usable, [0-9]+\.[0-9]{2} MB loaded, [0-9]+\.[0-9]{2} MB offloaded, )"
+      R"([0-9]+\.[0-9]{2} MB buffer reserved)");
+  EXPECT_TRUE(std::regex_search(p.out, comfy)) << describe(p);
+  // oct2025 has no offload accounting: the buffer is 0.
+  EXPECT_NE(p.out.find("MB offloaded, 0.00 MB buffer reserved"), std::string::npos) << describe(p);
+  EXPECT_EQ(p.out.find("verdict:"), std::string::npos) << "plan must not execute";
+
+  const Proc dec = run({"plan", kExample, "--policy", "comfy:dec2025"});
+  EXPECT_EQ(dec.exit_code, 0) << describe(dec);
+  EXPECT_TRUE(std::regex_search(dec.out, comfy)) << describe(dec);
+  EXPECT_EQ(dec.out.find("MB offloaded, 0.00 MB buffer reserved"), std::string::npos) << "dec2025 reserves a buffer";
+}
+
+// ---- bad input -------------------------------------------------------------------------------
+
+TEST_F(Cli, MalformedFilesExit2WithTheFieldPath) {
+  const json base = json::parse(read_file(kExample));
+  struct Case {
+    std::string name;
+    std::string text;
+    std::string path;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"truncated", base.dump().substr(0, 60), "truncated.json: invalid JSON at byte 61"});
+  {
+    json d = base;
+    d["workload"]["widht"] = 512;
+    cases.push_back({"typo", d.dump(), "workload.widht: unknown field"});
+  }
+  {
+    json d = base;
+    d["device"]["total"] = -5;
+    cases.push_back({"negative", d.dump(), "device.total: must not be negative"});
+  }
+  {
+    json d = base;
+    d["device"]["total"] = "99999999999999999999GiB";
+    cases.push_back({"overflow", d.dump(), "device.total: size overflows 64 bits"});
+  }
+  {
+    json d = base;
+    d["models"][0]["source"] = "catalog:nosuch";
+    cases.push_back({"catalog", d.dump(), "models[0].source: unknown model \"nosuch\""});
+  }
+  {
+    json d = base;
+    d["models"][0]["compute"] = "fp8_e4m3fn";
+    cases.push_back({"compute", d.dump(), "models[0].compute: fp8_e4m3fn is not a compute dtype"});
+  }
+  {
+    json d = base;
+    d["pipeline"] = json::parse(R"([{"op": "forward", "model": "te"}])");
+    cases.push_back({"order", d.dump(), "pipeline[0]: forward of \"te\" before it is loaded"});
+  }
+  {
+    json d = base;
+    d["offload_streams"] = 9;
+    cases.push_back({"streams", d.dump(), "offload_streams: must be between 0 and 8"});
+  }
+  {
+    json d = base;
+    d["models"][0] = json::parse(R"({"id": "x", "modules": [{"name": "m", "tensors": [
+        {"name": "weight", "shape": [4294967296, 4294967296, 16], "dtype": "fp32"}]}]})");
+    d["pipeline"] = json::parse(R"([{"op": "load", "model": "x"}])");
+    cases.push_back({"shape", d.dump(), "models[0].modules[0].tensors[0].shape: size overflows 64 bits"});
+  }
+  {
+    json d = base;
+    d["workload"]["width"] = "1024";
+    cases.push_back({"type", d.dump(), "workload.width: expected a non-negative integer"});
+  }
+  {
+    // The same error inside a finding file carries the "scenario." prefix.
+    json d = base;
+    d["workload"]["batch"] = 0;
+    cases.push_back({"finding", json{{"schema", "vramfuzz.finding/1"}, {"scenario", d}}.dump(),
+                     "scenario.workload.batch: must be between 1 and 64"});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    write(c.name + ".json", c.text);
+    const Proc p = expect_bad_input({"run", c.name + ".json"}, c.path);
+    EXPECT_EQ(count_lines(p.err), 1u) << "one error line\n" << describe(p);
+    expect_bad_input({"plan", c.name + ".json"}, c.path);
+  }
+}
+
+TEST_F(Cli, MissingFileExit2AndNamesIt) {
+  expect_bad_input({"run", "no-such-scenario.json"}, "no-such-scenario.json: cannot open file");
+  expect_bad_input({"plan", "no-such-scenario.json"}, "no-such-scenario.json");
+}
+
+TEST_F(Cli, BadFlagsExit2) {
+  expect_bad_input({"run", kExample, "--reserve", "abc"}, "--reserve: not a size: \"abc\"");
+  expect_bad_input({"run", kExample, "--set", "nosuch=1"}, "unknown policy constant");
+  expect_bad_input({"run", kExample, "--set", "nosuch=1"}, "nosuch");
+  expect_bad_input({"run", kExample, "--set", "reserve"}, "--set: expected key=value");
+  expect_bad_input({"run", kExample, "--allocator", "nosuch"}, "--allocator: unknown allocator mode \"nosuch\"");
+  expect_bad_input({"run", kExample, "--backend", "nosuch"}, "--backend: unknown backend \"nosuch\"");
+  expect_bad_input({"run", kExample, "--policy", "comfy:jan2026"}, "--policy: unknown preset \"jan2026\"");
+  expect_bad_input({"plan", kExample, "--reserve", "-1GiB"}, "--reserve: size must not be negative");
+  expect_bad_input({"fuzz", "--time", "-5s"}, "--time: duration must be positive");
+  expect_bad_input({"fuzz", "--vram", "12XB"}, "--vram: unknown unit \"XB\"");
+  expect_bad_input({"fuzz", "--cases", "1", "--reserve", "abc"}, "--reserve: not a size: \"abc\"");
+  expect_bad_input({"fuzz", "--cases", "1", "--policy", "bogus"}, "--policy: unknown predictor");
+  expect_bad_input({"fuzz", "--cases", "1", "--backend", "nosuch"}, "--backend: unknown backend");
+  // A negative count must not wrap into 2^64 - 5 cases.
+  expect_bad_input({"fuzz", "--cases", "-5"}, "--cases");
+  expect_bad_input({"fuzz", "--cases", "abc"}, "--cases");
+  // CLI11's own parse errors are bad input too.
+  expect_bad_input({"run"}, "scenario is required");
+  expect_bad_input({}, "A subcommand is required");
+  expect_bad_input({"models", "list", "--bogus"}, "--bogus");
+}
+
+TEST_F(Cli, CudaBackendWithoutAGpuExits3) {
+  if (fs::exists("/dev/nvidiactl")) GTEST_SKIP() << "a GPU is present; the no-GPU contract is not testable here";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"run", kExample, "--backend", "cuda"}, {"fuzz", "--cases", "1", "--backend", "cuda"}}) {
+    const Proc p = run(args);
+    expect_clean(p);
+    EXPECT_EQ(p.exit_code, 3) << describe(p);
+    EXPECT_EQ(count_lines(p.err), 1u) << "one line of reason\n" << describe(p);
+    EXPECT_EQ(p.err.rfind("[error] ", 0), 0u) << describe(p);
+    std::string lower = p.err;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    EXPECT_NE(lower.find("cuda"), std::string::npos) << describe(p);
+    EXPECT_EQ(p.out.find("verdict:"), std::string::npos) << describe(p);
+  }
+}
+
+// ---- fuzz ------------------------------------------------------------------------------------
+
+TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
+  const Proc p = run({"fuzz", "--cases", "50", "--shrink-execs", "60", "--allocator", "raw", "--out", "out"});
+  expect_clean(p);
+  ASSERT_TRUE(p.exit_code == 0 || p.exit_code == 1) << describe(p);
+  const json summary = json::parse(read_file(dir_ / "out" / "summary.json"));
+  EXPECT_EQ(summary["schema"], "vramfuzz.summary/1");
+  EXPECT_EQ(summary["counts"]["cases"], 50);
+  EXPECT_EQ(summary["config"]["allocator"], "raw");
+  EXPECT_EQ(summary["config"]["seed"], 1);
+  const std::uint64_t findings = summary["counts"]["findings"].get<std::uint64_t>();
+  EXPECT_EQ(p.exit_code, findings > 0 ? 1 : 0) << "exit 1 exactly when something was found";
+  EXPECT_EQ(summary["counts"]["errors"], 0);
+  EXPECT_EQ(summary["counts"]["signatures"], summary["findings"].size());
+
+  // Every signature in the summary: its count adds up, min(count, keep=3) finding files are on
+  // disk, and the first finding of each (new) signature was shrunk into repro.json + repro.md.
+  std::uint64_t counted = 0;
+  std::map<std::string, std::size_t> expected_files;
+  for (const json& f : summary["findings"]) {
+    const std::string sig = f["signature"].get<std::string>();
+    counted += f["count"].get<std::uint64_t>();
+    expected_files[signature_dir(sig)] = std::min<std::size_t>(f["count"].get<std::size_t>(), 3);
+    EXPECT_NE(sig.find(":raw"), std::string::npos) << sig;
+    EXPECT_TRUE(fs::exists(dir_ / f["file"].get<std::string>())) << f["file"];
+    ASSERT_FALSE(f["repro"].get<std::string>().empty()) << sig;
+    EXPECT_TRUE(fs::exists(dir_ / f["repro"].get<std::string>())) << f["repro"];
+  }
+  EXPECT_EQ(counted, findings);
+
+  std::map<std::string, std::size_t> files_per_dir;
+  if (fs::exists(dir_ / "out" / "findings")) {
+    for (const auto& sig_dir : fs::directory_iterator(dir_ / "out" / "findings")) {
+      const std::string dir_name = sig_dir.path().filename().string();
+      // The repro: schema, same signature, a replay command that reproduces it, and its issue body.
+      const fs::path repro = sig_dir.path() / "repro.json";
+      ASSERT_TRUE(fs::exists(repro)) << dir_name;
+      ASSERT_TRUE(fs::exists(sig_dir.path() / "repro.md")) << dir_name;
+      const json r = json::parse(read_file(repro));
+      EXPECT_EQ(r["schema"], "vramfuzz.repro/1");
+      EXPECT_EQ(signature_dir(r["signature"].get<std::string>()), dir_name);
+      const std::string rel_repro = fs::relative(repro, dir_).string();
+      EXPECT_EQ(r["replay"], "vramfuzz replay " + rel_repro);
+      const Proc rr = run({"replay", rel_repro});
+      expect_clean(rr);
+      EXPECT_EQ(rr.exit_code, 1) << describe(rr);
+      EXPECT_NE(read_file(sig_dir.path() / "repro.md").find(r["signature"].get<std::string>()), std::string::npos);
+      for (const auto& file : fs::directory_iterator(sig_dir.path())) {
+        const std::string name = file.path().filename().string();
+        if (name == "repro.json" || name == "repro.md") continue;
+        const std::string rel = fs::relative(file.path(), dir_).string();
+        SCOPED_TRACE(rel);
+        ++files_per_dir[dir_name];
+        EXPECT_EQ(file.path().extension(), ".json");
+        const json f = json::parse(read_file(file.path()));  // throws (fails the test) if invalid
+        EXPECT_EQ(f["schema"], "vramfuzz.finding/1");
+        const std::string sig = f["signature"].get<std::string>();
+        EXPECT_EQ(signature_dir(sig), dir_name);
+        EXPECT_EQ(f["replay"], "vramfuzz run " + rel);
+        const Proc replay = run({"run", rel});
+        expect_clean(replay);
+        EXPECT_EQ(replay.exit_code, 1) << describe(replay);
+        EXPECT_EQ(verdict_signature(verdict_line(replay.out)), sig) << describe(replay);
+      }
+    }
+  }
+  EXPECT_EQ(files_per_dir, expected_files);
+}
+
+TEST_F(Cli, FuzzIsDeterministic) {
+  // Two campaigns with the same flags in two directories: the same summary (bar the wall time)
+  // and byte-identical finding files.
+  fs::create_directories(dir_ / "a");
+  fs::create_directories(dir_ / "b");
+  const std::vector<std::string> args{"fuzz", "--cases", "50", "--shrink-execs", "60", "--allocator", "raw", "--out", "out"};
+  const Proc a = run_cli(args, dir_ / "a");
+  const Proc b = run_cli(args, dir_ / "b");
+  expect_clean(a);
+  expect_clean(b);
+  EXPECT_EQ(a.exit_code, b.exit_code);
+  json sa = json::parse(read_file(dir_ / "a" / "out" / "summary.json"));
+  json sb = json::parse(read_file(dir_ / "b" / "out" / "summary.json"));
+  sa["counts"].erase("seconds");
+  sb["counts"].erase("seconds");
+  EXPECT_EQ(sa["counts"].dump(), sb["counts"].dump());
+  EXPECT_EQ(sa.dump(2), sb.dump(2));
+
+  auto files = [](const fs::path& root) {
+    std::map<std::string, std::string> out;
+    if (!fs::exists(root)) return out;
+    for (const auto& e : fs::recursive_directory_iterator(root)) {
+      if (e.is_regular_file()) out[fs::relative(e.path(), root).string()] = read_file(e.path());
+    }
+    return out;
+  };
+  const auto fa = files(dir_ / "a" / "out" / "findings");
+  const auto fb = files(dir_ / "b" / "out" / "findings");
+  std::set<std::string> na, nb;
+  for (const auto& [k, v] : fa) na.insert(k);
+  for (const auto& [k, v] : fb) nb.insert(k);
+  EXPECT_EQ(na, nb);
+  EXPECT_EQ(fa, fb);
+  EXPECT_EQ(fa.size(), [&] {
+    std::size_t n = 0;  // finding files, plus repro.json and repro.md per signature
+    for (const json& f : sa["findings"]) n += std::min<std::size_t>(f["count"].get<std::size_t>(), 3) + 2;
+    return n;
+  }());
+
+  // A different seed is a different campaign.
+  const Proc c = run_cli({"fuzz", "--cases", "50", "--shrink-execs", "60", "--allocator", "raw", "--seed", "2", "--out", "out2"}, dir_ / "a");
+  expect_clean(c);
+  const json sc = json::parse(read_file(dir_ / "a" / "out2" / "summary.json"));
+  EXPECT_EQ(sc["config"]["seed"], 2);
+  std::set<std::string> nc;
+  for (const auto& [k, v] : files(dir_ / "a" / "out2" / "findings")) nc.insert(k);
+  if (!na.empty() || !nc.empty()) {
+    EXPECT_NE(nc, na) << "case seeds derive from the campaign seed";
+  }
+}
+
+// ---- models ----------------------------------------------------------------------------------
+
+TEST_F(Cli, ModelsListListsTheCatalog) {
+  const Proc p = run({"models", "list"});
+  expect_clean(p);
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  ASSERT_EQ(catalog_entries().size(), 12u);
+  EXPECT_EQ(count_lines(p.out), 13u) << "a header and 12 models\n" << p.out;
+  for (const CatalogEntry& e : catalog_entries()) {
+    EXPECT_NE(p.out.find("\n" + std::string(e.name) + " "), std::string::npos) << e.name << " missing\n" << p.out;
+  }
+}
+
+TEST_F(Cli, ModelsShowWithAStorageDtype) {
+  const Proc p = run({"models", "show", "flux1-dev", "--storage", "q4_k"});
+  expect_clean(p);
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  EXPECT_EQ(p.out.rfind("flux1-dev (diffusion, family flux): ", 0), 0u) << p.out;
+  EXPECT_NE(p.out.find("stored as q4_k"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("  q4_k "), std::string::npos) << "the per-dtype breakdown lists q4_k\n" << p.out;
+}
+
+TEST_F(Cli, ModelsShowUnknownExits2) {
+  expect_bad_input({"models", "show", "nosuch"}, "unknown model \"nosuch\"");
+  expect_bad_input({"models", "show", "nosuch"}, "flux1-dev");
+  expect_bad_input({"models", "show", "flux1-dev", "--storage", "fp9"}, "--storage: unknown dtype \"fp9\"");
+}
+
+}  // namespace
+}  // namespace vf

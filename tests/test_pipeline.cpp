@@ -1,0 +1,170 @@
+// The pipeline end to end on a scenario small enough to work out by hand: every number below is
+// derived in the comments from the rules in comfyui-accounting.md §2 and docs/lowering.md.
+#include <gtest/gtest.h>
+
+#include "harness/campaign.h"
+#include "harness/scenario.h"
+
+namespace vf {
+namespace {
+
+// Four modules in forward order (bf16 compute, NS = 1 offload stream):
+//   a: [2048, 4096] fp8   =  8 MiB, offload cost  8 + 16 (bf16 copy) = 24 MiB
+//   b: [4096, 4096] bf16  = 32 MiB, offload cost 32 (no conversion)
+//   c: [1024, 4096] fp8   =  4 MiB, offload cost  4 + 8 = 12 MiB
+//   d: [1024, 4096] fp8   =  4 MiB, offload cost 12 MiB
+// reserve R = 64 MiB and inference floor 32 MiB, so I = 96 MiB. At 256x256 the latent area is
+// 32 x 32 = 1024, memory_required(batch 1) = 1024 x 2 B x 0.01 x 1.0 MiB = 20.48 MiB, so
+// min_req = max(I, 20.48 + 64) = 96 MiB. The device (142 MiB, nothing else on it) leaves
+// usable = 142 - 96 = 46 MiB for weights.
+constexpr const char* kTiny = R"({
+  "schema": "vramfuzz.scenario/1",
+  "device": {"total": "142MiB", "used_by_others": 0, "context_overhead": 0},
+  "allocator": "raw",
+  "policy": {"name": "comfy:dec2025", "overrides": {"reserve": "64MiB", "inference_floor": "32MiB"}},
+  "models": [{
+    "id": "m", "kind": "diffusion", "family": "generic", "memory_usage_factor": 1.0, "compute": "bf16",
+    "arch": {"latent_channels": 16, "hidden": 64, "widest": 192, "text_tokens": 0, "patch": 2},
+    "modules": [
+      {"name": "a", "tensors": [{"name": "weight", "shape": [2048, 4096], "dtype": "fp8_e4m3fn"}]},
+      {"name": "b", "tensors": [{"name": "weight", "shape": [4096, 4096], "dtype": "bf16"}]},
+      {"name": "c", "tensors": [{"name": "weight", "shape": [1024, 4096], "dtype": "fp8_e4m3fn"}]},
+      {"name": "d", "tensors": [{"name": "weight", "shape": [1024, 4096], "dtype": "fp8_e4m3fn"}]}
+    ]}],
+  "workload": {"width": 256, "height": 256, "batch": 1, "cfg": 1.0},
+  "offload_streams": 1
+})";
+
+Scenario tiny(std::string_view policy_override = "") {
+  Catalog catalog;
+  Scenario s = parse_scenario_json(kTiny, catalog, "tiny");
+  if (!policy_override.empty()) {
+    s.policy = parse_policy(policy_override, "policy");
+    apply_policy_override(s.policy, "reserve", "64MiB", "policy");
+    apply_policy_override(s.policy, "inference_floor", "32MiB", "policy");
+  }
+  return s;
+}
+
+TEST(Pipeline, GoldenPlanByHand) {
+  const Scenario s = tiny();
+  const Plan p = predict(s);
+  ASSERT_EQ(p.loads.size(), 1u);
+  const LoadPlan& lp = p.loads[0];
+  EXPECT_EQ(lp.min_req, 96 * MiB);
+  EXPECT_EQ(lp.est_min, 21474836u);       // 20.48 MiB, truncated to bytes
+  EXPECT_EQ(lp.est_max, 42949672u);       // batch x 2 for CFG: 40.96 MiB
+  EXPECT_EQ(lp.extra_mem, 42949672u + 64 * MiB);
+  EXPECT_EQ(lp.usable, static_cast<std::int64_t>(46 * MiB));
+  EXPECT_EQ(lp.offload_cost, (std::vector<Bytes>{24 * MiB, 32 * MiB, 12 * MiB, 12 * MiB}));
+  // Sorted by (cost, module_mem, name) descending: b, a, then d before c on the name tie-break.
+  EXPECT_EQ(lp.sorted, (std::vector<std::uint32_t>{1, 0, 3, 2}));
+  // Walk with NS = 1 look-ahead:
+  //   b: potential 32 + mem(a) 8 = 40; 0 + 32 + 40 = 72 >= 46 -> offloaded, buffer 40
+  //   a: max(40, 24 + mem(d) 4) = 40;    0 + 8 + 40 = 48 >= 46 -> offloaded
+  //   d: max(40, 12 + mem(c) 4) = 40;    0 + 4 + 40 = 44 <  46 -> resident
+  //   c: 40;                             4 + 4 + 40 = 48 >= 46 -> offloaded
+  EXPECT_EQ(lp.resident, (std::vector<std::uint8_t>{0, 0, 0, 1}));
+  EXPECT_EQ(lp.loaded, 4 * MiB);
+  EXPECT_EQ(lp.offloaded, 44 * MiB);
+  EXPECT_EQ(lp.offload_buffer, 40 * MiB);
+  EXPECT_EQ(lp.log_line,
+            "loaded partially; 46.00 MB usable, 4.00 MB loaded, 44.00 MB offloaded, 40.00 MB buffer reserved, lowvram patches: 0");
+  // Forward prediction: resident 4 + buffer 40 + allowance max(floor 32, 20.48) = 76 MiB.
+  ASSERT_EQ(p.stages.size(), 2u);
+  EXPECT_EQ(p.stages[1].activation_allowance, 32 * MiB);
+  EXPECT_EQ(p.stages[1].predicted_peak, 76 * MiB);
+  EXPECT_EQ(p.predicted_peak, 76 * MiB);
+  EXPECT_EQ(p.reserve, 64 * MiB);
+  EXPECT_TRUE(p.fits);  // 76 + 64 = 140 <= 142
+  // The true working set: (256/16)^2 = 256 tokens x (192 + 3 x 64) x 2 B = 192 KiB.
+  EXPECT_EQ(p.stages[1].activation_bytes, 196608u);
+}
+
+TEST(Pipeline, GoldenTransientWindowExposesSortedLookahead) {
+  // P3 walks offloaded modules in *forward* order (a, b, c) with windows of NS + 1 = 2:
+  //   a: storage a 8 + b 32 + bf16 copy of a 16 = 56 MiB   <- worst
+  //   b: 32 + 4 + 0 (already bf16)             = 36 MiB
+  //   c: 4 + bf16 copy of c 8                   = 12 MiB
+  // The sorted look-ahead budgeted 40 MiB: the forward order puts b's 32 MiB transfer next to
+  // a's conversion, which the sorted order (b, a, d, c) never pairs.
+  const Plan p = predict(tiny());
+  EXPECT_EQ(p.loads[0].realistic_transient, 56 * MiB);
+  EXPECT_EQ(p.loads[0].transient_module, 0u);
+}
+
+TEST(Pipeline, GoldenMeasuredPeakByHand) {
+  const Scenario s = tiny();
+  SimBackend backend;
+  const CaseResult r = run_case(s, backend, true);
+  EXPECT_EQ(check_program(r.program), "");
+  // Peak while module a runs: resident d 4 MiB + activation 192 KiB + transfers of a (8) and of
+  // the next offloaded module b (32, issued one ahead on the single offload stream) + a's bf16
+  // copy (16) = 60 MiB + 192 KiB live.
+  const LivePeaks live = live_peaks(r.program);
+  EXPECT_EQ(live.peak, 60 * MiB + 196608);
+  EXPECT_EQ(r.exec.live_peak, 60 * MiB + 196608);
+  // raw charges whole 2 MiB pages: every weight buffer is a page multiple already, the 192 KiB
+  // activation takes a 2 MiB page: 62 MiB reserved.
+  EXPECT_EQ(r.exec.reserved_peak, 62 * MiB);
+  EXPECT_EQ(r.exec.stage_reserved_peak[0], 4 * MiB);
+  EXPECT_EQ(r.exec.stage_reserved_peak[1], 62 * MiB);
+  EXPECT_FALSE(r.exec.oom.has_value());
+  EXPECT_EQ(r.verdict.kind, VerdictKind::pass);
+  EXPECT_EQ(r.verdict.overshoot, -static_cast<std::int64_t>(78 * MiB));  // 62 - (76 + 64)
+}
+
+TEST(Pipeline, GoldenExactPredictorIsTheLivePeak) {
+  const Scenario s = tiny("exact:dec2025");
+  const Plan p = predict(s);
+  EXPECT_EQ(p.reserve, 64 * MiB);  // the reserve override applies to exact too
+  EXPECT_EQ(p.stages[0].predicted_peak, 4 * MiB);
+  EXPECT_EQ(p.stages[1].predicted_peak, 60 * MiB + 196608);
+  SimBackend backend;
+  Scenario no_reserve = s;
+  apply_policy_override(no_reserve.policy, "reserve", "0", "policy");
+  const CaseResult r = run_case(no_reserve, backend, false);
+  // With no reserve, the activation's page rounding (2 MiB - 192 KiB) is the whole overshoot; the
+  // stage peak is first reached at a's bf16 copy, so that op names the signature.
+  EXPECT_EQ(r.verdict.kind, VerdictKind::violation);
+  EXPECT_EQ(r.verdict.overshoot, static_cast<std::int64_t>(2 * MiB - 196608));
+  EXPECT_EQ(r.verdict.signature, "violation:forward:upcast:raw");
+}
+
+TEST(Pipeline, OctoberPresetLoadsEverythingOnTheWeightFloor) {
+  // comfy:oct2025 keeps a 128 MiB weight floor: usable = max(128, 46) MiB > 48 MiB model.
+  const Plan p = predict(tiny("comfy:oct2025"));
+  EXPECT_TRUE(p.loads[0].full_load);
+  EXPECT_EQ(p.loads[0].usable, static_cast<std::int64_t>(128 * MiB));
+  EXPECT_EQ(p.loads[0].loaded, 48 * MiB);
+  EXPECT_EQ(p.loads[0].offload_buffer, 0u);
+}
+
+TEST(Pipeline, ProgramInvariants) {
+  const Scenario s = tiny();
+  const Plan p = predict(s);
+  const Program prog = lower(s, p);
+  EXPECT_EQ(check_program(prog), "");
+  EXPECT_EQ(prog.streams, 2u);
+  // Every transfer lives on the offload stream and is freed there after a wait on compute.
+  for (const Op& op : prog.ops) {
+    if ((op.kind == OpKind::alloc || op.kind == OpKind::free) && prog.buffers[op.buffer].kind == BufferKind::transfer) {
+      EXPECT_EQ(op.stream, 1);
+    }
+  }
+}
+
+TEST(Pipeline, SameScenarioSameTrace) {
+  const Scenario s = tiny();
+  SimBackend backend;
+  const CaseResult a = run_case(s, backend, true);
+  const CaseResult b = run_case(s, backend, true);
+  ASSERT_EQ(a.exec.trace.size(), b.exec.trace.size());
+  for (std::size_t i = 0; i < a.exec.trace.size(); ++i) {
+    EXPECT_EQ(a.exec.trace[i].reserved, b.exec.trace[i].reserved);
+    EXPECT_EQ(a.exec.trace[i].live, b.exec.trace[i].live);
+  }
+}
+
+}  // namespace
+}  // namespace vf

@@ -1,0 +1,816 @@
+// The `vramfuzz.scenario/1` loader (harness/scenario.h): the example loads and round-trips, inline
+// models and policies survive a write + read unchanged, and every malformed input is an InputError
+// that names the offending field exactly as the user wrote it.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.h"
+#include "harness/scenario.h"
+#include "models/catalog.h"
+
+namespace vf {
+namespace {
+
+using nlohmann::json;
+
+const std::string kExample = std::string(VF_SOURCE_DIR) + "/docs/examples/flux2-te-fp8-fp32-12gib.json";
+
+// A small valid scenario: one catalog text encoder, explicit pipeline.
+json base_catalog() {
+  return json::parse(R"({
+    "schema": "vramfuzz.scenario/1",
+    "name": "base",
+    "device": {"name": "test", "total": "12GiB"},
+    "allocator": {"mode": "raw"},
+    "policy": "comfy:dec2025",
+    "models": [{"id": "te", "source": "catalog:clip-l", "compute": "fp16"}],
+    "workload": {"width": 1024, "height": 1024, "batch": 1},
+    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]
+  })");
+}
+
+// A small valid scenario with one inline model of three modules.
+json base_inline() {
+  return json::parse(R"({
+    "schema": "vramfuzz.scenario/1",
+    "device": {"total": "8GiB", "used_by_others": "512MiB", "context_overhead": 300000000},
+    "allocator": "raw",
+    "policy": "comfy:nov2025",
+    "models": [{
+      "id": "tiny",
+      "kind": "text_encoder",
+      "family": "generic",
+      "memory_usage_factor": 1.25,
+      "arch": {"hidden": 64, "widest": 256, "text_tokens": 77, "gated": true},
+      "compute": "bf16",
+      "modules": [
+        {"name": "embed", "tensors": [{"name": "weight", "shape": [1000, 64], "dtype": "fp16", "role": "embedding"}]},
+        {"name": "blocks.0.fc", "tensors": [
+          {"name": "weight", "shape": [256, 64], "dtype": "fp8_e4m3fn"},
+          {"name": "bias", "shape": [256], "dtype": "fp16"},
+          {"name": "scale_weight", "shape": [], "dtype": "fp32", "role": "scale"}]},
+        {"name": "blocks.0.q", "tensors": [{"name": "weight", "shape": [64, 512], "dtype": "q4_k"}]},
+        {"name": "final_norm", "cast_hook": false, "tensors": [{"name": "weight", "shape": [64], "dtype": "fp32"}]}
+      ]
+    }],
+    "workload": {"width": 512, "height": 768, "batch": 2, "frames": 1, "cfg": 3.5, "text_tokens": 77},
+    "offload_streams": 1,
+    "pipeline": [{"op": "load", "model": "tiny"}, {"op": "forward", "model": "tiny"}, {"op": "unload", "model": "tiny"}]
+  })");
+}
+
+Scenario load(const json& doc) {
+  Catalog catalog;
+  return parse_scenario_json(doc.dump(), catalog, "test.json");
+}
+
+Scenario load_text(std::string_view text) {
+  Catalog catalog;
+  return parse_scenario_json(text, catalog, "test.json");
+}
+
+// Loads `text`, expects an InputError whose path() is exactly `path` and whose message contains
+// every one of `needles`; returns the message for further checks.
+std::string expect_error_text(std::string_view text, const std::string& path,
+                              std::initializer_list<std::string_view> needles) {
+  try {
+    (void)load_text(text);
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), path) << "message: " << e.what();
+    const std::string what = e.what();
+    if (!path.empty()) {
+      EXPECT_EQ(what.rfind(path + ": ", 0), 0u) << "the message must start with the path: " << what;
+    }
+    for (std::string_view n : needles) EXPECT_NE(what.find(n), std::string::npos) << "missing \"" << n << "\" in: " << what;
+    return what;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected vf::InputError at " << path << ", got another exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected vf::InputError at " << path << ", but the scenario loaded";
+  return {};
+}
+
+std::string expect_error(const json& doc, const std::string& path, std::initializer_list<std::string_view> needles) {
+  return expect_error_text(doc.dump(), path, needles);
+}
+
+// ---- loading and round-tripping ---------------------------------------------------------------
+
+TEST(Scenario, LoadsTheExample) {
+  Catalog catalog;
+  const Scenario s = load_scenario_file(kExample, catalog);
+  EXPECT_EQ(s.device.name, "RTX 3060 12GB (sim)");
+  EXPECT_EQ(s.device.total, 12 * GiB);
+  EXPECT_EQ(s.device.used_by_others, 0u);
+  EXPECT_EQ(s.device.context_overhead, 287047680u);
+  EXPECT_EQ(s.device.available(), 12 * GiB - 287047680u);
+  EXPECT_EQ(s.allocator.mode, AllocatorMode::raw);
+  EXPECT_TRUE(s.allocator.options.empty());
+  EXPECT_EQ(s.policy.predictor, PredictorKind::comfy);
+  EXPECT_EQ(s.policy.preset, Preset::oct2025);
+  EXPECT_EQ(s.policy.label(), "comfy:oct2025");
+  ASSERT_EQ(s.models.size(), 1u);
+  const ModelRef& te = s.models[0];
+  EXPECT_EQ(te.id, "te");
+  EXPECT_EQ(te.source, "catalog:flux2-text-encoder");
+  EXPECT_EQ(te.storage.dtype, Dtype::fp8_e4m3fn);
+  EXPECT_TRUE(te.storage.scaled);
+  EXPECT_TRUE(te.storage_given);
+  EXPECT_EQ(te.compute, Dtype::fp32);
+  EXPECT_FALSE(te.lora);
+  ASSERT_NE(te.spec, nullptr);
+  EXPECT_GT(te.spec->bytes, 12 * GiB);  // the fp8 Mistral encoder does not fit a 12 GiB card
+  EXPECT_EQ(s.workload.width, 1024u);
+  EXPECT_EQ(s.workload.height, 1024u);
+  EXPECT_EQ(s.workload.batch, 1u);
+  EXPECT_EQ(s.workload.cfg, 1.0);
+  ASSERT_TRUE(s.offload_streams.has_value());
+  EXPECT_EQ(*s.offload_streams, 2u);
+  EXPECT_EQ(s.streams(), 2u);  // the scenario's value wins over oct2025's NUM_STREAMS 0
+  ASSERT_EQ(s.stages.size(), 2u);
+  EXPECT_EQ(s.stages[0].op, StageOp::load);
+  EXPECT_EQ(s.stages[1].op, StageOp::forward);
+  EXPECT_EQ(s.stages[1].model, 0u);
+}
+
+TEST(Scenario, ExampleRoundTrips) {
+  Catalog catalog;
+  const Scenario s = load_scenario_file(kExample, catalog);
+  const std::string text = scenario_to_json(s);
+  const json written = json::parse(text);
+  EXPECT_EQ(written["schema"], "vramfuzz.scenario/1");
+  EXPECT_EQ(written["device"]["total"], "12GiB");
+  EXPECT_EQ(written["policy"], "comfy:oct2025");
+  EXPECT_EQ(written["models"][0]["storage"], "fp8_e4m3fn");
+  EXPECT_EQ(written["models"][0]["scaled"], true);
+  const Scenario again = parse_scenario_json(text, catalog, "roundtrip.json");
+  EXPECT_EQ(scenario_to_json(again), text);
+  EXPECT_EQ(again.models[0].spec->bytes, s.models[0].spec->bytes);
+  // The compact form (what finding files embed) reads back to the same scenario too.
+  EXPECT_EQ(scenario_to_json(parse_scenario_json(scenario_to_json(s, -1), catalog, "compact")), text);
+}
+
+TEST(Scenario, DefaultsWhenOptionalFieldsAreAbsent) {
+  const Scenario s = load_text(R"({"device": {"total": 8589934592}, "models": [{"source": "catalog:clip-l"}]})");
+  EXPECT_EQ(s.device.total, 8 * GiB);
+  EXPECT_EQ(s.device.context_overhead, kDefaultContextOverhead);
+  EXPECT_EQ(s.policy.label(), "comfy:dec2025");
+  EXPECT_EQ(s.models[0].id, "clip-l");  // the catalog name
+  EXPECT_FALSE(s.models[0].storage_given);
+  EXPECT_EQ(s.models[0].compute, Dtype::bf16);
+  ASSERT_EQ(s.stages.size(), 2u);  // load + forward of each model
+  EXPECT_EQ(s.stages[0].op, StageOp::load);
+  EXPECT_EQ(s.stages[1].op, StageOp::forward);
+  EXPECT_FALSE(s.offload_streams.has_value());
+  EXPECT_EQ(s.streams(), 2u);  // dec2025's NUM_STREAMS
+}
+
+TEST(Scenario, InlineModelRoundTripsExactly) {
+  const Scenario s = load(base_inline());
+  ASSERT_EQ(s.models.size(), 1u);
+  const ModelRef& m = s.models[0];
+  EXPECT_EQ(m.id, "tiny");
+  EXPECT_EQ(m.source, "inline");
+  EXPECT_EQ(m.compute, Dtype::bf16);
+  const ModelSpec& spec = *m.spec;
+  EXPECT_EQ(spec.kind, ModelKind::text_encoder);
+  EXPECT_EQ(spec.family, Family::generic);
+  EXPECT_EQ(spec.memory_usage_factor, 1.25);
+  EXPECT_EQ(spec.arch.hidden, 64u);
+  EXPECT_EQ(spec.arch.widest, 256u);
+  EXPECT_EQ(spec.arch.text_tokens, 77u);
+  EXPECT_TRUE(spec.arch.gated);
+  ASSERT_EQ(spec.modules.size(), 4u);
+
+  const Module& embed = spec.modules[0];
+  EXPECT_EQ(embed.name, "embed");
+  ASSERT_EQ(embed.tensors.size(), 1u);
+  EXPECT_EQ(embed.tensors[0].shape, (std::vector<std::uint64_t>{1000, 64}));
+  EXPECT_EQ(embed.tensors[0].dtype, Dtype::fp16);
+  EXPECT_EQ(embed.tensors[0].role, TensorRole::embedding);
+  EXPECT_EQ(embed.bytes, 1000u * 64 * 2);
+
+  const Module& fc = spec.modules[1];
+  EXPECT_EQ(fc.name, "blocks.0.fc");
+  EXPECT_TRUE(fc.cast_hook);
+  ASSERT_EQ(fc.tensors.size(), 3u);
+  EXPECT_EQ(fc.tensors[0].name, "weight");
+  EXPECT_EQ(fc.tensors[0].dtype, Dtype::fp8_e4m3fn);
+  EXPECT_EQ(fc.tensors[0].role, TensorRole::weight);
+  EXPECT_EQ(fc.tensors[0].bytes, 256u * 64);
+  EXPECT_EQ(fc.tensors[1].name, "bias");
+  EXPECT_EQ(fc.tensors[1].role, TensorRole::bias);  // 1-D "bias" without a role
+  EXPECT_EQ(fc.tensors[1].bytes, 512u);
+  EXPECT_TRUE(fc.tensors[2].shape.empty());  // a scalar
+  EXPECT_EQ(fc.tensors[2].role, TensorRole::scale);
+  EXPECT_EQ(fc.tensors[2].bytes, 4u);
+  EXPECT_EQ(fc.bytes, 256u * 64 + 512 + 4);
+
+  const Module& q = spec.modules[2];
+  EXPECT_EQ(q.tensors[0].dtype, Dtype::q4_k);
+  EXPECT_EQ(q.tensors[0].bytes, 64u * 2 * 144);  // 512 per row = 2 blocks of 256, 144 B each
+
+  const Module& norm = spec.modules[3];
+  EXPECT_FALSE(norm.cast_hook);
+  EXPECT_EQ(norm.tensors[0].role, TensorRole::norm);  // 1-D non-bias without a role
+  EXPECT_EQ(spec.bytes, embed.bytes + fc.bytes + q.bytes + 64 * 4);
+
+  EXPECT_EQ(s.device.used_by_others, 512 * MiB);
+  EXPECT_EQ(s.device.context_overhead, 300000000u);
+  EXPECT_EQ(s.workload.width, 512u);
+  EXPECT_EQ(s.workload.height, 768u);
+  EXPECT_EQ(s.workload.batch, 2u);
+  EXPECT_EQ(s.workload.cfg, 3.5);
+  EXPECT_EQ(s.workload.text_tokens, 77u);
+  EXPECT_EQ(s.streams(), 1u);
+  ASSERT_EQ(s.stages.size(), 3u);
+  EXPECT_EQ(s.stages[2].op, StageOp::unload);
+
+  // Write, read, write: the same text, and the same model tensor by tensor.
+  const std::string text = scenario_to_json(s);
+  const json written = json::parse(text);
+  const json& wt = written["models"][0]["modules"][1]["tensors"];
+  EXPECT_EQ(wt[1]["role"], "bias");  // inferred roles are written out explicitly
+  EXPECT_EQ(wt[2]["shape"], json::array());
+  EXPECT_EQ(written["models"][0]["modules"][3]["cast_hook"], false);
+  EXPECT_EQ(written["device"]["used_by_others"], "512MiB");
+  EXPECT_EQ(written["device"]["context_overhead"], 300000000);
+  Catalog catalog;
+  const Scenario again = parse_scenario_json(text, catalog, "roundtrip.json");
+  EXPECT_EQ(scenario_to_json(again), text);
+  const ModelSpec& a = *again.models[0].spec;
+  ASSERT_EQ(a.modules.size(), spec.modules.size());
+  for (std::size_t i = 0; i < a.modules.size(); ++i) {
+    EXPECT_EQ(a.modules[i].name, spec.modules[i].name);
+    EXPECT_EQ(a.modules[i].cast_hook, spec.modules[i].cast_hook);
+    EXPECT_EQ(a.modules[i].bytes, spec.modules[i].bytes);
+    ASSERT_EQ(a.modules[i].tensors.size(), spec.modules[i].tensors.size());
+    for (std::size_t t = 0; t < a.modules[i].tensors.size(); ++t) {
+      const Tensor& x = a.modules[i].tensors[t];
+      const Tensor& y = spec.modules[i].tensors[t];
+      EXPECT_EQ(x.name, y.name);
+      EXPECT_EQ(x.shape, y.shape);
+      EXPECT_EQ(x.dtype, y.dtype);
+      EXPECT_EQ(x.role, y.role);
+      EXPECT_EQ(x.bytes, y.bytes);
+    }
+  }
+  EXPECT_EQ(a.kind, spec.kind);
+  EXPECT_EQ(a.family, spec.family);
+  EXPECT_EQ(a.memory_usage_factor, spec.memory_usage_factor);
+  EXPECT_EQ(a.arch.gated, spec.arch.gated);
+  EXPECT_EQ(a.params, spec.params);
+  EXPECT_EQ(a.bytes, spec.bytes);
+}
+
+TEST(Scenario, DocumentBuiltInCodeIsRead) {
+  // scenario_from_json takes a json value; one built in code holds signed integers (an int
+  // literal is number_integer), and a non-negative one is as good as one parsed from text.
+  json doc = base_catalog();
+  doc["workload"]["width"] = 512;
+  doc["workload"]["batch"] = 2;
+  doc["seed"] = 7;
+  doc["device"]["total"] = static_cast<std::int64_t>(6 * GiB);
+  Catalog catalog;
+  const Scenario s = scenario_from_json(doc, catalog, "");
+  EXPECT_EQ(s.workload.width, 512u);
+  EXPECT_EQ(s.workload.batch, 2u);
+  EXPECT_EQ(s.seed, 7u);
+  EXPECT_EQ(s.device.total, 6 * GiB);
+  doc["seed"] = -1;
+  try {
+    (void)scenario_from_json(doc, catalog, "");
+    ADD_FAILURE() << "a negative seed loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "seed");
+    EXPECT_NE(std::string(e.what()).find("negative"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Scenario, NegativeZeroIsZero) {
+  const Scenario s = load_text(R"({"seed": -0, "device": {"total": "4GiB"}, "models": [{"source": "catalog:clip-l"}]})");
+  EXPECT_EQ(s.seed, 0u);
+}
+
+// ---- policies ---------------------------------------------------------------------------------
+
+TEST(Scenario, PolicyStrings) {
+  const Policy oct = parse_policy("comfy:oct2025", "policy");
+  EXPECT_EQ(oct.predictor, PredictorKind::comfy);
+  EXPECT_EQ(oct.preset, Preset::oct2025);
+  EXPECT_EQ(oct.constants.weight_floor, 128 * MiB);
+  EXPECT_EQ(oct.constants.num_streams, 0u);
+  EXPECT_EQ(oct.constants.account, AccountMode::none);
+  EXPECT_FALSE(oct.constants.dequant_term);
+  EXPECT_EQ(oct.constants.lora_patch_dtype, Dtype::fp32);
+  EXPECT_EQ(oct.constants.reserve, 400 * MiB);
+  EXPECT_EQ(oct.constants.inference_floor, 858993459u);  // int(0.8 * 1024^3)
+  EXPECT_TRUE(oct.overrides.empty());
+  EXPECT_EQ(oct.label(), "comfy:oct2025");
+
+  const Policy nov = parse_policy("comfy:nov2025", "policy");
+  EXPECT_EQ(nov.constants.weight_floor, 0u);
+  EXPECT_EQ(nov.constants.account, AccountMode::largest);
+  EXPECT_EQ(nov.constants.num_streams, 2u);
+
+  const Policy dec = parse_policy("comfy", "policy");  // the preset defaults to dec2025
+  EXPECT_EQ(dec.preset, Preset::dec2025);
+  EXPECT_EQ(dec.constants.account, AccountMode::lookahead);
+  EXPECT_TRUE(dec.constants.dequant_term);
+  EXPECT_EQ(dec.constants.lora_patch_dtype, Dtype::fp16);
+  EXPECT_EQ(dec.label(), "comfy:dec2025");
+
+  const Policy exact = parse_policy("exact:oct2025", "--policy");
+  EXPECT_EQ(exact.predictor, PredictorKind::exact);
+  EXPECT_EQ(exact.preset, Preset::oct2025);
+  EXPECT_EQ(exact.label(), "exact:oct2025");
+  EXPECT_FALSE(exact.exact_reserve.has_value());
+}
+
+TEST(Scenario, PolicyOverridesApplyAndRoundTrip) {
+  json doc = base_catalog();
+  doc["policy"] = json::parse(R"({"name": "comfy:oct2025", "overrides": {
+      "reserve": "600MiB", "account": "lookahead", "dequant_term": true, "num_streams": 3,
+      "min_weight_ratio": 0.5, "weight_floor": 0, "lora_patch_dtype": "bf16"}})");
+  const Scenario s = load(doc);
+  const ComfyConstants& c = s.policy.constants;
+  EXPECT_EQ(s.policy.label(), "comfy:oct2025");
+  EXPECT_EQ(c.reserve, 600 * MiB);
+  EXPECT_EQ(c.account, AccountMode::lookahead);
+  EXPECT_TRUE(c.dequant_term);
+  EXPECT_EQ(c.num_streams, 3u);
+  EXPECT_EQ(c.min_weight_ratio, 0.5);
+  EXPECT_EQ(c.weight_floor, 0u);
+  EXPECT_EQ(c.lora_patch_dtype, Dtype::bf16);
+  EXPECT_EQ(c.inference_floor, 858993459u);  // untouched constants keep the preset's value
+  EXPECT_EQ(s.streams(), 3u);                 // no offload_streams in the scenario: the policy's
+  EXPECT_EQ(s.policy.overrides.size(), 7u);
+
+  const std::string text = scenario_to_json(s);
+  const json written = json::parse(text);
+  EXPECT_EQ(written["policy"]["name"], "comfy:oct2025");
+  EXPECT_EQ(written["policy"]["overrides"]["reserve"], "600MiB");
+  EXPECT_EQ(written["policy"]["overrides"]["dequant_term"], true);
+  EXPECT_EQ(written["policy"]["overrides"]["num_streams"], 3);
+  Catalog catalog;
+  const Scenario again = parse_scenario_json(text, catalog, "roundtrip.json");
+  EXPECT_EQ(scenario_to_json(again), text);
+  EXPECT_EQ(again.policy.constants.reserve, 600 * MiB);
+  EXPECT_EQ(again.policy.constants.num_streams, 3u);
+  EXPECT_EQ(again.policy.constants.account, AccountMode::lookahead);
+  EXPECT_EQ(again.policy.constants.lora_patch_dtype, Dtype::bf16);
+}
+
+TEST(Scenario, OverrideOfTheSameKeyKeepsTheLatest) {
+  Policy p = parse_policy("exact", "--policy");
+  apply_policy_override(p, "reserve", "600MiB", "--set");
+  apply_policy_override(p, "flash_attention", "off", "--set");
+  apply_policy_override(p, "reserve", "1GiB", "--set");
+  ASSERT_TRUE(p.exact_reserve.has_value());
+  EXPECT_EQ(*p.exact_reserve, GiB);
+  EXPECT_FALSE(p.constants.flash_attention);
+  ASSERT_EQ(p.overrides.size(), 2u);
+  EXPECT_EQ(p.overrides[0], (std::pair<std::string, std::string>{"reserve", "1GiB"}));
+}
+
+TEST(Scenario, BadOverrideValuesNameTheConstant) {
+  Policy p = parse_policy("comfy:dec2025", "policy");
+  const auto check = [&](std::string_view key, std::string_view value, std::string_view needle) {
+    try {
+      apply_policy_override(p, key, value, "policy.overrides");
+      ADD_FAILURE() << key << "=" << value << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.path(), "policy.overrides." + std::string(key));
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  check("reserve", "-1MiB", "negative");
+  check("account", "all", "unknown account mode");
+  check("dequant_term", "maybe", "expected true or false");
+  check("num_streams", "9", "between 0 and 8");
+  check("num_streams", "1.5", "integer");
+  check("min_weight_ratio", "nan", "between");
+  check("lora_patch_dtype", "fp8_e4m3fn", "fp16, bf16 or fp32");
+  // A rejected override changes nothing.
+  EXPECT_EQ(p.constants.reserve, 400 * MiB);
+  EXPECT_EQ(p.constants.num_streams, 2u);
+  EXPECT_EQ(p.constants.account, AccountMode::lookahead);
+  EXPECT_TRUE(p.overrides.empty());
+}
+
+// ---- malformed input: one test per case --------------------------------------------------------
+
+TEST(ScenarioErrors, TruncatedJson) {
+  const std::string full = base_catalog().dump();
+  const std::string text = full.substr(0, 40);
+  const std::string what = expect_error_text(text, "test.json", {"invalid JSON at byte "});
+  // nlohmann reports the (1-based) byte where it stopped: one past the end of the text.
+  EXPECT_NE(what.find("invalid JSON at byte " + std::to_string(text.size() + 1) + ":"), std::string::npos) << what;
+}
+
+TEST(ScenarioErrors, TrailingGarbage) {
+  expect_error_text(base_catalog().dump() + " }", "test.json", {"invalid JSON at byte "});
+}
+
+TEST(ScenarioErrors, NotAnObject) {
+  expect_error_text("[]", "", {"expected an object, got an array"});
+}
+
+TEST(ScenarioErrors, UnknownTopLevelField) {
+  json doc = base_catalog();
+  doc["modelz"] = json::array();
+  expect_error(doc, "modelz", {"unknown field", "models"});
+}
+
+TEST(ScenarioErrors, UnknownNestedField) {
+  json doc = base_catalog();
+  doc["workload"]["widht"] = 512;
+  expect_error(doc, "workload.widht", {"unknown field", "width"});
+}
+
+TEST(ScenarioErrors, UnknownFieldInInlineTensor) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0]["dtpye"] = "fp16";
+  expect_error(doc, "models[0].modules[1].tensors[0].dtpye", {"unknown field", "dtype"});
+}
+
+TEST(ScenarioErrors, MissingRequiredField) {
+  json doc = base_catalog();
+  doc.erase("device");
+  expect_error(doc, "device", {"required"});
+}
+
+TEST(ScenarioErrors, UnknownDtypeInInlineTensor) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0]["dtype"] = "fp9";
+  expect_error(doc, "models[0].modules[1].tensors[0].dtype", {"unknown dtype \"fp9\"", "fp8_e4m3fn", "q4_k"});
+}
+
+TEST(ScenarioErrors, NegativeSize) {
+  json doc = base_catalog();
+  doc["device"]["total"] = -5;
+  expect_error(doc, "device.total", {"negative", "-5"});
+}
+
+TEST(ScenarioErrors, NegativeSizeString) {
+  json doc = base_catalog();
+  doc["device"]["used_by_others"] = "-1GiB";
+  expect_error(doc, "device.used_by_others", {"negative"});
+}
+
+TEST(ScenarioErrors, SizeStringOverflows) {
+  json doc = base_catalog();
+  doc["device"]["total"] = "99999999999999999999GiB";
+  expect_error(doc, "device.total", {"overflows 64 bits", "99999999999999999999GiB"});
+}
+
+TEST(ScenarioErrors, SizeStringOverflowsInTheUnit) {
+  json doc = base_catalog();
+  doc["device"]["total"] = "17179869184GiB";  // 2^34 GiB = 2^64 bytes
+  expect_error(doc, "device.total", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, SizeWithUnknownUnit) {
+  json doc = base_catalog();
+  doc["device"]["total"] = "12XB";
+  expect_error(doc, "device.total", {"unknown unit \"XB\""});
+}
+
+TEST(ScenarioErrors, JsonIntegerBeyond64Bits) {
+  std::string text = base_catalog().dump();
+  const std::string key = "\"schema\":";
+  text.insert(text.find(key), "\"seed\":18446744073709551616,");  // 2^64
+  expect_error_text(text, "seed", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, JsonSizeBeyond64Bits) {
+  std::string text = base_catalog().dump();
+  const std::string total = "\"total\":\"12GiB\"";
+  ASSERT_NE(text.find(total), std::string::npos);
+  text.replace(text.find(total), total.size(), "\"total\":36893488147419103232");  // 2^65
+  expect_error_text(text, "device.total", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, FractionalInteger) {
+  json doc = base_catalog();
+  doc["workload"]["batch"] = 1.5;
+  expect_error(doc, "workload.batch", {"whole number", "1.5"});
+}
+
+TEST(ScenarioErrors, ZeroResolution) {
+  json doc = base_catalog();
+  doc["workload"]["width"] = 0;
+  expect_error(doc, "workload.width", {"between 16 and 16384", "got 0"});
+}
+
+TEST(ScenarioErrors, WidthAboveMax) {
+  json doc = base_catalog();
+  doc["workload"]["width"] = 16385;
+  expect_error(doc, "workload.width", {"between 16 and 16384", "got 16385"});
+}
+
+TEST(ScenarioErrors, HeightAboveMax) {
+  json doc = base_catalog();
+  doc["workload"]["height"] = 1u << 20;
+  expect_error(doc, "workload.height", {"between 16 and 16384"});
+}
+
+TEST(ScenarioErrors, BatchZero) {
+  json doc = base_catalog();
+  doc["workload"]["batch"] = 0;
+  expect_error(doc, "workload.batch", {"between 1 and 64", "got 0"});
+}
+
+TEST(ScenarioErrors, UnknownCatalogModel) {
+  json doc = base_catalog();
+  doc["models"][0]["source"] = "catalog:flux3-dev";
+  const std::string what = expect_error(doc, "models[0].source", {"unknown model \"flux3-dev\""});
+  for (const CatalogEntry& e : catalog_entries()) {
+    EXPECT_NE(what.find(std::string(e.name)), std::string::npos) << "the message should list " << e.name << ": " << what;
+  }
+}
+
+TEST(ScenarioErrors, UnknownModelSource) {
+  json doc = base_catalog();
+  doc["models"][0]["source"] = "hub:flux1-dev";
+  expect_error(doc, "models[0].source", {"unknown source \"hub:flux1-dev\"", "catalog:NAME"});
+}
+
+TEST(ScenarioErrors, CatalogModelWithInlineFields) {
+  json doc = base_catalog();
+  doc["models"][0]["modules"] = json::array();
+  // "modules" makes the model inline by default, but the source says catalog: a contradiction.
+  expect_error(doc, "models[0].modules", {"not allowed with a catalog model"});
+}
+
+TEST(ScenarioErrors, UnknownAllocatorMode) {
+  json doc = base_catalog();
+  doc["allocator"]["mode"] = "slab";
+  expect_error(doc, "allocator.mode", {"unknown allocator mode \"slab\"", "caching-expandable"});
+}
+
+TEST(ScenarioErrors, UnknownAllocatorModeString) {
+  json doc = base_catalog();
+  doc["allocator"] = "slab";
+  expect_error(doc, "allocator", {"unknown allocator mode \"slab\""});
+}
+
+TEST(ScenarioErrors, UnknownPolicy) {
+  json doc = base_catalog();
+  doc["policy"] = "vllm:dec2025";
+  expect_error(doc, "policy", {"unknown predictor \"vllm:dec2025\"", "comfy:oct2025"});
+}
+
+TEST(ScenarioErrors, UnknownPreset) {
+  json doc = base_catalog();
+  doc["policy"] = "comfy:jan2026";
+  expect_error(doc, "policy", {"unknown preset \"jan2026\"", "oct2025"});
+}
+
+TEST(ScenarioErrors, UnknownPresetInPolicyObject) {
+  json doc = base_catalog();
+  doc["policy"] = {{"name", "exact:jan2026"}};
+  expect_error(doc, "policy.name", {"unknown preset \"jan2026\""});
+}
+
+TEST(ScenarioErrors, UnknownPolicyConstant) {
+  json doc = base_catalog();
+  doc["policy"] = json::parse(R"({"name": "comfy:dec2025", "overrides": {"reserve": "600MiB", "reserv": "1GiB"}})");
+  expect_error(doc, "policy.overrides.reserv", {"unknown policy constant", "reserve", "num_streams"});
+}
+
+TEST(ScenarioErrors, BadPolicyOverrideValue) {
+  json doc = base_catalog();
+  doc["policy"] = json::parse(R"({"name": "comfy:dec2025", "overrides": {"reserve": "lots"}})");
+  expect_error(doc, "policy.overrides.reserve", {"not a size: \"lots\""});
+}
+
+TEST(ScenarioErrors, ShapeDimensionZero) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0]["shape"] = {256, 0};
+  expect_error(doc, "models[0].modules[1].tensors[0].shape[1]", {"at least 1"});
+}
+
+TEST(ScenarioErrors, ShapeDimensionNegative) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][0]["tensors"][0]["shape"] = {-1000, 64};
+  expect_error(doc, "models[0].modules[0].tensors[0].shape[0]", {"negative"});
+}
+
+TEST(ScenarioErrors, ShapeProductOverflows) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0] = {
+      {"name", "weight"}, {"shape", {4294967296ull, 4294967296ull, 16}}, {"dtype", "fp32"}};
+  expect_error(doc, "models[0].modules[1].tensors[0].shape", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, ShapeBytesOverflow) {
+  // 2^62 elements fit in 64 bits; 2^62 fp32 elements (2^64 bytes) do not.
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0] = {
+      {"name", "weight"}, {"shape", {2147483648ull, 2147483648ull}}, {"dtype", "fp32"}};
+  expect_error(doc, "models[0].modules[1].tensors[0].shape", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, ModelBytesOverflowWhenSummed) {
+  // Each tensor is 2^63 bytes (fits); the second one takes the model's total past 2^64. The error
+  // names the tensor that does it, not an internal total.
+  json doc = base_inline();
+  json& mods = doc["models"][0]["modules"];
+  mods[0]["tensors"][0] = {{"name", "weight"}, {"shape", {2305843009213693952ull}}, {"dtype", "fp32"}, {"role", "weight"}};
+  mods[2]["tensors"][0] = {{"name", "weight"}, {"shape", {2305843009213693952ull}}, {"dtype", "fp32"}};
+  expect_error(doc, "models[0].modules[2].tensors[0]", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, ModuleBytesOverflowWhenSummed) {
+  json doc = base_inline();
+  json& t = doc["models"][0]["modules"][1]["tensors"];
+  t[0] = {{"name", "weight"}, {"shape", {2305843009213693952ull}}, {"dtype", "fp32"}, {"role", "weight"}};
+  t[1] = {{"name", "bias"}, {"shape", {2305843009213693952ull}}, {"dtype", "fp32"}};
+  expect_error(doc, "models[0].modules[1].tensors[1]", {"overflows 64 bits"});
+}
+
+TEST(ScenarioErrors, ModelAboveTheSizeLimit) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0] = {{"name", "weight"}, {"shape", {1ull << 47, 4}}, {"dtype", "fp32"}};
+  expect_error(doc, "models[0].modules", {"bytes, more than the", "limit"});
+}
+
+TEST(ScenarioErrors, EmptyModule) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][2]["tensors"] = json::array();
+  expect_error(doc, "models[0].modules[2].tensors", {"at least one tensor"});
+}
+
+TEST(ScenarioErrors, DuplicateModelIds) {
+  json doc = base_catalog();
+  doc["models"].push_back({{"id", "te"}, {"source", "catalog:t5xxl"}});
+  expect_error(doc, "models[1].id", {"duplicate model id \"te\""});
+}
+
+TEST(ScenarioErrors, DuplicateDefaultModelIds) {
+  json doc = base_catalog();
+  doc["models"] = json::parse(R"([{"source": "catalog:clip-l"}, {"source": "catalog:clip-l", "storage": "fp16"}])");
+  doc.erase("pipeline");
+  expect_error(doc, "models[1].id", {"duplicate model id \"clip-l\"", "give each model an \"id\""});
+}
+
+TEST(ScenarioErrors, PipelineNamesUnknownModel) {
+  json doc = base_catalog();
+  doc["pipeline"][1]["model"] = "dit";
+  expect_error(doc, "pipeline[1].model", {"no model with id \"dit\""});
+}
+
+TEST(ScenarioErrors, UnknownStageOp) {
+  json doc = base_catalog();
+  doc["pipeline"][1]["op"] = "sample";
+  expect_error(doc, "pipeline[1].op", {"unknown stage op \"sample\""});
+}
+
+TEST(ScenarioErrors, ForwardBeforeLoad) {
+  json doc = base_catalog();
+  doc["pipeline"] = json::parse(R"([{"op": "forward", "model": "te"}, {"op": "load", "model": "te"}])");
+  expect_error(doc, "pipeline[0]", {"forward of \"te\" before it is loaded"});
+}
+
+TEST(ScenarioErrors, ForwardAfterUnload) {
+  json doc = base_catalog();
+  doc["pipeline"].push_back({{"op", "unload"}, {"model", "te"}});
+  doc["pipeline"].push_back({{"op", "forward"}, {"model", "te"}});
+  expect_error(doc, "pipeline[3]", {"forward of \"te\" before it is loaded"});
+}
+
+TEST(ScenarioErrors, EmptyPipeline) {
+  json doc = base_catalog();
+  doc["pipeline"] = json::array();
+  expect_error(doc, "pipeline", {"at least one stage"});
+}
+
+TEST(ScenarioErrors, OffloadStreamsNine) {
+  json doc = base_catalog();
+  doc["offload_streams"] = 9;
+  expect_error(doc, "offload_streams", {"between 0 and 8", "got 9"});
+}
+
+TEST(ScenarioErrors, UsedByOthersAtLeastTotal) {
+  json doc = base_catalog();
+  doc["device"]["used_by_others"] = "12GiB";
+  expect_error(doc, "device.used_by_others", {"leave nothing of the 12 GiB device"});
+}
+
+TEST(ScenarioErrors, ContextOverheadFillsTheDevice) {
+  json doc = base_catalog();
+  doc["device"]["used_by_others"] = "11GiB";
+  doc["device"]["context_overhead"] = "1GiB";
+  expect_error(doc, "device.context_overhead", {"leave nothing"});
+}
+
+TEST(ScenarioErrors, DeviceTotalZero) {
+  json doc = base_catalog();
+  doc["device"]["total"] = "0GiB";
+  expect_error(doc, "device.total", {"greater than 0"});
+}
+
+TEST(ScenarioErrors, Fp8AsCompute) {
+  json doc = base_catalog();
+  doc["models"][0]["compute"] = "fp8_e4m3fn";
+  expect_error(doc, "models[0].compute", {"fp8_e4m3fn is not a compute dtype", "fp32, fp16 or bf16"});
+}
+
+TEST(ScenarioErrors, WrongJsonTypeStringForNumber) {
+  json doc = base_catalog();
+  doc["workload"]["width"] = "1024";
+  expect_error(doc, "workload.width", {"expected a non-negative integer", "string \"1024\""});
+}
+
+TEST(ScenarioErrors, WrongJsonTypeBooleanForSize) {
+  json doc = base_catalog();
+  doc["device"]["total"] = true;
+  expect_error(doc, "device.total", {"expected a size", "a boolean"});
+}
+
+TEST(ScenarioErrors, WrongJsonTypeObjectForModels) {
+  json doc = base_catalog();
+  doc["models"] = {{"te", "catalog:clip-l"}};
+  expect_error(doc, "models", {"expected an array, got an object"});
+}
+
+TEST(ScenarioErrors, WrongSchema) {
+  json doc = base_catalog();
+  doc["schema"] = "vramfuzz.scenario/2";
+  expect_error(doc, "schema", {"unsupported schema \"vramfuzz.scenario/2\"", "vramfuzz.scenario/1"});
+}
+
+// A finding file embeds its scenario under "scenario": errors inside it carry that prefix,
+// including the checks that only make sense once the whole scenario is read (stage order).
+class ScenarioCaseFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("vf_test_scenario_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ScenarioCaseFile, FindingFileReplaysItsScenario) {
+  json finding = {{"schema", "vramfuzz.finding/1"}, {"signature", "oom:forward:upcast:raw"}, {"scenario", base_catalog()}};
+  Catalog catalog;
+  const Scenario s = load_case_file(write("finding.json", finding.dump()), catalog);
+  EXPECT_EQ(s.name, "base");
+  EXPECT_EQ(s.models[0].id, "te");
+  EXPECT_EQ(scenario_to_json(s), scenario_to_json(load(base_catalog())));
+}
+
+TEST_F(ScenarioCaseFile, ErrorsInsideAFindingCarryTheScenarioPrefix) {
+  Catalog catalog;
+  json inner = base_catalog();
+  inner["workload"]["batch"] = 0;
+  json finding = {{"schema", "vramfuzz.finding/1"}, {"scenario", inner}};
+  try {
+    (void)load_case_file(write("bad-batch.json", finding.dump()), catalog);
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.workload.batch") << e.what();
+  }
+  inner = base_catalog();
+  inner["pipeline"] = json::parse(R"([{"op": "forward", "model": "te"}])");
+  finding["scenario"] = inner;
+  try {
+    (void)load_case_file(write("bad-order.json", finding.dump()), catalog);
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.pipeline[0]") << e.what();
+  }
+}
+
+TEST_F(ScenarioCaseFile, MissingFileNamesIt) {
+  Catalog catalog;
+  const std::string path = (dir_ / "nope.json").string();
+  try {
+    (void)load_case_file(path, catalog);
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), path);
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace vf
