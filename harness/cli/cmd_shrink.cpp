@@ -1,0 +1,109 @@
+// vramfuzz shrink / replay: turn a finding into a filed-ready repro, and replay repros.
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "harness/cli/commands.h"
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/repro.h"
+
+namespace vf::cli {
+namespace {
+
+struct ShrinkFlags {
+  std::string file;
+  std::string out;
+  std::string backend = "sim";
+  std::uint64_t execs = ShrinkOptions{}.max_execs;
+  std::string time;
+  std::uint32_t runs = 0;  // 0: 1 on sim, 5 on cuda
+};
+
+std::uint32_t default_runs(std::string_view backend) { return backend == "cuda" ? 5 : 1; }
+
+int do_shrink(const ShrinkFlags& f) {
+  Catalog catalog;
+  const Scenario s = load_case_file(f.file, catalog);
+  auto backend = make_backend(f.backend);
+  ShrinkOptions opt;
+  opt.max_execs = f.execs;
+  if (!f.time.empty()) opt.max_seconds = parse_duration(f.time, "--shrink-time");
+  opt.confirm_runs = f.runs ? f.runs : default_runs(backend->name());
+  const ShrinkResult r = shrink(s, *backend, opt);
+  const std::string dir = f.out.empty() ? std::filesystem::path(f.file).parent_path().string() : f.out;
+  const std::string path = write_repro(dir.empty() ? "." : dir, r, read_origin(f.file));
+  std::fputs(fmt::format("{}\nshrunk {} models / {} modules / {} -> {} / {} / {} in {} executions ({} cached, {:.2f} s){}\n"
+                         "overshoot {} (original {}, largest seen {}); reproduced {}/{}{}\nrepro: {}\n",
+                         repro_title(r), r.original_size.models, r.original_size.modules, format_mib(r.original_size.bytes),
+                         r.final_size.models, r.final_size.modules, format_mib(r.final_size.bytes), r.executions,
+                         r.cache_hits, r.seconds, r.budget_exhausted ? " [budget exhausted]" : "",
+                         format_signed_mib(r.result.verdict.overshoot), format_signed_mib(r.original_overshoot),
+                         format_signed_mib(r.largest_overshoot), r.reproduced, r.confirm_runs, r.flaky ? " FLAKY" : "", path)
+                 .c_str(),
+             stdout);
+  return kExitFindings;
+}
+
+struct ReplayFlags {
+  std::string file;
+  std::string backend = "sim";
+  std::uint32_t runs = 0;
+};
+
+int do_replay(const ReplayFlags& f) {
+  Catalog catalog;
+  const Scenario s = load_case_file(f.file, catalog);
+  std::string expected;
+  {
+    const auto doc = parse_json_text(read_text_file(f.file), f.file);
+    if (doc.is_object() && doc.contains("signature") && doc["signature"].is_string()) expected = doc["signature"].get<std::string>();
+  }
+  auto backend = make_backend(f.backend);
+  const std::uint32_t runs = f.runs ? f.runs : default_runs(backend->name());
+  std::uint32_t reproduced = 0;
+  std::string last;
+  for (std::uint32_t i = 0; i < runs; ++i) {
+    Scenario c = s;
+    if (i > 0) c.seed = splitmix64(s.seed + i);
+    const CaseResult r = run_case(c, *backend, false);
+    if (r.verdict.kind == VerdictKind::error) throw InfraError(fmt::format("run {}: {}", i + 1, r.verdict.message));
+    const bool hit = expected.empty() ? r.verdict.finding() : r.verdict.signature == expected;
+    reproduced += hit ? 1 : 0;
+    last = fmt::format("{}{}{}", verdict_kind_name(r.verdict.kind), r.verdict.signature.empty() ? "" : " " + r.verdict.signature,
+                       r.verdict.message.empty() ? "" : " - " + r.verdict.message);
+    std::fputs(fmt::format("run {}/{}: {}\n", i + 1, runs, last).c_str(), stdout);
+  }
+  std::fputs(fmt::format("{}: reproduced {}/{} on {}{}\n", f.file, reproduced, runs, backend->name(),
+                         expected.empty() ? "" : " (signature " + expected + ")")
+                 .c_str(),
+             stdout);
+  return reproduced > 0 ? kExitFindings : kExitOk;
+}
+
+}  // namespace
+
+void add_shrink(CLI::App& app, Action& action) {
+  auto f = std::make_shared<ShrinkFlags>();
+  CLI::App* cmd = app.add_subcommand("shrink", "shrink a finding into a minimal repro (repro.json + repro.md)");
+  cmd->add_option("finding", f->file, "a finding file (vramfuzz.finding/1), a repro, or a scenario that fails")->required();
+  cmd->add_option("--out", f->out, "directory for repro.json and repro.md (default: next to the finding)");
+  cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
+  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");
+  cmd->add_option("--runs", f->runs, "re-runs of the final case for the reliability figure (default 1 on sim, 5 on cuda)");
+  cmd->callback([f, &action] { action = [f] { return do_shrink(*f); }; });
+}
+
+void add_replay(CLI::App& app, Action& action) {
+  auto f = std::make_shared<ReplayFlags>();
+  CLI::App* cmd = app.add_subcommand("replay", "replay a repro (or finding); exit 1 when it reproduces");
+  cmd->add_option("repro", f->file, "repro / finding / scenario file")->required();
+  cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
+  cmd->add_option("--runs", f->runs, "how many times to run it (default 1 on sim, 5 on cuda)");
+  cmd->callback([f, &action] { action = [f] { return do_replay(*f); }; });
+}
+
+}  // namespace vf::cli

@@ -1,0 +1,190 @@
+#include "harness/repro.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/json_in.h"
+
+namespace vf {
+namespace {
+
+nlohmann::ordered_json size_json(const CaseSize& z) {
+  return {{"models", z.models}, {"modules", z.modules}, {"tensors", z.tensors}, {"bytes", z.bytes}};
+}
+
+// The rows around the judged op, in the origin discussion's DEBUG-line style.
+std::string debug_lines(const Scenario& s, const CaseResult& r, std::uint32_t around, std::uint32_t radius) {
+  const std::uint32_t lo = around > radius ? around - radius : 0;
+  return format_trace(s, r.program, r.exec, lo, around + radius);
+}
+
+std::string describe_models(const Scenario& s) {
+  std::string out;
+  for (const ModelRef& m : s.models) {
+    const bool inline_model = m.source == "inline";
+    out += fmt::format("{}{} ({}{}, {} modules, {}, compute {}{})", out.empty() ? "" : "; ", m.id,
+                       inline_model ? "inline " + std::string(family_name(m.spec->family)) : m.source,
+                       inline_model ? "" : ", stored " + std::string(dtype_name(m.storage.dtype)), m.spec->modules.size(),
+                       format_mib(m.spec->bytes), dtype_name(m.compute), m.lora ? ", LoRA" : "");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string repro_title(const ShrinkResult& r) {
+  const Scenario& s = r.minimal;
+  const Verdict& v = r.result.verdict;
+  const Stage& st = s.stages[v.stage];
+  const ModelRef& m = s.models[st.model];
+  std::string dtypes;
+  for (const Module& mod : m.spec->modules) {
+    for (const Tensor& t : mod.tensors) {
+      if (t.role == TensorRole::weight && needs_conversion(t.dtype, m.compute)) {
+        dtypes = fmt::format(" converting {} -> {}", dtype_name(t.dtype), dtype_name(m.compute));
+        break;
+      }
+    }
+    if (!dtypes.empty()) break;
+  }
+  const std::string what = v.kind == VerdictKind::oom ? "OOMs" : "exceeds predicted + reserve";
+  return fmt::format("{}: {} {} in {}{} ({} device, {}, {})", r.signature, m.id, what, stage_op_name(st.op), dtypes,
+                     format_size(s.device.total), allocator_mode_name(s.allocator.mode), s.policy.label());
+}
+
+std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const std::string& path) {
+  const Scenario& s = r.minimal;
+  const CaseResult& c = r.result;
+  const Verdict& v = c.verdict;
+  nlohmann::ordered_json j;
+  j["schema"] = kReproSchema;
+  j["title"] = repro_title(r);
+  j["tool"] = tool_version();
+  j["signature"] = r.signature;
+  j["verdict"] = {{"kind", verdict_kind_name(v.kind)}, {"message", v.message}, {"stage", v.stage}, {"op", v.op}};
+  j["bytes"] = {{"predicted", v.predicted},
+                {"reserve", v.reserve},
+                {"measured", v.measured},
+                {"overshoot", v.overshoot},
+                {"original_overshoot", r.original_overshoot},
+                {"largest_overshoot_seen", r.largest_overshoot},
+                {"shrink_margin", r.margin}};
+  nlohmann::ordered_json loads = nlohmann::json::array();
+  for (const LoadPlan& lp : c.plan.loads) loads.push_back(fmt::format("{}: {}", s.models[lp.model].id, lp.log_line));
+  j["plan"] = {{"policy", c.plan.policy}, {"predicted_peak", c.plan.predicted_peak}, {"available", c.plan.available},
+               {"loads", loads}};
+  j["peaks"] = {{"reserved", c.exec.reserved_peak}, {"allocated", c.exec.allocated_peak}, {"live", c.exec.live_peak},
+                {"device_used", c.exec.device_peak}};
+  j["trace_around_peak"] = debug_lines(s, c, v.op, 10);
+  j["reliability"] = {{"runs", r.confirm_runs},
+                      {"reproduced", r.reproduced},
+                      {"rate", r.confirm_runs ? static_cast<double>(r.reproduced) / r.confirm_runs : 0.0},
+                      {"flaky", r.flaky}};
+  nlohmann::ordered_json o = nlohmann::json::object();
+  if (origin.campaign_seed) o["campaign_seed"] = *origin.campaign_seed;
+  if (origin.case_index) o["case_index"] = *origin.case_index;
+  if (origin.case_seed) o["case_seed"] = *origin.case_seed;
+  if (!origin.choices.empty()) o["choices"] = origin.choices;
+  if (!origin.source_file.empty()) o["finding"] = origin.source_file;
+  j["origin"] = o;
+  // No wall time here: a repro is byte-identical wherever the same shrink ran.
+  j["shrink"] = {{"executions", r.executions}, {"cache_hits", r.cache_hits}, {"accepted", r.accepted},
+                 {"budget_exhausted", r.budget_exhausted},
+                 {"original", size_json(r.original_size)}, {"final", size_json(r.final_size)}, {"steps", r.log}};
+  j["environment"] = {{"backend", c.exec.backend}, {"device", c.exec.environment}};
+  j["replay"] = fmt::format("vramfuzz replay {}", path);
+  j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
+  return j.dump(2) + "\n";
+}
+
+std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, const std::string& path) {
+  const Scenario& s = r.minimal;
+  const CaseResult& c = r.result;
+  const Verdict& v = c.verdict;
+  std::string md = fmt::format("# [vramfuzz] {}\n\n", repro_title(r));
+  md += fmt::format("**Verdict:** {}\n\n", v.message);
+  md += fmt::format("**Environment:** {} ({}); vramfuzz {}\n\n", c.exec.backend, c.exec.environment, tool_version());
+  md += fmt::format("**Reliability:** reproduced {} of {} runs{}\n\n", r.reproduced, r.confirm_runs,
+                    r.flaky ? " (**flaky**: below the reliability threshold)" : "");
+  md += "## Minimal scenario\n\n| | |\n|---|---|\n";
+  md += fmt::format("| device | {} ({} used by others, {} CUDA context) |\n", format_size(s.device.total),
+                    format_mib(s.device.used_by_others), format_mib(s.device.context_overhead));
+  std::string opts;
+  for (const auto& [k, val] : s.allocator.options) opts += fmt::format(" {}={}", k, val);
+  md += fmt::format("| allocator | {}{} |\n", allocator_mode_name(s.allocator.mode), opts);
+  md += fmt::format("| policy | {} (reserve {}) |\n", s.policy.label(), format_mib(c.plan.reserve));
+  md += fmt::format("| offload streams | {} |\n", s.streams());
+  md += fmt::format("| workload | {}x{}, batch {}, frames {}, cfg {} |\n", s.workload.width, s.workload.height,
+                    s.workload.batch, s.workload.frames, s.workload.cfg);
+  md += fmt::format("| models | {} |\n", describe_models(s));
+  std::string stages;
+  for (const Stage& st : s.stages) stages += fmt::format("{}{} {}", stages.empty() ? "" : " -> ", stage_op_name(st.op), s.models[st.model].id);
+  md += fmt::format("| pipeline | {} |\n\n", stages);
+  for (const ModelRef& m : s.models) {
+    if (m.spec->modules.size() > 12) continue;
+    md += fmt::format("Modules of `{}` (forward order):\n\n| module | tensors | bytes |\n|---|---|---:|\n", m.id);
+    for (const Module& mod : m.spec->modules) {
+      std::string ts;
+      for (const Tensor& t : mod.tensors) {
+        std::string shape;
+        for (std::uint64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+        ts += fmt::format("{}{} [{}] {}", ts.empty() ? "" : "; ", t.name, shape, dtype_name(t.dtype));
+      }
+      md += fmt::format("| `{}` | {} | {} |\n", mod.name, ts, format_mib(mod.bytes));
+    }
+    md += "\n";
+  }
+  md += "## What the predictor said (ComfyUI log lines)\n\n```\n";
+  for (const LoadPlan& lp : c.plan.loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);
+  md += "```\n\n## Predicted vs measured\n\n| stage | predicted | + reserve | measured (allocator reserved peak) | overshoot |\n|---|---:|---:|---:|---:|\n";
+  for (const StagePlan& sp : c.plan.stages) {
+    if (!sp.checked || sp.stage >= c.exec.stage_reserved_peak.size()) continue;
+    const std::int64_t over = static_cast<std::int64_t>(c.exec.stage_reserved_peak[sp.stage]) -
+                              static_cast<std::int64_t>(sp.predicted_peak + c.plan.reserve);
+    md += fmt::format("| {} {} {} | {} | {} | {} | {} |\n", sp.stage, stage_op_name(sp.op), s.models[sp.model].id,
+                      format_mib(sp.predicted_peak), format_mib(sp.predicted_peak + c.plan.reserve),
+                      format_mib(c.exec.stage_reserved_peak[sp.stage]), format_signed_mib(over));
+  }
+  md += fmt::format("\nLargest overshoot seen while shrinking: {} (original case: {}).\n\n",
+                    format_signed_mib(r.largest_overshoot), format_signed_mib(r.original_overshoot));
+  md += "## Trace around the peak\n\n```\n" + debug_lines(s, c, v.op, 10) + "```\n\n";
+  md += fmt::format("## Replay\n\n```\nvramfuzz replay {}\n```\n\n", path);
+  md += fmt::format("Shrunk from {} models / {} modules / {} to {} / {} / {} in {} executions{}.\n",
+                    r.original_size.models, r.original_size.modules, format_mib(r.original_size.bytes), r.final_size.models,
+                    r.final_size.modules, format_mib(r.final_size.bytes), r.executions,
+                    r.budget_exhausted ? ", budget exhausted: best so far" : "");
+  if (origin.case_seed) md += fmt::format("Found by `vramfuzz fuzz --seed {}` (case {}, case seed {:#x}).\n",
+                                          origin.campaign_seed.value_or(0), origin.case_index.value_or(0), *origin.case_seed);
+  return md;
+}
+
+std::string write_repro(const std::string& dir, const ShrinkResult& r, const ReproOrigin& origin) {
+  const std::string json_path = dir + "/repro.json";
+  write_file_atomic(json_path, repro_json(r, origin, json_path));
+  write_file_atomic(dir + "/repro.md", repro_markdown(r, origin, json_path));
+  return json_path;
+}
+
+ReproOrigin read_origin(const std::string& path) {
+  ReproOrigin o;
+  o.source_file = path;
+  const nlohmann::json doc = parse_json_text(read_text_file(path), path);
+  if (!doc.is_object()) return o;
+  const nlohmann::json* src = &doc;
+  if (doc.contains("origin") && doc["origin"].is_object()) src = &doc["origin"];
+  auto u64 = [&](const char* key) -> std::optional<std::uint64_t> {
+    if (src->contains(key) && (*src)[key].is_number_unsigned()) return (*src)[key].get<std::uint64_t>();
+    return std::nullopt;
+  };
+  o.campaign_seed = u64("campaign_seed");
+  o.case_index = u64("case_index");
+  o.case_seed = u64("case_seed");
+  if (src->contains("choices") && (*src)["choices"].is_array()) {
+    for (const auto& c : (*src)["choices"]) {
+      if (c.is_number_unsigned()) o.choices.push_back(c.get<std::uint64_t>());
+    }
+  }
+  return o;
+}
+
+}  // namespace vf

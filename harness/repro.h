@@ -1,0 +1,39 @@
+// Reproducers people can file: `vramfuzz.repro/1` JSON (the minimal scenario, signature, bytes,
+// trace around the peak, reliability, seed and choices, tool version, environment, the exact
+// replay command) and repro.md, a ready-to-file issue body. A repro file is data only: replaying
+// it never runs a command named inside it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/shrink.h"
+
+namespace vf {
+
+inline constexpr std::string_view kReproSchema = "vramfuzz.repro/1";
+
+// Where the case came from, when known.
+struct ReproOrigin {
+  std::optional<std::uint64_t> campaign_seed;
+  std::optional<std::uint64_t> case_index;
+  std::optional<std::uint64_t> case_seed;
+  std::vector<std::uint64_t> choices;  // the generator's recorded draws
+  std::string source_file;             // the finding it was shrunk from
+};
+
+// `path` is where the repro will be written (it goes into the replay command).
+std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const std::string& path);
+std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, const std::string& path);
+// A one-line title: "oom:forward:upcast:raw: te OOMs converting fp8_e4m3fn -> fp32 (12 GiB, raw)".
+std::string repro_title(const ShrinkResult& r);
+
+// Writes DIR/repro.json and DIR/repro.md atomically; returns the repro.json path.
+std::string write_repro(const std::string& dir, const ShrinkResult& r, const ReproOrigin& origin);
+
+// Reads the origin block back from a finding / repro file (campaign seed, case seed, choices).
+ReproOrigin read_origin(const std::string& path);
+
+}  // namespace vf

@@ -1,0 +1,533 @@
+#include "harness/shrink.h"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "harness/core/error.h"
+
+namespace vf {
+
+CaseSize case_size(const Scenario& s) {
+  CaseSize z;
+  z.models = s.models.size();
+  for (const ModelRef& m : s.models) {
+    z.modules += m.spec->modules.size();
+    for (const Module& mod : m.spec->modules) z.tensors += mod.tensors.size();
+    z.bytes += m.spec->bytes;
+  }
+  return z;
+}
+
+std::uint32_t count_reproductions(const Scenario& s, Backend& backend, const std::string& signature, std::uint32_t runs) {
+  std::uint32_t n = 0;
+  for (std::uint32_t i = 0; i < runs; ++i) {
+    Scenario c = s;
+    if (i > 0) c.seed = splitmix64(s.seed + i);
+    n += run_case(c, backend, false).verdict.signature == signature ? 1 : 0;
+  }
+  return n;
+}
+
+namespace {
+
+// How plain a dtype is, for the "toward the plainest dtype that still fails" pass.
+constexpr Dtype kPlainness[] = {Dtype::bf16, Dtype::fp16, Dtype::fp32, Dtype::fp8_e4m3fn, Dtype::fp8_e5m2,
+                                Dtype::int8, Dtype::q8_0, Dtype::q4_0, Dtype::q4_1, Dtype::q5_0,
+                                Dtype::q5_1, Dtype::q4_k, Dtype::q5_k, Dtype::q6_k, Dtype::q3_k, Dtype::q2_k};
+int plainness(Dtype d) {
+  for (int i = 0; i < kDtypeCount; ++i) {
+    if (kPlainness[i] == d) return i;
+  }
+  return kDtypeCount;
+}
+
+// Two independent 64-bit hashes of the candidate's canonical JSON: the cache key.
+std::string candidate_key(const Scenario& s) {
+  const std::string json = scenario_to_json(s, -1);
+  std::uint64_t fnv = 0xcbf29ce484222325ull;
+  for (unsigned char ch : json) fnv = (fnv ^ ch) * 0x100000001b3ull;
+  const std::uint64_t h2 = std::hash<std::string>{}(json);
+  return fmt::format("{:016x}{:016x}{:x}", fnv, h2, json.size());
+}
+
+std::uint64_t floor_pow2(std::uint64_t v) { return v == 0 ? 0 : std::uint64_t{1} << (63 - __builtin_clzll(v)); }
+
+class Shrinker {
+ public:
+  Shrinker(Backend& backend, const ShrinkOptions& opt) : backend_(backend), opt_(opt), start_(std::chrono::steady_clock::now()) {}
+
+  ShrinkResult run(const Scenario& s) {
+    ShrinkResult out;
+    out.original_size = case_size(s);
+    const CaseResult first = run_case(s, backend_, false);
+    ++execs_;
+    if (!first.verdict.finding()) {
+      throw InputError("finding", fmt::format("the case does not fail (verdict {}: {}); nothing to shrink",
+                                              verdict_kind_name(first.verdict.kind), first.verdict.message));
+    }
+    sig_ = first.verdict.signature;
+    out.original_overshoot = first.verdict.overshoot;
+    largest_ = first.verdict.overshoot;
+    margin_ = std::max<std::int64_t>(static_cast<std::int64_t>(MiB), first.verdict.overshoot / 2);
+    best_ = s;
+    best_verdict_ = first.verdict;
+    cache_[candidate_key(s)] = true;
+
+    bool progress = true;
+    while (progress && within_budget()) {
+      progress = false;
+      progress |= focus_on_the_peak();
+      progress |= drop_models();
+      progress |= drop_stages();
+      for (std::size_t m = 0; m < best_.models.size(); ++m) progress |= bisect_modules(m);
+      progress |= drop_tensors();
+      progress |= simplify_workload();
+      progress |= simplify_dtypes();
+      progress |= simplify_allocator_and_streams();
+      progress |= shrink_device();
+      progress |= round_shapes();
+    }
+
+    out.minimal = best_;
+    out.result = run_case(best_, backend_, true);
+    out.signature = sig_;
+    out.largest_overshoot = largest_;
+    out.margin = margin_;
+    out.final_size = case_size(best_);
+    out.executions = execs_;
+    out.cache_hits = hits_;
+    out.accepted = accepted_;
+    out.budget_exhausted = exhausted_;
+    out.confirm_runs = std::max<std::uint32_t>(1, opt_.confirm_runs);
+    out.reproduced = count_reproductions(best_, backend_, sig_, out.confirm_runs);
+    out.flaky = static_cast<double>(out.reproduced) < opt_.flaky_below * out.confirm_runs;
+    out.seconds = elapsed();
+    out.log = std::move(log_);
+    return out;
+  }
+
+ private:
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  bool within_budget() {
+    if (execs_ >= opt_.max_execs || elapsed() >= opt_.max_seconds) exhausted_ = true;
+    return !exhausted_;
+  }
+
+  // Runs a candidate (once ever): does it keep the signature with the margin?
+  bool interesting(const Scenario& c, Verdict* verdict) {
+    try {
+      validate_scenario(c);
+    } catch (const InputError&) {
+      return false;  // not a valid case: never run, never counted
+    }
+    const std::string key = candidate_key(c);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      ++hits_;
+      return false;  // seen before: either rejected, or the very case we already hold
+    }
+    if (!within_budget()) return false;
+    ++execs_;
+    const CaseResult r = run_case(c, backend_, false);
+    const bool same = r.verdict.signature == sig_;
+    if (same) largest_ = std::max(largest_, r.verdict.overshoot);
+    const bool ok = same && r.verdict.overshoot >= margin_;
+    cache_[key] = ok;
+    if (ok && verdict) *verdict = r.verdict;
+    return ok;
+  }
+
+  bool accept(const Scenario& c, const std::string& what) {
+    Verdict v;
+    if (!interesting(c, &v)) return false;
+    best_ = c;
+    best_verdict_ = v;
+    ++accepted_;
+    const CaseSize z = case_size(best_);
+    log_.push_back(fmt::format("{} -> {} models, {} modules, {} ({} execs)", what, z.models, z.modules, format_mib(z.bytes), execs_));
+    spdlog::debug("shrink: {}", log_.back());
+    return true;
+  }
+
+  static Scenario without_model(const Scenario& s, std::uint32_t m) {
+    Scenario c = s;
+    c.models.erase(c.models.begin() + m);
+    c.stages.clear();
+    for (const Stage& st : s.stages) {
+      if (st.model == m) continue;
+      c.stages.push_back({st.op, st.model > m ? st.model - 1 : st.model});
+    }
+    return c;
+  }
+
+  // The biggest step first (syzkaller's "keep what the crash names"): keep only the modules whose
+  // transients (transfers, conversions, LoRA temporaries) are live at the judged op, and take the
+  // bytes of the dropped resident modules off the device so the memory pressure stays the same.
+  bool focus_on_the_peak() {
+    const Plan plan = predict(best_);
+    const Program prog = lower(best_, plan);
+    if (best_verdict_.op >= prog.ops.size()) return false;
+    std::vector<std::uint8_t> live(prog.buffers.size(), 0);
+    for (std::uint32_t i = 0; i <= best_verdict_.op; ++i) {
+      const Op& op = prog.ops[i];
+      if (op.kind == OpKind::alloc) live[op.buffer] = 1;
+      if (op.kind == OpKind::free) live[op.buffer] = 0;
+    }
+    std::vector<std::vector<std::uint8_t>> keep(best_.models.size());
+    for (std::size_t m = 0; m < best_.models.size(); ++m) keep[m].assign(best_.models[m].spec->modules.size(), 0);
+    bool any_transient = false;
+    for (std::size_t b = 0; b < prog.buffers.size(); ++b) {
+      const Buffer& buf = prog.buffers[b];
+      if (!live[b] || buf.module == kNone || buf.kind == BufferKind::weight || buf.kind == BufferKind::activation) continue;
+      keep[buf.model][buf.module] = 1;
+      any_transient = true;
+    }
+    if (!any_transient) return false;
+    // Which modules are resident when the judged stage runs (their bytes leave with them).
+    std::vector<std::vector<std::uint8_t>> resident(best_.models.size());
+    for (std::size_t m = 0; m < best_.models.size(); ++m) resident[m].assign(best_.models[m].spec->modules.size(), 0);
+    for (const LoadPlan& lp : plan.loads) {
+      if (lp.stage <= best_verdict_.stage) resident[lp.model] = lp.resident;
+    }
+    Scenario c = best_;
+    Bytes resident_removed = 0;
+    bool changed = false;
+    for (std::size_t m = 0; m < c.models.size(); ++m) {
+      const bool involved = std::find(keep[m].begin(), keep[m].end(), 1) != keep[m].end();
+      if (!involved) continue;  // other models: left to drop_models
+      ModelSpec& spec = editable(c, m);
+      std::vector<Module> kept;
+      for (std::size_t i = 0; i < spec.modules.size(); ++i) {
+        if (keep[m][i]) kept.push_back(std::move(spec.modules[i]));
+        else {
+          changed = true;
+          if (resident[m][i]) resident_removed += best_.models[m].spec->modules[i].bytes;
+        }
+      }
+      spec.modules = std::move(kept);
+      refinalize(c, m);
+    }
+    if (changed && accept(c, "keep only the modules live at the peak")) return true;
+    if (changed && c.device.total > resident_removed + MiB) {
+      Scenario d = c;
+      d.device.total -= resident_removed;
+      if (accept(d, "keep only the modules live at the peak, with their resident bytes off the device")) return true;
+    }
+    return redistribute_into_the_peak(prog);
+  }
+
+  // Hypothesis' "redistribute across a sum": when the overshoot is the sum of many small parts
+  // (allocator rounding of every tensor), no module can go alone. Keep only the module the peak
+  // op works on, and give it the bytes of the ones dropped (its outer dimension scaled up), so the
+  // pressure stays while the case shrinks to one module.
+  bool redistribute_into_the_peak(const Program& prog) {
+    const Op& op = prog.ops[best_verdict_.op];
+    if (op.buffer == kNone) return false;
+    const Buffer& buf = prog.buffers[op.buffer];
+    if (buf.module == kNone || buf.tensor == kNone) return false;
+    const ModelSpec& model = *best_.models[buf.model].spec;
+    if (model.modules.size() < 2) return false;
+    const Module& peak = model.modules[buf.module];
+    const Tensor& weight = peak.tensors[buf.tensor];
+    if (weight.shape.size() < 2 || peak.bytes == 0) return false;
+    // All the bytes first; if that tips the case into another failure (an OOM instead of a
+    // violation), smaller factors.
+    const std::uint64_t all = std::max<std::uint64_t>(2, model.bytes / peak.bytes);
+    for (std::uint64_t factor : {all, std::uint64_t{8}, std::uint64_t{4}, std::uint64_t{2}, std::uint64_t{1}}) {
+      if (factor > all || (factor != all && factor * 2 > all && factor != 1)) continue;
+      Scenario c = best_;
+      ModelSpec& spec = editable(c, buf.model);
+      Module grown = spec.modules[buf.module];
+      grown.tensors[buf.tensor].shape[0] = weight.shape[0] * factor;
+      spec.modules = {std::move(grown)};
+      refinalize(c, buf.model);
+      if (accept(c, fmt::format("only {} left, {}x its rows", peak.name, factor))) return true;
+    }
+    return false;
+  }
+
+  bool drop_models() {
+    bool any = false;
+    for (std::size_t i = best_.models.size(); i-- > 0 && best_.models.size() > 1;) {
+      any |= accept(without_model(best_, static_cast<std::uint32_t>(i)), fmt::format("drop model {}", best_.models[i].id));
+    }
+    return any;
+  }
+
+  bool drop_stages() {
+    bool any = false;
+    // Everything after the judged stage cannot matter.
+    if (best_verdict_.stage + 1 < best_.stages.size()) {
+      Scenario c = best_;
+      c.stages.resize(best_verdict_.stage + 1);
+      any |= accept(c, "drop the stages after the failing one");
+    }
+    for (std::size_t i = best_.stages.size(); i-- > 0;) {
+      if (i >= best_.stages.size() || i == best_verdict_.stage) continue;
+      Scenario c = best_;
+      c.stages.erase(c.stages.begin() + static_cast<std::ptrdiff_t>(i));
+      any |= accept(c, fmt::format("drop stage {} ({})", i, stage_op_name(best_.stages[i].op)));
+    }
+    return any;
+  }
+
+  // A private, editable copy of model m (a catalog model becomes inline).
+  static ModelSpec& editable(Scenario& c, std::size_t m) {
+    auto copy = std::make_shared<ModelSpec>(*c.models[m].spec);
+    if (c.models[m].source != "inline") {
+      copy->source = "inline";
+      c.models[m].source = "inline";
+    }
+    ModelSpec& ref = *copy;
+    c.models[m].spec = std::move(copy);
+    return ref;
+  }
+
+  static void refinalize(Scenario& c, std::size_t m) {
+    auto copy = std::make_shared<ModelSpec>(*c.models[m].spec);
+    finalize_model(*copy, "shrink");
+    c.models[m].spec = std::move(copy);
+  }
+
+  // Bisection over the module list: remove halves, then quarters, ... Each chunk is tried
+  // as is, and with the device shrunk by the removed bytes (so the remaining modules keep the
+  // same memory pressure: most removed modules were resident ballast).
+  bool bisect_modules(std::size_t m) {
+    constexpr std::size_t kMaxChunksPerLevel = 32;  // frugal: no sweep finer than n/32
+    bool any = false;
+    std::size_t n = best_.models[m].spec->modules.size();
+    for (std::size_t chunk = std::max<std::size_t>(1, n / 2); chunk >= 1 && n > 1 && within_budget(); chunk /= 2) {
+      if (n / chunk > kMaxChunksPerLevel) break;
+      for (std::size_t start = 0; start < n && n - std::min(chunk, n - start) >= 1 && within_budget();) {
+        const std::size_t len = std::min(chunk, n - start);
+        Scenario c = best_;
+        ModelSpec& spec = editable(c, m);
+        Bytes removed = 0;
+        for (std::size_t k = start; k < start + len; ++k) removed += spec.modules[k].bytes;
+        spec.modules.erase(spec.modules.begin() + static_cast<std::ptrdiff_t>(start),
+                           spec.modules.begin() + static_cast<std::ptrdiff_t>(start + len));
+        refinalize(c, m);
+        const std::string what = fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
+        if (accept(c, what)) {
+          any = true;
+          n -= len;
+          continue;
+        }
+        if (c.device.total > removed + MiB) {
+          c.device.total -= removed;
+          if (c.device.available() > 0 && accept(c, what + " and their bytes from the device")) {
+            any = true;
+            n -= len;
+            continue;
+          }
+        }
+        start += len;
+      }
+      if (chunk == 1) break;
+    }
+    return any;
+  }
+
+  bool drop_tensors() {
+    bool any = false;
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      for (TensorRole role : {TensorRole::bias, TensorRole::norm, TensorRole::other, TensorRole::scale}) {
+        Scenario c = best_;
+        ModelSpec& spec = editable(c, m);
+        bool changed = false;
+        for (Module& mod : spec.modules) {
+          auto keep_end = std::remove_if(mod.tensors.begin(), mod.tensors.end(), [&](const Tensor& t) { return t.role == role; });
+          if (keep_end != mod.tensors.end() && keep_end != mod.tensors.begin()) {
+            mod.tensors.erase(keep_end, mod.tensors.end());
+            changed = true;
+          }
+        }
+        if (!changed) continue;
+        refinalize(c, m);
+        any |= accept(c, fmt::format("drop every {} tensor of {}", role_name(role), c.models[m].id));
+      }
+    }
+    return any;
+  }
+
+  bool simplify_workload() {
+    bool any = false;
+    auto try_set = [&](auto mutate, const std::string& what) {
+      Scenario c = best_;
+      mutate(c.workload);
+      if (scenario_to_json(c, -1) != scenario_to_json(best_, -1)) any |= accept(c, what);
+    };
+    try_set([](Workload& w) { w.batch = 1; }, "batch 1");
+    try_set([](Workload& w) { w.frames = 1; }, "frames 1");
+    try_set([](Workload& w) { w.cfg = 1.0; }, "cfg 1");
+    try_set([](Workload& w) { w.text_tokens = 0; }, "default text tokens");
+    for (std::uint32_t side : {256u, 512u, 768u, 1024u}) {
+      if (side >= std::max(best_.workload.width, best_.workload.height)) break;
+      if (accept_workload_side(side)) {
+        any = true;
+        break;
+      }
+    }
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      if (!best_.models[m].lora) continue;
+      Scenario c = best_;
+      c.models[m].lora = false;
+      any |= accept(c, fmt::format("no LoRA on {}", c.models[m].id));
+    }
+    return any;
+  }
+
+  bool accept_workload_side(std::uint32_t side) {
+    Scenario c = best_;
+    c.workload.width = c.workload.height = side;
+    return accept(c, fmt::format("{}x{}", side, side));
+  }
+
+  bool simplify_dtypes() {
+    bool any = false;
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      if (best_.models[m].compute != Dtype::bf16) {
+        Scenario c = best_;
+        c.models[m].compute = Dtype::bf16;
+        any |= accept(c, fmt::format("compute bf16 on {}", c.models[m].id));
+      }
+      // Each stored dtype toward a plainer one (all tensors of that dtype at once).
+      std::vector<Dtype> present;
+      for (const Module& mod : best_.models[m].spec->modules) {
+        for (const Tensor& t : mod.tensors) {
+          if (std::find(present.begin(), present.end(), t.dtype) == present.end()) present.push_back(t.dtype);
+        }
+      }
+      for (Dtype from : present) {
+        for (Dtype to : kPlainness) {
+          if (plainness(to) >= plainness(from)) break;
+          Scenario c = best_;
+          ModelSpec& spec = editable(c, m);
+          for (Module& mod : spec.modules) {
+            for (Tensor& t : mod.tensors) {
+              if (t.dtype == from) t.dtype = to;
+            }
+          }
+          refinalize(c, m);
+          if (accept(c, fmt::format("{} tensors of {} stored as {}", dtype_name(from), c.models[m].id, dtype_name(to)))) {
+            any = true;
+            break;
+          }
+        }
+      }
+    }
+    return any;
+  }
+
+  bool simplify_allocator_and_streams() {
+    bool any = false;
+    for (std::size_t i = best_.allocator.options.size(); i-- > 0;) {
+      Scenario c = best_;
+      const std::string key = c.allocator.options[i].first;
+      c.allocator.options.erase(c.allocator.options.begin() + static_cast<std::ptrdiff_t>(i));
+      any |= accept(c, fmt::format("default {}", key));
+    }
+    const std::uint32_t streams = best_.streams();
+    for (std::uint32_t v = 0; v < streams; ++v) {
+      Scenario c = best_;
+      c.offload_streams = v;
+      if (accept(c, fmt::format("{} offload streams", v))) {
+        any = true;
+        break;
+      }
+    }
+    if (best_.seed != 0) {
+      Scenario c = best_;
+      c.seed = 0;
+      any |= accept(c, "seed 0");
+    }
+    return any;
+  }
+
+  // The smallest device that still fails: others and context folded out first, then a binary
+  // search over whole MiB.
+  bool shrink_device() {
+    bool any = false;
+    if (best_.device.used_by_others > 0) {
+      Scenario c = best_;
+      c.device.total -= c.device.used_by_others;
+      c.device.used_by_others = 0;
+      any |= accept(c, "nothing else on the device");
+    }
+    std::uint64_t hi = best_.device.total / MiB;  // known to fail (rounded down: tried first)
+    const std::uint64_t floor_mib = (best_.device.used_by_others + best_.device.context_overhead) / MiB + 2;
+    if (best_.device.total % MiB != 0) {
+      Scenario c = best_;
+      c.device.total = hi * MiB;
+      if (!accept(c, fmt::format("device {} MiB", hi))) return any;
+      any = true;
+    }
+    std::uint64_t lo = floor_mib;  // lo: not known to fail
+    // Precision: 1/64 of the range, rounded to a power-of-two MiB (the answer is a device size a
+    // person reads, not a knife edge): about six executions instead of twelve.
+    const std::uint64_t step = std::max<std::uint64_t>(1, floor_pow2((hi - std::min(hi, lo)) / 64));
+    while (lo + step < hi && within_budget()) {
+      std::uint64_t mid = lo + (hi - lo) / 2;
+      mid -= mid % step;
+      if (mid <= lo) mid = lo + step;
+      Scenario c = best_;
+      c.device.total = mid * MiB;
+      if (accept(c, fmt::format("device {} MiB", mid))) {
+        hi = mid;
+        any = true;
+      } else {
+        lo = mid;
+      }
+    }
+    return any;
+  }
+
+  // Shapes toward round powers of two (each dimension down to the power of two below it).
+  bool round_shapes() {
+    bool any = false;
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      Scenario c = best_;
+      ModelSpec& spec = editable(c, m);
+      bool changed = false;
+      for (Module& mod : spec.modules) {
+        for (Tensor& t : mod.tensors) {
+          for (std::size_t i = 0; i < t.shape.size(); ++i) {
+            const std::uint64_t p = floor_pow2(t.shape[i]);
+            // A block-quantized row must stay a whole number of blocks (32 and 256 are powers of 2).
+            const bool row = i + 1 == t.shape.size();
+            if (p != t.shape[i] && (!row || p >= dtype_info(t.dtype).block_elems)) {
+              t.shape[i] = p;
+              changed = true;
+            }
+          }
+        }
+      }
+      if (!changed) continue;
+      refinalize(c, m);
+      any |= accept(c, fmt::format("power-of-two shapes in {}", c.models[m].id));
+    }
+    return any;
+  }
+
+  Backend& backend_;
+  ShrinkOptions opt_;
+  std::chrono::steady_clock::time_point start_;
+  std::string sig_;
+  std::int64_t margin_ = 0;
+  std::int64_t largest_ = 0;
+  Scenario best_;
+  Verdict best_verdict_;
+  std::unordered_map<std::string, bool> cache_;
+  std::uint64_t execs_ = 0, hits_ = 0, accepted_ = 0;
+  bool exhausted_ = false;
+  std::vector<std::string> log_;
+};
+
+}  // namespace
+
+ShrinkResult shrink(const Scenario& s, Backend& backend, const ShrinkOptions& opt) { return Shrinker(backend, opt).run(s); }
+
+}  // namespace vf

@@ -1,0 +1,190 @@
+// The shrinker and the repro files: identity, margin, budgets, the cache, flake awareness.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/repro.h"
+#include "harness/shrink.h"
+
+namespace vf {
+namespace {
+
+namespace fs = std::filesystem;
+
+Scenario origin_oct2025(Catalog& catalog) {
+  return load_scenario_file(std::string(VF_SOURCE_DIR) + "/docs/examples/flux2-te-fp8-fp32-12gib.json", catalog);
+}
+
+// Records every scenario it runs, to prove the shrinker never runs one twice.
+class CountingBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "sim"; }
+  ExecResult execute(const Scenario& s, const Program& p, const ExecOptions& opt) override {
+    if (!opt.record_trace) seen.push_back(scenario_to_json(s, -1));
+    return sim.execute(s, p, opt);
+  }
+  std::vector<std::string> seen;
+  SimBackend sim;
+};
+
+TEST(Shrink, OriginFindingShrinksToAFewModulesFrugally) {
+  Catalog catalog;
+  const Scenario s = origin_oct2025(catalog);
+  SimBackend backend;
+  const ShrinkResult r = shrink(s, backend, ShrinkOptions{});
+  EXPECT_EQ(r.signature, "oom:forward:upcast:raw");
+  EXPECT_EQ(r.result.verdict.signature, r.signature);
+  EXPECT_EQ(r.original_size.modules, 271u);  // 30 layers x 9 modules + the embedding
+  EXPECT_LE(r.final_size.modules, 3u);
+  EXPECT_LE(r.executions, 200u);
+  EXPECT_FALSE(r.budget_exhausted);
+  // The margin: never a knife-edge repro.
+  EXPECT_EQ(r.margin, std::max<std::int64_t>(MiB, r.original_overshoot / 2));
+  EXPECT_GE(r.result.verdict.overshoot, r.margin);
+  EXPECT_GE(r.largest_overshoot, r.result.verdict.overshoot);
+  EXPECT_EQ(r.reproduced, 1u);
+  EXPECT_FALSE(r.flaky);
+  // What it kept: an offloaded fp8 MLP projection converted to fp32 is the whole story.
+  ASSERT_EQ(r.minimal.models.size(), 1u);
+  const ModelSpec& m = *r.minimal.models[0].spec;
+  EXPECT_EQ(r.minimal.models[0].compute, Dtype::fp32);
+  bool fp8_weight = false;
+  for (const Module& mod : m.modules) {
+    for (const Tensor& t : mod.tensors) fp8_weight |= t.role == TensorRole::weight && t.dtype == Dtype::fp8_e4m3fn;
+  }
+  EXPECT_TRUE(fp8_weight);
+}
+
+TEST(Shrink, NeverRunsACandidateTwice) {
+  Catalog catalog;
+  CountingBackend backend;
+  const ShrinkResult r = shrink(origin_oct2025(catalog), backend, ShrinkOptions{});
+  const std::set<std::string> unique(backend.seen.begin(), backend.seen.end());
+  // Everything run during shrinking is distinct; the only repeat allowed is the confirmation
+  // re-run of the final case at the end.
+  EXPECT_GE(unique.size() + 1, backend.seen.size());
+  EXPECT_EQ(r.executions, unique.size());
+}
+
+TEST(Shrink, ExecutionBudgetReturnsTheBestSoFar) {
+  Catalog catalog;
+  SimBackend backend;
+  ShrinkOptions opt;
+  opt.max_execs = 6;
+  const ShrinkResult r = shrink(origin_oct2025(catalog), backend, opt);
+  EXPECT_TRUE(r.budget_exhausted);
+  EXPECT_LE(r.executions, 6u);
+  EXPECT_EQ(r.result.verdict.signature, "oom:forward:upcast:raw");
+  EXPECT_LT(r.final_size.modules, r.original_size.modules);  // the first halvings already landed
+}
+
+TEST(Shrink, RefusesACaseThatPasses) {
+  Catalog catalog;
+  Scenario s = origin_oct2025(catalog);
+  s.policy = parse_policy("comfy:dec2025", "policy");
+  SimBackend backend;
+  EXPECT_THROW(shrink(s, backend, ShrinkOptions{}), InputError);
+}
+
+TEST(Shrink, ReproFilesAreCompleteAndReplay) {
+  Catalog catalog;
+  SimBackend backend;
+  const ShrinkResult r = shrink(origin_oct2025(catalog), backend, ShrinkOptions{});
+  const fs::path dir = fs::temp_directory_path() / fmt::format("vf-repro-{}", ::getpid());
+  ReproOrigin origin;
+  origin.campaign_seed = 7;
+  origin.case_index = 3;
+  origin.case_seed = 0xabcdef;
+  origin.choices = {1, 2, 3};
+  const std::string path = write_repro(dir.string(), r, origin);
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(path));
+  EXPECT_EQ(j["schema"], "vramfuzz.repro/1");
+  EXPECT_EQ(j["signature"], "oom:forward:upcast:raw");
+  EXPECT_EQ(j["replay"], "vramfuzz replay " + path);
+  EXPECT_EQ(j["bytes"]["overshoot"], r.result.verdict.overshoot);
+  EXPECT_EQ(j["bytes"]["largest_overshoot_seen"], r.largest_overshoot);
+  EXPECT_EQ(j["reliability"]["runs"], 1);
+  EXPECT_EQ(j["reliability"]["flaky"], false);
+  EXPECT_EQ(j["origin"]["case_seed"], 0xabcdef);
+  EXPECT_EQ(j["origin"]["choices"].size(), 3u);
+  EXPECT_EQ(j["environment"]["backend"], "sim");
+  EXPECT_NE(j["tool"].get<std::string>().find("git"), std::string::npos);
+  EXPECT_NE(j["trace_around_peak"].get<std::string>().find("<-- OOM"), std::string::npos);
+  EXPECT_EQ(j["shrink"]["final"]["modules"], r.final_size.modules);
+  // The embedded scenario replays to the same signature.
+  const Scenario again = load_case_file(path, catalog);
+  EXPECT_EQ(run_case(again, backend, false).verdict.signature, "oom:forward:upcast:raw");
+  // The issue body has the title, the table, the ComfyUI log line, the trace and the command.
+  const std::string md = read_text_file((dir / "repro.md").string());
+  for (const std::string& needle : {std::string("# [vramfuzz] oom:forward:upcast:raw"), std::string("| allocator | raw |"),
+                                    std::string("loaded partially;"), std::string("<-- OOM"),
+                                    std::string("vramfuzz replay " + path), std::string("Reliability:")}) {
+    EXPECT_NE(md.find(needle), std::string::npos) << needle;
+  }
+  const ReproOrigin back = read_origin(path);
+  EXPECT_EQ(back.case_seed, 0xabcdefu);
+  EXPECT_EQ(back.choices, (std::vector<std::uint64_t>{1, 2, 3}));
+  fs::remove_all(dir);
+}
+
+// A flaky oracle: under `async`, whether the transfer buffer one offload stream freed is reused by
+// the next transfer on the other stream is the driver's opportunistic choice (no event edge links
+// the two streams), which the simulator draws from the scenario seed. Eight 16 MiB bf16 modules on
+// a 100 MiB device with a 50 MiB reserve: 3 resident, 5 offloaded; the transfer window (3 x 16
+// MiB) fits, but the 4th transfer fits only by reusing the 1st one's block across streams. With
+// internal dependencies off, each such reuse is a coin: the verdict depends on the seed.
+TEST(Shrink, FlakyOracleGetsAReliabilityFigureAndTheLabel) {
+  std::string mods;
+  for (int i = 0; i < 8; ++i) {
+    mods += fmt::format(R"({}{{"name": "m{}", "tensors": [{{"name": "weight", "shape": [4096, 2048], "dtype": "bf16"}}]}})",
+                        i ? ", " : "", i);
+  }
+  const std::string text = fmt::format(
+      R"({{"device": {{"total": "100MiB", "context_overhead": 0}},
+          "allocator": {{"mode": "async", "options": {{"opportunistic_probability": 0.5, "reuse_allow_internal_dependencies": false}}}},
+          "policy": {{"name": "comfy:oct2025", "overrides": {{"reserve": "50MiB", "inference_floor": "0", "weight_floor": "0"}}}},
+          "models": [{{"id": "m", "kind": "text_encoder", "compute": "bf16", "modules": [{}]}}],
+          "offload_streams": 2, "seed": 0}})",
+      mods);
+  Catalog catalog;
+  const Scenario s = parse_scenario_json(text, catalog, "flaky");
+  SimBackend backend;
+  const CaseResult first = run_case(s, backend, false);
+  ASSERT_EQ(first.verdict.signature, "oom:forward:h2d:async") << first.verdict.message;
+  const std::uint32_t over_seeds = count_reproductions(s, backend, first.verdict.signature, 20);
+  EXPECT_GT(over_seeds, 0u);
+  EXPECT_LT(over_seeds, 20u) << "the reuse coin flips the verdict with the seed";
+
+  // No shrinking budget: the shrinker is free to find a deterministic variant of a flaky case (here
+  // it does: moving every byte into one module makes a plain OOM); the point is the reliability
+  // figure of the case as found.
+  ShrinkOptions opt;
+  opt.confirm_runs = 20;
+  opt.max_execs = 1;
+  const ShrinkResult r = shrink(s, backend, opt);
+  EXPECT_EQ(r.confirm_runs, 20u);
+  EXPECT_GE(r.reproduced, 1u);
+  EXPECT_LT(r.reproduced, 20u);
+  EXPECT_EQ(r.flaky, r.reproduced < 16u);  // the default threshold: 80%
+  const std::string md = repro_markdown(r, {}, "repro.json");
+  EXPECT_NE(md.find(fmt::format("reproduced {} of 20 runs", r.reproduced)), std::string::npos);
+  if (r.flaky) {
+    EXPECT_NE(md.find("**flaky**"), std::string::npos);
+  }
+  const nlohmann::json j = nlohmann::json::parse(repro_json(r, {}, "repro.json"));
+  EXPECT_EQ(j["reliability"]["runs"], 20);
+  EXPECT_EQ(j["reliability"]["reproduced"], r.reproduced);
+  EXPECT_EQ(j["reliability"]["flaky"], r.flaky);
+}
+
+}  // namespace
+}  // namespace vf
