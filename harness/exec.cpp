@@ -16,6 +16,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   r.environment = "sim";
   r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
   r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
+  r.stage_entry_reserved.assign(p.stage_begin.size(), 0);
+  std::vector<std::uint8_t> entered(p.stage_begin.size(), 0);
   sim::SimDevice device(s.device);
   std::unique_ptr<sim::Allocator> alloc;
   try {
@@ -28,6 +30,10 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   Bytes live = 0;
   for (std::uint32_t i = 0; i < p.ops.size(); ++i) {
     const Op& op = p.ops[i];
+    if (!is_transition(op) && !entered[op.stage]) {
+      entered[op.stage] = 1;
+      r.stage_entry_reserved[op.stage] = alloc->stats().reserved.current;
+    }
     try {
       switch (op.kind) {
         case OpKind::alloc: {

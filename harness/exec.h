@@ -50,6 +50,9 @@ struct ExecResult {
   Bytes device_peak = 0;
   std::vector<Bytes> stage_reserved_peak;        // per stage: reserved after each of its ops (transitions aside)
   std::vector<std::uint32_t> stage_reserved_peak_op;
+  // Reserved when the stage's own ops begin (after its transitions): what earlier stages left
+  // cached. A stage whose peak is no higher was over budget before it allocated anything.
+  std::vector<Bytes> stage_entry_reserved;
   std::optional<OomEvent> oom;
   std::optional<std::string> error;
   sim::AllocStats final_stats;

@@ -84,11 +84,15 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
   if (found && v.overshoot > 0) {
     const Op& op = p.ops[v.op];
     v.kind = VerdictKind::violation;
-    v.signature = fmt::format("violation:{}:{}:{}", phase_name(op.phase), op_activity(s, p, v.op), mode);
-    v.message = fmt::format("stage {} ({} {}): measured reserved peak {} > predicted {} + reserve {} by {} at op {} ({})",
+    // Over budget before the stage allocated anything: the cache earlier stages left (ComfyUI
+    // counts cached-but-unused memory as free and flushes it only above 25% of free memory).
+    const bool cached = v.stage < r.stage_entry_reserved.size() && v.measured <= r.stage_entry_reserved[v.stage];
+    v.signature = fmt::format("violation:{}:{}:{}", phase_name(op.phase), cached ? "cached" : op_activity(s, p, v.op), mode);
+    v.message = fmt::format("stage {} ({} {}): measured reserved peak {} > predicted {} + reserve {} by {} at op {} ({}){}",
                             v.stage, stage_op_name(s.stages[v.stage].op), s.models[s.stages[v.stage].model].id,
                             format_mib(v.measured), format_mib(v.predicted), format_mib(v.reserve),
-                            format_mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op));
+                            format_mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op),
+                            cached ? "; all of it held in cache by earlier stages" : "");
   } else {
     v.message = fmt::format("pass: worst stage {} has {} of headroom", v.stage,
                             format_mib(static_cast<Bytes>(found ? -v.overshoot : 0)));

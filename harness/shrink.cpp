@@ -90,6 +90,8 @@ class Shrinker {
       progress |= simplify_allocator_and_streams();
       progress |= shrink_device();
       progress |= round_shapes();
+      // Last resort, when nothing else moves: the overshoot is a sum of many small parts.
+      if (!progress && within_budget()) progress |= redistribute_into_the_peak();
     }
 
     out.minimal = best_;
@@ -113,7 +115,7 @@ class Shrinker {
  private:
   double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
   bool within_budget() {
-    if (execs_ >= opt_.max_execs || elapsed() >= opt_.max_seconds) exhausted_ = true;
+    if (execs_ >= opt_.max_execs || elapsed() >= opt_.max_seconds || (opt_.should_stop && opt_.should_stop())) exhausted_ = true;
     return !exhausted_;
   }
 
@@ -210,20 +212,20 @@ class Shrinker {
       spec.modules = std::move(kept);
       refinalize(c, m);
     }
-    if (changed && accept(c, "keep only the modules live at the peak")) return true;
-    if (changed && c.device.total > resident_removed + MiB) {
-      Scenario d = c;
-      d.device.total -= resident_removed;
-      if (accept(d, "keep only the modules live at the peak, with their resident bytes off the device")) return true;
-    }
-    return redistribute_into_the_peak(prog);
+    if (!changed) return false;
+    if (accept(c, "keep only the modules live at the peak")) return true;
+    if (c.device.total <= resident_removed + MiB) return false;
+    c.device.total -= resident_removed;
+    return accept(c, "keep only the modules live at the peak, with their resident bytes off the device");
   }
 
   // Hypothesis' "redistribute across a sum": when the overshoot is the sum of many small parts
   // (allocator rounding of every tensor), no module can go alone. Keep only the module the peak
   // op works on, and give it the bytes of the ones dropped (its outer dimension scaled up), so the
   // pressure stays while the case shrinks to one module.
-  bool redistribute_into_the_peak(const Program& prog) {
+  bool redistribute_into_the_peak() {
+    const Program prog = lower(best_, predict(best_));
+    if (best_verdict_.op >= prog.ops.size()) return false;
     const Op& op = prog.ops[best_verdict_.op];
     if (op.buffer == kNone) return false;
     const Buffer& buf = prog.buffers[op.buffer];
@@ -244,7 +246,15 @@ class Shrinker {
       grown.tensors[buf.tensor].shape[0] = weight.shape[0] * factor;
       spec.modules = {std::move(grown)};
       refinalize(c, buf.model);
-      if (accept(c, fmt::format("only {} left, {}x its rows", peak.name, factor))) return true;
+      const std::string what = fmt::format("only {} left, {}x its rows", peak.name, factor);
+      if (accept(c, what)) return true;
+      // The device search may already have cut the device to the bone: give it the growth (the
+      // weight and up to two compute copies of it) so the case stays a violation, not an OOM.
+      const Bytes growth = (factor - 1) * (weight.bytes + 2 * weight.numel * compute_elem_bytes(c.models[buf.model].compute));
+      if (factor > 1 && c.device.total < (Bytes{1} << 50) - growth) {
+        c.device.total += growth;
+        if (accept(c, what + ", device grown to match")) return true;
+      }
     }
     return false;
   }

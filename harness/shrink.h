@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct ShrinkOptions {
   double max_seconds = 120;       // --shrink-time
   std::uint32_t confirm_runs = 1; // re-runs of the final case (5 on cuda); runs > 1 vary the seed
   double flaky_below = 0.8;       // reproduction rate under which the repro is labelled flaky
+  std::function<bool()> should_stop;  // true: stop now and return the best so far (SIGINT/SIGTERM)
 };
 
 // How big a case is: what a person has to read.
