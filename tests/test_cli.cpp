@@ -456,5 +456,26 @@ TEST_F(Cli, ModelsShowUnknownExits2) {
   expect_bad_input({"models", "show", "flux1-dev", "--storage", "fp9"}, "--storage: unknown dtype \"fp9\"");
 }
 
+// ---- alloc-replay -----------------------------------------------------------------------------
+
+TEST_F(Cli, AllocReplayReproducesTheOriginTable) {
+  // The origin discussion's DEBUG lines under cudaMallocAsync with 32 MiB chunks.
+  const std::string trace = std::string(VF_SOURCE_DIR) + "/tests/data/origin-flux2.jsonl";
+  const Proc p = run({"alloc-replay", trace, "--allocator", "async", "--option", "pool_granularity=32MiB"});
+  expect_clean(p);
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  for (const char* line : {"[DEBUG 0] reserved: 1280.00 MiB (+ 1280.00 MiB), allocated: 1280.00 MiB, module: 1280.00 MiB",
+                           "[DEBUG 64] reserved: 21504.00 MiB (+ 64.00 MiB), allocated: 21480.00 MiB, module: 40.00 MiB",
+                           "[DEBUG 68] reserved: 21632.00 MiB (+ 32.00 MiB), allocated: 21610.00 MiB, module: 10.00 MiB"}) {
+    EXPECT_NE(p.out.find(line), std::string::npos) << line << "\n" << p.out;
+  }
+  // A device too small for it: the OOMs are findings (exit 1), a bad option is bad input (exit 2).
+  const Proc small = run({"alloc-replay", trace, "--allocator", "async", "--device", "4GiB"});
+  expect_clean(small);
+  EXPECT_EQ(small.exit_code, 1) << describe(small);
+  const Proc bad = run({"alloc-replay", trace, "--allocator", "async", "--option", "max_split_size_mb=128"});
+  EXPECT_EQ(bad.exit_code, 2) << describe(bad);
+}
+
 }  // namespace
 }  // namespace vf

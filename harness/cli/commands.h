@@ -32,6 +32,7 @@ void add_fuzz(CLI::App& app, Action& action);
 void add_models(CLI::App& app, Action& action);
 void add_shrink(CLI::App& app, Action& action);
 void add_replay(CLI::App& app, Action& action);
+void add_alloc_replay(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   vf::cli::add_fuzz(app, action);
   vf::cli::add_shrink(app, action);
   vf::cli::add_replay(app, action);
+  vf::cli::add_alloc_replay(app, action);
   vf::cli::add_models(app, action);
   vf::cli::add_import(*app.get_subcommand("models"), action);
 

@@ -1,0 +1,64 @@
+// vramfuzz alloc-replay: a user's allocation trace through any allocator model.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "harness/cli/commands.h"
+#include "harness/core/error.h"
+#include "harness/sim/replay.h"
+
+namespace vf::cli {
+namespace {
+
+struct AllocReplayFlags {
+  std::string trace;
+  std::string allocator = "caching";
+  std::vector<std::string> options;
+  std::string device = "24GiB";
+  std::string used_by_others = "0";
+  std::string context = "0";
+  std::uint64_t seed = 0;
+  bool table = false;
+};
+
+int do_alloc_replay(const AllocReplayFlags& f) {
+  AllocatorConfig config;
+  const auto mode = parse_allocator_mode(f.allocator);
+  if (!mode) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\" (use raw, caching, caching-expandable or async)", f.allocator));
+  config.mode = *mode;
+  for (const std::string& kv : f.options) config.options.push_back(split_kv(kv, "--option"));
+  sim::validate_allocator_config(config, "--option");
+  DeviceSpec device;
+  device.name = "sim";
+  device.total = parse_size(f.device, "--device");
+  device.used_by_others = parse_size(f.used_by_others, "--used-by-others");
+  device.context_overhead = parse_size(f.context, "--context");
+  if (device.total == 0 || device.available() == 0) throw InputError("--device", "nothing of the device is left for the trace");
+  const auto events = sim::parse_trace_file(f.trace);
+  const sim::ReplayResult r = sim::replay_trace(events, config, device, f.seed);
+  std::fputs((f.table ? sim::format_replay_table(r) : sim::format_replay_debug(r)).c_str(), stdout);
+  std::fputs(fmt::format("peaks: requested {}, allocated {}, reserved {}, device used {}; {} OOM(s)\n",
+                         format_mib(r.stats.requested.peak), format_mib(r.stats.allocated.peak),
+                         format_mib(r.stats.reserved.peak), format_mib(r.peak_device_used), r.oom_count)
+                 .c_str(),
+             stdout);
+  return r.oom_count > 0 ? kExitFindings : kExitOk;
+}
+
+}  // namespace
+
+void add_alloc_replay(CLI::App& app, Action& action) {
+  auto f = std::make_shared<AllocReplayFlags>();
+  CLI::App* cmd = app.add_subcommand("alloc-replay", "replay a JSONL allocation trace through an allocator model");
+  cmd->add_option("trace", f->trace, "trace file: one JSON event per line (docs/allocators.md)")->required();
+  cmd->add_option("--allocator", f->allocator, "raw | caching | caching-expandable | async")->capture_default_str();
+  cmd->add_option("--option", f->options, "allocator option key=value (repeatable), e.g. pool_granularity=32MiB");
+  cmd->add_option("--device", f->device, "device total")->capture_default_str();
+  cmd->add_option("--used-by-others", f->used_by_others, "memory other processes hold")->capture_default_str();
+  cmd->add_option("--context", f->context, "CUDA context of the process")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "seed of allocator-side choices (async opportunistic reuse)")->capture_default_str();
+  cmd->add_flag("--table", f->table, "a column table instead of the DEBUG lines");
+  cmd->callback([f, &action] { action = [f] { return do_alloc_replay(*f); }; });
+}
+
+}  // namespace vf::cli
