@@ -20,15 +20,18 @@ build: deps
 # 6 GiB to 141 GiB. Exit code 1 means findings (the campaign worked); anything else fails make.
 run: build
 	@rm -rf vramfuzz-out
-	@./build/vramfuzz fuzz --backend auto --policy comfy:dec2025 --time $(RUN_TIME) --out vramfuzz-out $(RUN_ARGS); \
+	@./build/vramfuzz fuzz --backend auto --policy comfy:dec2025 --time $(RUN_TIME) --out vramfuzz-out \
+	  --corpus fuzz/corpus/regressions $(RUN_ARGS); \
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi
 
 test-unit: build
 	ctest --preset default -j $(JOBS)
 
+# The properties and the fuzz targets (their corpora replayed, then ~30 s of fuzzing each) under
+# clang's ASan + UBSan; only those binaries are built in this configuration.
 test-asan: deps
 	cmake --preset asan >/dev/null
-	cmake --build --preset asan -j $(JOBS)
+	cmake --build --preset asan -j $(JOBS) --target vf_sanitized_suite
 	ctest --preset asan -j $(JOBS) -L 'property|fuzz'
 
 test: test-unit test-asan
