@@ -1152,5 +1152,15 @@ TEST_F(Import, CliFuzzAroundAModelFile) {
   EXPECT_NE(p.out.find("fuzz: 20 cases"), std::string::npos) << test::describe(p);
 }
 
+// ==== fuzz regressions (the inputs are in fuzz/corpus/) ========================================
+
+TEST(FuzzRegressions, ANumberTooLargeForADoubleIsBadInputAtItsByte) {
+  // fuzz_scenario_json: nlohmann's out_of_range (406) escaped parse_json_text, which caught only
+  // parse_error (regress-number-overflow.json).
+  Catalog catalog;
+  const std::string text = R"({"device": {"total": 1e999}})";
+  expect_input_error([&] { parse_scenario_json(text, catalog, "big.json"); }, {"big.json: invalid JSON at byte 22:", "number overflow"});
+}
+
 }  // namespace
 }  // namespace vf
