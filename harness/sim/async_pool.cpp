@@ -479,6 +479,11 @@ void AsyncPoolAllocator::reset_peak_stats() {
   stats_.inactive_split.reset_peak();
 }
 
+std::optional<DeviceAddr> AsyncPoolAllocator::address(BlockKey key) const {
+  if (key >= keys_.size() || !keys_[key].live || keys_[key].zero) return std::nullopt;
+  return keys_[key].addr;
+}
+
 void AsyncPoolAllocator::live_blocks(std::vector<BlockView>& out) const {
   for (BlockKey k = 0; k < keys_.size(); ++k) {
     const Live& l = keys_[k];

@@ -30,7 +30,9 @@ namespace vf::sim {
 // Used grows in 512 B steps (observed, NVIDIA/cudf#10384; not a documented guarantee).
 inline constexpr Bytes kAsyncAlign = 512;
 // UNVERIFIED: how much physical memory the pool adds when it grows. No source states it;
-// §7.5 says assume 2 MiB (one physical page) until measured on a GPU.
+// §7.5 says assume 2 MiB (one physical page) until measured on a GPU. ci/gpu-check.sh measures it
+// (sections.calibration.suggested.pool_granularity of gpu-check.json, reports/gpu/README.md);
+// when replaced, name the results file here and update alloc_options.cpp's option table.
 inline constexpr Bytes kDefaultPoolGranularity = 2 * MiB;
 // The origin thread's RTX 4090 trace moves reserved in 32 MiB steps
 // (reference/origin-discussion.txt): `pool_granularity=32MiB` reproduces it.
@@ -76,8 +78,22 @@ class AsyncPoolAllocator final : public Allocator {
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
 
+  // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
+  // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).
+  void trim_to(Bytes keep);
+  // The pool attributes can change while the pool is in use (cudaMemPoolSetAttribute); the
+  // fake CUDA runtime (harness/cuda/runtime_fake.cpp) forwards them here.
+  void set_release_threshold(Bytes threshold) { options_.release_threshold = threshold; }
+  void set_reuse_policy(bool follow_event_dependencies, bool allow_opportunistic, bool allow_internal_dependencies) {
+    options_.reuse_follow_event_dependencies = follow_event_dependencies;
+    options_.reuse_allow_opportunistic = allow_opportunistic;
+    options_.reuse_allow_internal_dependencies = allow_internal_dependencies;
+  }
+
   // Introspection for tests and OOM reports.
   const AsyncOptions& options() const { return options_; }
+  // The pool address of a live key (nullopt for a 0-byte key or one that is not live).
+  std::optional<DeviceAddr> address(BlockKey key) const;
   Bytes largest_free_range() const;  // largest free range, whoever may use it
   std::size_t free_range_count() const { return sizes_.size(); }
 
@@ -117,7 +133,6 @@ class AsyncPoolAllocator final : public Allocator {
   bool grow(StreamId stream, Bytes size, DeviceAddr& at);
   void take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size);
   void carve(DeviceAddr at, Bytes size, BlockKey key);
-  void trim_to(Bytes keep);
   Arena::iterator coalesce(Arena::iterator it);
   void absorb_next(Arena::iterator dst);
   Arena::iterator insert_range(DeviceAddr addr, const Range& r);

@@ -53,7 +53,7 @@ Bytes allocation_size(Bytes rounded, Bytes large_segment_size) {
 
 // ---- Construction and bookkeeping --------------------------------------------------------------
 
-CachingAllocator::CachingAllocator(SimDevice& device, const CachingOptions& options)
+CachingAllocator::CachingAllocator(DeviceLayer& device, const CachingOptions& options)
     : device_(device), options_(options) {
   small_.small = true;
   large_.small = false;
@@ -447,7 +447,7 @@ void CachingAllocator::garbage_collect_cached_blocks() {
 // ---- Native device layer: one cudaMalloc per segment -----------------------------------------
 
 CachingAllocator::Index CachingAllocator::new_segment(Pool& pool, StreamId stream, Bytes alloc_size) {
-  const auto a = device_.cuda_malloc(alloc_size);
+  const auto a = device_.segment_malloc(alloc_size);
   if (!a) {
     last_failure_ = Failure::device;
     return kNone;
@@ -472,7 +472,7 @@ void CachingAllocator::release_block(Index bi) {
   Block& b = blocks_[bi];
   erase_free(bi);
   Segment& seg = segments_[b.segment];
-  device_.cuda_free(seg.alloc);
+  device_.segment_free(seg.alloc);
   seg.live = false;
   spare_segments_.push_back(b.segment);
   stats_.reserved.sub(b.size);
@@ -495,7 +495,7 @@ void CachingAllocator::record_oom(Bytes size, Bytes rounded, Bytes alloc_size, S
   ++stats_.num_ooms;
   OomInfo info;
   info.request = size;
-  info.device_free = device_.free();
+  info.device_free = device_.free_bytes();
   info.reserved = stats_.reserved.current;
   info.allocated = stats_.allocated.current;
   std::string why;
@@ -506,10 +506,10 @@ void CachingAllocator::record_oom(Bytes size, Bytes rounded, Bytes alloc_size, S
                       format_mib(stats_.reserved.current), format_mib(alloc_size), format_mib(*allowed_));
   } else if (options_.expandable_segments) {
     why = fmt::format("mapping pages for {} failed with {} free on the device", format_mib(rounded),
-                      format_mib(device_.free()));
+                      format_mib(device_.free_bytes()));
   } else {
     why = fmt::format("cudaMalloc({}) failed with {} free on the device", format_mib(alloc_size),
-                      format_mib(device_.free()));
+                      format_mib(device_.free_bytes()));
   }
   info.detail = fmt::format(
       "{}: tried to allocate {} (rounded {}) on stream {} after the retry ladder; {}; {} reserved but "
@@ -534,6 +534,11 @@ void CachingAllocator::live_blocks(std::vector<BlockView>& out) const {
     const Block& b = blocks_[bi];
     out.push_back(BlockView{k, b.addr, b.size, b.requested, b.stream});
   }
+}
+
+std::optional<DeviceAddr> CachingAllocator::address(BlockKey key) const {
+  if (key >= keys_.size() || keys_[key] == kNone || keys_[key] == kZeroSized) return std::nullopt;
+  return blocks_[keys_[key]].addr;
 }
 
 std::size_t CachingAllocator::segment_count() const {

@@ -14,9 +14,10 @@
 // Frees merge with free neighbours of the same segment. A block used on other streams
 // (record_stream) stays out of the cache until events recorded at free time complete.
 //
-// Both modes share this class; what differs is the device layer below the blocks (whole
-// cudaMalloc segments vs. pages mapped into a reserved VA range) and is kept in
-// caching_expandable.cpp.
+// Both modes share this class; what differs is how blocks get device memory (whole cudaMalloc
+// segments vs. pages mapped into a reserved VA range, the latter kept in caching_expandable.cpp).
+// Memory itself comes from a DeviceLayer (device_layer.h): the SimDevice in the simulator, real
+// cudaMalloc / cuMemMap in the `cuda` backend. One model, two device layers.
 #pragma once
 
 #include <array>
@@ -88,7 +89,7 @@ Bytes allocation_size(Bytes rounded, Bytes large_segment_size);
 
 class CachingAllocator final : public Allocator {
  public:
-  CachingAllocator(SimDevice& device, const CachingOptions& options);
+  CachingAllocator(DeviceLayer& device, const CachingOptions& options);
 
   AllocatorMode mode() const override {
     return options_.expandable_segments ? AllocatorMode::caching_expandable : AllocatorMode::caching;
@@ -110,6 +111,8 @@ class CachingAllocator final : public Allocator {
   std::size_t segment_count() const;       // live cudaMalloc segments / expandable VA segments
   std::size_t pending_events() const { return pending_.size(); }
   std::optional<Bytes> allowed_memory() const { return allowed_; }  // fraction x total
+  // The device address of a live key (nullopt for a 0-byte key or one that is not live).
+  std::optional<DeviceAddr> address(BlockKey key) const;
 
  private:
   using Index = std::uint32_t;
@@ -216,7 +219,7 @@ class CachingAllocator final : public Allocator {
   bool is_split(const Block& b) const { return b.prev != kNone || b.next != kNone; }
   bool gc_enabled() const { return allowed_.has_value() && options_.garbage_collection_threshold > 0; }
 
-  SimDevice& device_;
+  DeviceLayer& device_;
   CachingOptions options_;
   bool any_divisions_ = false;    // a non-trivial roundup table is set
   std::optional<Bytes> allowed_;  // memory fraction x total, when fraction < 1
@@ -228,6 +231,7 @@ class CachingAllocator final : public Allocator {
   std::vector<Index> spare_segments_;
   std::vector<Index> keys_;  // BlockKey -> block (kNone: not live)
   std::vector<Index> scratch_;  // block lists for release / GC passes (kept to avoid churn)
+  std::vector<std::pair<DeviceAddr, Bytes>> map_pieces_;  // expandable: page runs one miss maps
   std::deque<PendingEvent> pending_;
   std::uint64_t malloc_count_ = 0;
   NodeStash<UnmappedSet> unmapped_nodes_;

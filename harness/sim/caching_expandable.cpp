@@ -8,7 +8,8 @@
 // pool and large_segment_size (20 MiB) for the large pool, at the lowest address where free
 // mapped bytes plus unmapped VA hold the *rounded request* (not the native segment size), so the
 // free tail of the segment is used before new pages are mapped and reserved grows in whole pages.
-// On empty_cache / the OOM ladder every whole page inside a free block is unmapped again.
+// On empty_cache / the OOM ladder every whole page inside a free block is unmapped again. Pages
+// and address ranges come from the DeviceLayer (simulated or real, device_layer.h).
 #include "harness/sim/caching.h"
 
 #include <algorithm>
@@ -29,22 +30,26 @@ CachingAllocator::Index CachingAllocator::map_expandable(Pool& pool, StreamId st
   }
   const Bytes page = segments_[blocks_[c].segment].page;
 
-  // Walk the run of free / unmapped blocks from the candidate and count the pages to map.
+  // Walk the run of free / unmapped blocks from the candidate and collect the page runs to map:
+  // the front of each unmapped block in the run, in whole pages.
   Bytes covered = 0;
-  Bytes to_map = 0;
+  map_pieces_.clear();
   for (Index i = c; covered < rounded; i = blocks_[i].next) {
     const Block& b = blocks_[i];
     if (b.state == State::free) {
       covered += b.size;
     } else {
       const Bytes bytes = round_up(std::min(b.size, rounded - covered), page);
-      to_map += bytes;
+      map_pieces_.emplace_back(b.addr, bytes);
       covered += bytes;
     }
   }
-  // All pages of one request are mapped or none: the sim charges them in one step, so a failed
-  // request leaves no half-mapped pages behind (PyTorch releases the pages of a failed map too).
-  if (!device_.map(to_map)) {
+  // All pages of one request are mapped or none: a failed request leaves no half-mapped pages
+  // behind (PyTorch releases the pages of a failed map too). The blocks are updated only after
+  // the device said yes.
+  for (std::size_t k = 0; k < map_pieces_.size(); ++k) {
+    if (device_.map_pages(map_pieces_[k].first, map_pieces_[k].second, page)) continue;
+    while (k-- > 0) device_.unmap_pages(map_pieces_[k].first, map_pieces_[k].second, page);
     last_failure_ = Failure::device;
     return kNone;
   }
@@ -93,7 +98,7 @@ CachingAllocator::Index CachingAllocator::new_expandable_segment(Pool& pool, Str
   Segment& seg = segments_[s];
   seg.live = true;
   seg.page = page;
-  seg.base = device_.reserve_address_range(va);
+  seg.base = device_.reserve_va(va, kDevicePage);
   const Index bi = new_block();
   Block& b = blocks_[bi];
   b.addr = seg.base;
@@ -178,7 +183,7 @@ void CachingAllocator::unmap_block(Index bi) {
   merge_unmapped(bi, blocks_[bi].prev);
   merge_unmapped(bi, blocks_[bi].next);
   insert_unmapped(bi);
-  device_.unmap(bytes);
+  device_.unmap_pages(base + begin, bytes, page);
   stats_.reserved.sub(bytes);
   ++stats_.num_device_free;
 }
@@ -210,6 +215,7 @@ void CachingAllocator::release_pool_expandable(Pool& pool) {
     const Block& b = blocks_[bi];
     if (b.state == State::unmapped && b.prev == kNone && b.next == kNone) {
       erase_unmapped(bi);
+      device_.release_va(b.addr, b.size);
       segments_[b.segment].live = false;
       spare_segments_.push_back(b.segment);
       recycle_block(bi);

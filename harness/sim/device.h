@@ -3,6 +3,7 @@
 // (small allocations packed into shared pages); VMM pages (expandable segments) are charged
 // exactly. Addresses are modelled so that overlap of live blocks can be checked.
 // Rules: ../shared/reference/cuda-allocators.md §3.2, §7.1-7.2.
+// It is also the caching model's simulated DeviceLayer (device_layer.h).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "harness/core/bytes.h"
 #include "harness/scenario.h"
+#include "harness/sim/device_layer.h"
 
 namespace vf::sim {
 
@@ -20,18 +22,7 @@ inline constexpr Bytes kCudaMallocAlign = 512;
 // their own; smaller ones share pages.
 inline constexpr Bytes kDevicePage = 2 * MiB;
 
-using DeviceAddr = std::uint64_t;
-
-inline constexpr std::uint32_t kNoPage = 0xffffffffu;
-
-struct DeviceAlloc {
-  DeviceAddr addr = 0;
-  Bytes size = 0;                   // as requested, rounded up to 512 B
-  Bytes charge = 0;                 // physical bytes charged for it alone (0 when packed)
-  std::uint32_t page = kNoPage;     // the shared small page it was packed into
-};
-
-class SimDevice {
+class SimDevice final : public DeviceLayer {
  public:
   explicit SimDevice(const DeviceSpec& spec);
 
@@ -53,7 +44,16 @@ class SimDevice {
   // what we hold.
   Bytes baseline_used() const { return spec_.used_by_others + spec_.context_overhead; }
   Bytes device_used() const { return baseline_used() + charged_; }
-  const DeviceSpec& spec() const { return spec_; }
+  const DeviceSpec& spec() const override { return spec_; }
+
+  // DeviceLayer: the caching model's segments and pages, charged by the rules above.
+  std::optional<DeviceAlloc> segment_malloc(Bytes size) override { return cuda_malloc(size); }
+  void segment_free(const DeviceAlloc& a) override { cuda_free(a); }
+  DeviceAddr reserve_va(Bytes size, Bytes) override { return reserve_address_range(size); }
+  void release_va(DeviceAddr, Bytes) override {}  // synthetic addresses are never reused
+  bool map_pages(DeviceAddr, Bytes bytes, Bytes) override { return map(bytes); }
+  void unmap_pages(DeviceAddr, Bytes bytes, Bytes) override { unmap(bytes); }
+  Bytes free_bytes() const override { return free(); }
 
  private:
   bool charge(Bytes b);
