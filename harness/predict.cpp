@@ -8,6 +8,7 @@
 
 #include "harness/core/error.h"
 #include "harness/lower.h"
+#include "harness/overhead.h"
 #include "models/activation.h"
 
 namespace vf {
@@ -331,18 +332,32 @@ Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstan
 
 Plan predict(const Scenario& s) {
   Plan plan = ComfyPlanner(s).run();
-  if (s.policy.predictor == PredictorKind::exact) {
+  const bool exact = s.policy.predictor == PredictorKind::exact;
+  Bytes limit_need = 0;  // exact with the bound: what the allocator's fraction check can see
+  if (exact) {
     // Same placement; the prediction becomes the exact live peak of the lowered program.
     plan.reserve = s.policy.exact_reserve.value_or(0);
     const Program prog = lower(s, plan);
     const LivePeaks lp = live_peaks(prog);
     for (StagePlan& sp : plan.stages) sp.predicted_peak = lp.stage_peak[sp.stage];
+    if (s.policy.exact_reserve_bound) {
+      const OverheadBreakdown b = overhead_breakdown(s, prog);
+      plan.reserve = b.bound;
+      limit_need = b.limit_need;
+    } else if (s.policy.exact_reserve_only) {
+      plan.reserve = *s.policy.exact_reserve_only;
+    }
   }
   plan.predicted_peak = 0;
   for (const StagePlan& sp : plan.stages) {
     if (sp.checked) plan.predicted_peak = std::max(plan.predicted_peak, sp.predicted_peak);
   }
   plan.fits = plan.predicted_peak + plan.reserve <= plan.available;
+  // `exact` also knows the limit an allocator option puts on the process (a memory fraction).
+  if (const auto limit = exact ? allocator_limit(s) : std::nullopt) {
+    const Bytes need = limit->on_requested ? plan.predicted_peak : std::max(limit_need, plan.predicted_peak + plan.reserve);
+    plan.fits = plan.fits && need <= limit->bytes;
+  }
   return plan;
 }
 

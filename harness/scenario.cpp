@@ -158,6 +158,11 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
     const Bytes r = parse_size(value, path);
     if (p.predictor == PredictorKind::exact) p.exact_reserve = r;
     c.reserve = r;
+  } else if (key == "exact_reserve") {
+    if (p.predictor != PredictorKind::exact) throw InputError(path, "applies to the exact predictor only");
+    p.exact_reserve_bound = value == "bound";
+    p.exact_reserve_only.reset();
+    if (!p.exact_reserve_bound) p.exact_reserve_only = parse_size(value, path);
   } else if (key == "inference_floor") {
     c.inference_floor = parse_size(value, path);
   } else if (key == "weight_floor") {
@@ -194,7 +199,7 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
   } else {
     throw InputError(path, "unknown policy constant (known: reserve, inference_floor, weight_floor, min_weight_ratio, "
                            "unload_factor, cfg_mult, cond_batch_safety, lora_math_factor, account, dequant_term, "
-                           "num_streams, flash_attention, lora_patch_dtype, patch_sync)");
+                           "num_streams, flash_attention, lora_patch_dtype, patch_sync, exact_reserve)");
   }
   // Keep the latest value of each key once, in the order first given, for round-tripping.
   auto it = std::find_if(p.overrides.begin(), p.overrides.end(), [&](const auto& kv) { return kv.first == key; });

@@ -24,7 +24,9 @@ inline constexpr std::string_view kScenarioSchema = "vramfuzz.scenario/1";
 
 // The context a fresh CUDA process costs before the first tensor. Default from pytorch PR #86509
 // (total - free after one small tensor with lazy module loading: 287,047,680 B); replaced by the
-// H200 measurement in reports/gpu/ once the GPU check has run.
+// H200 measurement in reports/gpu/ once the GPU check has run (ci/gpu-check.sh: the value is
+// sections.calibration.suggested.context_overhead of gpu-check.json; reports/gpu/README.md says
+// how, and this comment then names the results file it came from).
 inline constexpr Bytes kDefaultContextOverhead = 287047680;
 
 struct DeviceSpec {
@@ -91,6 +93,11 @@ struct Policy {
   ComfyConstants constants;         // preset values with overrides applied
   std::vector<std::pair<std::string, std::string>> overrides;  // as given, for round-tripping
   std::optional<Bytes> exact_reserve;  // exact predictor: reserve to add (default 0)
+  // The `exact_reserve` override (exact predictor only): the reserve to add without moving the
+  // placement (`reserve` moves both), bytes or `bound`: the allocator mode's overhead bound
+  // for the lowered program (harness/overhead.h). Either wins over `reserve`.
+  std::optional<Bytes> exact_reserve_only;
+  bool exact_reserve_bound = false;
   std::string label() const;           // "comfy:dec2025", "exact:dec2025"
 };
 

@@ -3,6 +3,7 @@
 //   P1  measured allocator peak <= predicted peak + reserve        (the oracle's violation)
 //   P2  no OOM where the plan said it fits                          (the oracle's oom)
 //   P3  comfy: the realistic transient window of offloaded modules <= the plan's offload buffer
+//   P4  every allocator mode: reserved peak - exact live peak <= the mode's overhead bound
 //   plus invariants of plan and program, and that the pipeline never errors.
 // Each case is written to disk before it runs (VF_PROPERTY_CASE, default
 // vramfuzz-property-case.json in the working directory), so a crash cannot lose it the way it
@@ -19,6 +20,7 @@
 
 #include "harness/campaign.h"
 #include "harness/core/json_in.h"
+#include "harness/overhead.h"
 #include "harness/shrink.h"
 
 namespace vf {
@@ -333,3 +335,54 @@ class KnownBadNote final : public ::testing::Environment {
 };
 const auto* const kKnownBadNote = ::testing::AddGlobalTestEnvironment(new KnownBadNote);
 }  // namespace
+
+// ---- P4: each allocator mode's overhead bound (harness/overhead.h) -----------------------------
+// Per allocator mode, the generator's scenario with one of the option sets the bound is tested on
+// (bound_option_sets), predicted by `exact` (the drawn policy's placement) with the bound as the
+// reserve. For every checked stage, reserved peak - live peak <= B, and so for the program's
+// overall peaks; hence no violation and no OOM where the plan fits (the plan's fit includes a
+// memory fraction's limit). More cases: RC_PARAMS="max_success=5000".
+namespace vf {
+namespace {
+
+void check_p4(AllocatorMode mode) {
+  RapidCheckChoices choices;
+  GenConfig cfg;
+  cfg.allocator = mode;
+  Scenario s = generate_scenario(choices, cfg, shared_catalog());
+  const auto sets = bound_option_sets(mode);
+  const std::size_t set = choices.draw(0, sets.size() - 1);
+  s.allocator.options = sets[set];
+  s.policy.predictor = PredictorKind::exact;
+  apply_policy_override(s.policy, "exact_reserve", "bound", "policy");
+  validate_scenario(s);
+  write_file_atomic(case_file(), scenario_to_json(s));
+  RC_TAG(set);
+
+  const CaseResult r = run_guarded(s);
+  RC_ASSERT(r.verdict.kind != VerdictKind::error);
+  const OverheadBreakdown b = overhead_breakdown(s, r.program);
+  RC_ASSERT(r.plan.reserve == b.bound);
+  // An OOM is allowed only where the plan itself says the case does not fit.
+  RC_ASSERT(!r.exec.oom || !r.plan.fits);
+  if (r.exec.oom) return;
+  const LivePeaks lp = live_peaks(r.program);
+  for (const StagePlan& sp : r.plan.stages) {
+    if (!sp.checked) continue;
+    const Bytes measured = r.exec.stage_reserved_peak[sp.stage];
+    if (measured > lp.stage_peak[sp.stage] + b.bound) {
+      RC_FAIL(fmt::format("stage {}: reserved peak {} - live peak {} = {} > bound: {}", sp.stage, measured,
+                          lp.stage_peak[sp.stage], measured - lp.stage_peak[sp.stage], b.summary()));
+    }
+  }
+  RC_ASSERT(r.exec.reserved_peak <= lp.peak + b.bound);
+  RC_ASSERT(!r.verdict.finding());
+}
+
+RC_GTEST_PROP(PipelineProps, P4RawWithinOverheadBound, ()) { check_p4(AllocatorMode::raw); }
+RC_GTEST_PROP(PipelineProps, P4CachingWithinOverheadBound, ()) { check_p4(AllocatorMode::caching); }
+RC_GTEST_PROP(PipelineProps, P4ExpandableWithinOverheadBound, ()) { check_p4(AllocatorMode::caching_expandable); }
+RC_GTEST_PROP(PipelineProps, P4AsyncWithinOverheadBound, ()) { check_p4(AllocatorMode::async); }
+
+}  // namespace
+}  // namespace vf
