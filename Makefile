@@ -24,7 +24,11 @@ run: build
 	  --corpus fuzz/corpus/regressions $(RUN_ARGS); \
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi
 
+# The HTML report test renders report.html in a headless Chromium (skipped where it is missing).
+TEST_PACKAGES ?= chromium
+
 test-unit: build
+	@ci/install-deps.sh $(TEST_PACKAGES)
 	ctest --preset default -j $(JOBS)
 
 # The properties and the fuzz targets (their corpora replayed, then ~30 s of fuzzing each) under

@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev librapidcheck-dev libbenchmark-dev
   clang libclang-rt-14-dev   # libFuzzer runtime and the ASan/UBSan runtimes for clang
+  libxml2-utils libpng-dev   # reports tests: xmllint checks junit.xml against its XSD; libpng decodes screenshots
 )
 # Extra packages a caller asks for (the HTML report test installs chromium this way).
 packages+=("$@")

@@ -1,7 +1,9 @@
 #include "harness/campaign.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include <fmt/format.h>
@@ -140,29 +142,64 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  for (std::uint64_t i = 0;; ++i) {
+  const std::function<double()> elapsed = [start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const std::uint64_t stride = std::max<std::uint32_t>(1, cfg.shard_count);
+  for (std::uint64_t i = cfg.shard_index;; i += stride) {
     if (cfg.cases != 0 && i >= cfg.cases) break;
     if (cfg.seconds > 0 && elapsed() >= cfg.seconds) break;
     if (cfg.cases == 0 && cfg.seconds <= 0) break;
+    if (cfg.should_stop && cfg.should_stop()) {
+      out.stopped = true;
+      break;
+    }
     const std::uint64_t seed = case_seed(cfg.seed, i);
     PrngChoices choices(seed);
     const Scenario s = generate_scenario(choices, cfg.gen, catalog);
     CaseResult r = run_case(s, backend, false);
     ++out.cases;
-    if (r.verdict.expected_oom) ++out.expected_ooms;
+    if (out.environment.empty()) out.environment = r.exec.environment;
+    for (const std::string& w : r.exec.warnings) spdlog::warn("case {} (seed {}): {}", i, seed, w);
+    out.warnings += r.exec.warnings.size();
+    CellCount& cell = out.cells[{s.policy.label(), std::string(allocator_mode_name(s.allocator.mode))}];
+    ++cell.cases;
+    // Reported after the case is fully handled (finding written, repro shrunk).
+    struct Notify {
+      const CampaignConfig& cfg;
+      const CampaignResult& out;
+      const std::function<double()>& elapsed;
+      ~Notify() {
+        if (cfg.on_case) cfg.on_case(out, elapsed());
+      }
+    } notify{cfg, out, elapsed};
+    if (r.verdict.expected_oom) {
+      ++out.expected_ooms;
+      ++cell.expected_ooms;
+    }
     if (r.verdict.kind == VerdictKind::error) {
       ++out.errors;
+      ++cell.errors;
       spdlog::warn("case {} (seed {}): error: {}", i, seed, r.verdict.message);
+      if (r.exec.fatal) {
+        // A sticky CUDA error: this process can run no more cases (--isolate avoids it).
+        out.fatal_error = r.verdict.message;
+        spdlog::error("campaign stopped after case {}: the backend cannot go on", i);
+        break;
+      }
       continue;
     }
     if (!r.verdict.finding()) continue;
     ++out.findings;
+    CellCount::Finding& cf = cell.findings[r.verdict.signature];
+    if (++cf.count == 1) cf.first_case_seed = seed;
+    if (cf.count == 1 || r.verdict.overshoot > cf.worst_overshoot) cf.worst_overshoot = r.verdict.overshoot;
     SignatureCount& sc = out.signatures[r.verdict.signature];
     ++sc.count;
     if (sc.count == 1 || r.verdict.overshoot > sc.worst_overshoot) sc.worst_overshoot = r.verdict.overshoot;
     if (sc.count == 1) {
       sc.first_case_seed = seed;
+      sc.first_case_index = i;
       sc.known = known.count(r.verdict.signature) > 0;
       spdlog::info("case {}: {} finding {} ({})", i, sc.known ? "known" : "new", r.verdict.signature, r.verdict.message);
     }
@@ -179,7 +216,10 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     ShrinkOptions opt;
     opt.max_execs = cfg.shrink_execs;
     opt.max_seconds = cfg.shrink_seconds;
+    // A --time budget is honoured within a second: the shrink gets what is left of it at most.
+    if (cfg.seconds > 0) opt.max_seconds = std::max(0.0, std::min(opt.max_seconds, cfg.seconds - elapsed()));
     opt.confirm_runs = cfg.confirm_runs;
+    opt.should_stop = cfg.should_stop;
     const ShrinkResult sr = shrink(s, backend, opt);
     ReproOrigin origin;
     origin.campaign_seed = cfg.seed;
@@ -191,6 +231,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     sc.repro_modules = sr.final_size.modules;
     sc.shrink_execs = sr.executions;
     sc.flaky = sr.flaky;
+    sc.shrunk = std::make_shared<const ShrinkResult>(sr);
     spdlog::info("  shrunk to {} module(s) in {} executions: {}", sr.final_size.modules, sr.executions, sc.repro_file);
   }
   out.seconds = elapsed();

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/exec.h"
@@ -23,6 +26,9 @@ struct CaseResult {
   Verdict verdict;
 };
 
+struct ShrinkResult;  // harness/shrink.h
+struct CampaignResult;
+
 // Runs one scenario on `backend`. Never throws for a case that could be built: backend faults
 // become an `error` verdict.
 CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace);
@@ -40,6 +46,14 @@ struct CampaignConfig {
   double shrink_seconds = 120;
   std::uint32_t confirm_runs = 1;  // re-runs of each repro for its reliability figure
   std::string corpus_dir;    // repros replayed before searching; their signatures are known
+  // `--shard I/N`: this run takes the cases whose index i has i mod N == I. Case seeds do not
+  // change, so the shards of one campaign are disjoint and together are the unsharded campaign.
+  std::uint32_t shard_index = 0;
+  std::uint32_t shard_count = 1;
+  // Asked before each case and inside shrinking: true stops the campaign cleanly (SIGINT/SIGTERM).
+  std::function<bool()> should_stop;
+  // Called after each case is judged and recorded (progress lines, report collectors).
+  std::function<void(const CampaignResult& so_far, double elapsed)> on_case;
 };
 
 struct SignatureCount {
@@ -47,11 +61,26 @@ struct SignatureCount {
   std::int64_t worst_overshoot = 0;
   std::string first_file;    // the first finding written for it
   std::uint64_t first_case_seed = 0;
+  std::uint64_t first_case_index = 0;
   bool known = false;        // also in the regression corpus: not new
   std::string repro_file;    // the shrunk repro, when shrinking ran
   std::size_t repro_modules = 0;
   std::uint64_t shrink_execs = 0;
   bool flaky = false;
+  std::shared_ptr<const ShrinkResult> shrunk;  // the repro case with its trace (for reports)
+};
+
+// What one policy x allocator mode saw: JUnit reports a testcase per property for each.
+struct CellCount {
+  std::uint64_t cases = 0;
+  std::uint64_t expected_ooms = 0;
+  std::uint64_t errors = 0;
+  struct Finding {
+    std::uint64_t count = 0;
+    std::int64_t worst_overshoot = 0;
+    std::uint64_t first_case_seed = 0;
+  };
+  std::map<std::string, Finding> findings;  // by signature
 };
 
 // A repro of the regression corpus, replayed before the search.
@@ -70,6 +99,11 @@ struct CampaignResult {
   double seconds = 0;
   std::map<std::string, SignatureCount> signatures;
   std::vector<CorpusEntry> corpus;
+  std::map<std::pair<std::string, std::string>, CellCount> cells;  // (policy label, allocator mode)
+  std::string environment;  // the backend's device description ("sim", or the GPU)
+  bool stopped = false;     // should_stop ended it before its budget
+  std::uint64_t warnings = 0;  // ExecResult warnings (cuda: device memory that did not come back ...)
+  std::string fatal_error;     // the backend can run no more cases (a sticky CUDA error): it ended here
   std::size_t new_signatures() const {
     std::size_t n = 0;
     for (const auto& [sig, c] : signatures) n += c.known ? 0 : 1;

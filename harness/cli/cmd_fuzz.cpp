@@ -1,15 +1,21 @@
 // vramfuzz fuzz: a campaign of generated scenarios.
 #include <cstdio>
+#include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "harness/campaign.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/progress.h"
+#include "harness/cli/signals.h"
+#include "harness/cli/workers.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "models/import.h"
+#include "reports/render.h"
 
 namespace vf::cli {
 namespace {
@@ -36,43 +42,45 @@ struct FuzzFlags {
   std::string shrink_time = "120s";
   std::uint32_t runs = 0;
   std::string corpus;
+  std::string shard;     // --shard I/N
+  std::string devices;   // --devices 0,1,...: one worker process per device
+  std::string progress = "auto";
+  std::string transfer = "copy";  // --transfer copy | skip (cuda)
+  bool isolate = false;           // --isolate: each case in a child process
   PolicyFlags policy;
 };
 
-std::string summary_json(const CampaignConfig& cfg, const CampaignResult& r, const std::string& backend) {
-  nlohmann::ordered_json j;
-  j["schema"] = "vramfuzz.summary/1";
-  j["tool"] = tool_version();
-  j["command"] = cfg.command_line;
-  j["config"] = {{"seed", cfg.seed},
-                 {"cases", cfg.cases},
-                 {"seconds", cfg.seconds},
-                 {"backend", backend},
-                 {"policy", cfg.gen.policy.value_or("drawn")},
-                 {"allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "drawn"},
-                 {"vram", cfg.gen.vram ? nlohmann::json(*cfg.gen.vram) : nlohmann::json("drawn")}};
-  j["counts"] = {{"cases", r.cases},
-                 {"findings", r.findings},
-                 {"signatures", r.signatures.size()},
-                 {"new_signatures", r.new_signatures()},
-                 {"expected_ooms", r.expected_ooms},
-                 {"errors", r.errors},
-                 {"seconds", r.seconds}};
-  nlohmann::ordered_json sigs = nlohmann::json::array();
-  for (const auto& [sig, c] : r.signatures) {
-    sigs.push_back({{"signature", sig},
-                    {"count", c.count},
-                    {"worst_overshoot", c.worst_overshoot},
-                    {"first_case_seed", c.first_case_seed},
-                    {"known", c.known},
-                    {"repro", c.repro_file},
-                    {"repro_modules", c.repro_modules},
-                    {"shrink_executions", c.shrink_execs},
-                    {"flaky", c.flaky},
-                    {"file", c.first_file}});
+// The files a run wrote; the HTML report last, so a terminal ends with it.
+void print_report_files(const report::ReportFiles& files) {
+  std::fputs(fmt::format("summary: {}\njunit: {}\nmarkdown: {}\nreport: {}\n", files.summary, files.junit, files.markdown, files.html)
+                 .c_str(),
+             stdout);
+}
+
+// `--devices`: the workers run this command as shards; their summaries are merged into OUT.
+int run_device_workers(const std::vector<std::string>& devices, const std::string& out, const std::string& command_line) {
+  const WorkerRun run = run_workers(devices, out);
+  std::vector<report::Json> docs;
+  std::vector<std::string> dirs;
+  int worst = kExitOk;
+  for (std::size_t k = 0; k < run.dirs.size(); ++k) {
+    if (run.exit_codes[k] == kExitBadInput) return kExitBadInput;  // every worker had the same flags
+    if (run.exit_codes[k] > kExitFindings) worst = kExitInfra;
+    try {
+      docs.push_back(report::load_summary(run.dirs[k]));
+      dirs.push_back(run.dirs[k]);
+    } catch (const InputError& e) {
+      spdlog::error("devices: worker {} left no summary (exit {}): {}", k, run.exit_codes[k], e.what());
+      worst = kExitInfra;
+    }
   }
-  j["findings"] = std::move(sigs);
-  return j.dump(2) + "\n";
+  if (docs.empty()) return kExitInfra;
+  const std::string cmd = fmt::format("{} --devices {}", command_line, fmt::join(devices, ","));
+  const report::Json merged = report::merge_summaries(docs, dirs, report::run_info("fuzz", cmd, "", out));
+  std::fputs(report::terminal_findings(merged).c_str(), stdout);
+  const report::ReportFiles files = report::write_reports(out, merged);
+  print_report_files(files);
+  return worst != kExitOk ? worst : report::summary_exit_code(merged);
 }
 
 int do_fuzz(const FuzzFlags& f) {
@@ -114,58 +122,55 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.shrink_execs = f.shrink_execs;
   cfg.shrink_seconds = parse_duration(f.shrink_time, "--shrink-time");
   cfg.corpus_dir = f.corpus;
+  if (!f.shard.empty()) std::tie(cfg.shard_index, cfg.shard_count) = parse_shard(f.shard, "--shard");
+  const ProgressMode progress_mode = parse_progress_mode(f.progress);
   cfg.command_line = fmt::format("vramfuzz fuzz --seed {} {}{}{}{}{}{}", cfg.seed,
                                  cfg.cases ? fmt::format("--cases {}", cfg.cases) : fmt::format("--time {}s", cfg.seconds),
                                  cfg.gen.policy ? " --policy " + *cfg.gen.policy : "",
                                  cfg.gen.allocator ? fmt::format(" --allocator {}", allocator_mode_name(*cfg.gen.allocator)) : "",
                                  f.vram.empty() ? "" : " --vram " + f.vram, f.model.empty() ? "" : " --model " + f.model,
                                  f.out.empty() ? "" : " --out " + f.out);
-  auto backend = make_backend(f.backend);
+  if (cfg.shard_count > 1) cfg.command_line += fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count);
+  install_stop_handlers();
+  if (!f.devices.empty()) {
+    if (f.out.empty()) throw InputError("--devices", "needs --out: each worker writes OUT/shard-K, then they are merged into OUT");
+    if (!f.shard.empty()) throw InputError("--devices", "cannot be combined with --shard (the workers are the shards)");
+    return run_device_workers(parse_device_list(f.devices, "--devices"), f.out, cfg.command_line);
+  }
+  if (cfg.shard_count > 1) {
+    spdlog::default_logger()->set_pattern(fmt::format("%^[%l]%$ [shard {}/{}] %v", cfg.shard_index, cfg.shard_count));
+  }
+  BackendOptions backend_options;
+  backend_options.transfer = f.transfer;
+  backend_options.isolate = f.isolate;
+  auto backend = make_backend(f.backend, backend_options);
   cfg.confirm_runs = f.runs ? f.runs : (backend->name() == "cuda" ? 5 : 1);
   Catalog catalog;
   spdlog::info("fuzz: seed {}, {} on {}, policy {}, allocator {}, device {}", cfg.seed,
                cfg.cases ? fmt::format("{} cases", cfg.cases) : fmt::format("{:.0f} s", cfg.seconds), backend->name(),
                cfg.gen.policy.value_or("drawn"), cfg.gen.allocator ? allocator_mode_name(*cfg.gen.allocator) : "drawn",
                cfg.gen.vram ? format_size(*cfg.gen.vram) : "drawn");
+  cfg.should_stop = [] { return stop_requested(); };
+  Progress progress(progress_mode, "fuzz", cfg.cases, cfg.seconds);
+  cfg.on_case = [&progress](const CampaignResult& so_far, double elapsed) {
+    progress.update({so_far.cases, so_far.findings, so_far.signatures.size(), so_far.new_signatures(), elapsed});
+  };
   const CampaignResult r = run_campaign(cfg, catalog, *backend);
+  progress.finish();
+  if (r.stopped) spdlog::warn("fuzz: stopped by signal {} after {} cases; writing the reports", stop_signal(), r.cases);
 
   std::fputs(fmt::format("fuzz: {} cases in {:.2f} s ({:.0f} cases/s) on {}, seed {}\n", r.cases, r.seconds,
                          r.seconds > 0 ? static_cast<double>(r.cases) / r.seconds : 0.0, backend->name(), cfg.seed)
                  .c_str(),
              stdout);
-  std::fputs(fmt::format("findings: {} in {} signature(s); expected OOMs (plan did not fit): {}; errors: {}\n", r.findings,
-                         r.signatures.size(), r.expected_ooms, r.errors)
-                 .c_str(),
-             stdout);
-  if (!r.corpus.empty()) {
-    std::size_t still = 0;
-    for (const CorpusEntry& c : r.corpus) still += c.still_fails ? 1 : 0;
-    std::fputs(fmt::format("regression corpus: {} repros replayed, {} still fail, {} no longer reproduce\n", r.corpus.size(),
-                           still, r.corpus.size() - still)
-                   .c_str(),
-               stdout);
-    for (const CorpusEntry& c : r.corpus) {
-      if (!c.still_fails) std::fputs(fmt::format("  no longer reproduces: {} ({} -> {})\n", c.file, c.signature, c.verdict).c_str(), stdout);
-    }
-  }
-  if (!r.signatures.empty()) {
-    std::fputs(fmt::format("{:<44} {:>7} {:>16} {:>8}  {}\n", "signature", "count", "worst overshoot", "repro", "file").c_str(), stdout);
-    for (const auto& [sig, c] : r.signatures) {
-      const std::string repro = c.known ? "known" : c.repro_file.empty() ? "-" : fmt::format("{} mod", c.repro_modules);
-      const std::string file = !c.repro_file.empty() ? c.repro_file
-                               : c.first_file.empty() ? fmt::format("seed {:#x}", c.first_case_seed)
-                                                      : c.first_file;
-      std::fputs(fmt::format("{:<44} {:>7} {:>16} {:>8}  {}{}\n", sig, c.count, format_signed_mib(c.worst_overshoot), repro,
-                             file, c.flaky ? "  (flaky)" : "")
-                     .c_str(),
-                 stdout);
-    }
-  }
+  const report::Json summary =
+      report::summary_from_campaign(cfg, r, report::run_info("fuzz", cfg.command_line, std::string(backend->name()), cfg.out_dir));
+  std::fputs(report::terminal_findings(summary).c_str(), stdout);
   if (!cfg.out_dir.empty()) {
-    const std::string path = cfg.out_dir + "/summary.json";
-    write_file_atomic(path, summary_json(cfg, r, std::string(backend->name())));
-    std::fputs(fmt::format("summary: {}\n", path).c_str(), stdout);
+    const report::ReportFiles files = report::write_reports(cfg.out_dir, summary);
+    print_report_files(files);
   }
+  if (!r.fatal_error.empty()) return kExitInfra;  // the campaign could not finish (sticky CUDA error)
   if (r.errors > 0 && r.findings == 0) return kExitInfra;
   // Only new signatures fail a run: a regression corpus marks the known ones.
   return r.new_signatures() > 0 ? kExitFindings : kExitOk;
@@ -183,12 +188,19 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--out", f->out, "output directory for findings and summary.json");
   cmd->add_option("--model", f->model, "fuzz around this model file (safetensors, index.json or GGUF) instead of catalog pipelines");
   cmd->add_option("--backend", f->backend, "sim | cuda | auto (cuda when a GPU is usable)")->capture_default_str();
+  cmd->add_option("--transfer", f->transfer, "cuda: copy (H2D from pinned memory) | skip (memset; allocator-only runs)")
+      ->capture_default_str();
+  cmd->add_flag("--isolate", f->isolate, "run each case in a child process (a crash is that case's error, not the campaign's)");
   cmd->add_option("--keep", f->keep, "finding files kept per signature")->capture_default_str()->check(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kNonNegative);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->check(kNonNegative);
   cmd->add_option("--corpus", f->corpus, "replay every repro under DIR first; their signatures count as known");
+  cmd->add_option("--shard", f->shard, "I/N: run only the cases i with i mod N == I (seeds unchanged; shards merge with `vramfuzz merge`)");
+  cmd->add_option("--devices", f->devices, "0,1,...: one worker process per device (CUDA_VISIBLE_DEVICES), merged into --out");
+  cmd->add_option("--progress", f->progress, "auto | tty | plain | off (auto: a live line on a terminal, a log line every 10 s otherwise)")
+      ->capture_default_str();
   f->policy.add_to(*cmd, true);
   cmd->callback([f, &action] { action = [f] { return do_fuzz(*f); }; });
 }

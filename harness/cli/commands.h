@@ -33,6 +33,14 @@ void add_models(CLI::App& app, Action& action);
 void add_shrink(CLI::App& app, Action& action);
 void add_replay(CLI::App& app, Action& action);
 void add_alloc_replay(CLI::App& app, Action& action);
+void add_calibrate(CLI::App& app, Action& action);
+void add_report(CLI::App& app, Action& action);
+void add_merge(CLI::App& app, Action& action);
+// Turns a fuzz_pipeline (libFuzzer target 5) input into a shrunk repro (cmd_fuzz_import.cpp).
+void add_fuzz_import(CLI::App& app, Action& action);
+// Internal, hidden from --help (cmd_cuda.cpp): the --isolate child and the GPU check.
+void add_exec_case(CLI::App& app, Action& action);
+void add_gpu_check(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 

@@ -25,6 +25,12 @@ int main(int argc, char** argv) {
   vf::cli::add_shrink(app, action);
   vf::cli::add_replay(app, action);
   vf::cli::add_alloc_replay(app, action);
+  vf::cli::add_calibrate(app, action);
+  vf::cli::add_report(app, action);
+  vf::cli::add_merge(app, action);
+  vf::cli::add_fuzz_import(app, action);
+  vf::cli::add_exec_case(app, action);
+  vf::cli::add_gpu_check(app, action);
   vf::cli::add_models(app, action);
   vf::cli::add_import(*app.get_subcommand("models"), action);
 

@@ -1,0 +1,43 @@
+// vramfuzz merge OUT1 OUT2 ... --out MERGED: one result from shards (--shard, --devices, CI
+// matrix jobs): findings deduplicated by signature, calibration percentiles recomputed.
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "harness/cli/commands.h"
+#include "reports/render.h"
+
+namespace vf::cli {
+namespace {
+
+struct MergeFlags {
+  std::vector<std::string> dirs;
+  std::string out;
+};
+
+int do_merge(const MergeFlags& f) {
+  std::vector<report::Json> docs;
+  for (const std::string& d : f.dirs) docs.push_back(report::load_summary(d));
+  const std::string cmd = fmt::format("vramfuzz merge {} --out {}", fmt::join(f.dirs, " "), f.out);
+  const std::string backend = docs.front().contains("environment") ? docs.front()["environment"].value("backend", "") : "";
+  const report::Json merged = report::merge_summaries(docs, f.dirs, report::run_info("merge", cmd, backend, f.out));
+  std::fputs(report::terminal_findings(merged).c_str(), stdout);
+  std::fputs(report::terminal_calibrate(merged).c_str(), stdout);
+  const report::ReportFiles files = report::write_reports(f.out, merged);
+  std::fputs(fmt::format("summary: {}\njunit: {}\nmarkdown: {}\nreport: {}\n", files.summary, files.junit, files.markdown, files.html).c_str(),
+             stdout);
+  return report::summary_exit_code(merged);
+}
+
+}  // namespace
+
+void add_merge(CLI::App& app, Action& action) {
+  auto f = std::make_shared<MergeFlags>();
+  CLI::App* cmd = app.add_subcommand("merge", "merge the outputs of shards into one (findings by signature, calibration re-computed)");
+  cmd->add_option("OUT", f->dirs, "directories with summary.json (fuzz or calibrate outputs)")->required()->expected(1, -1);
+  cmd->add_option("--out", f->out, "where the merged summary.json and reports go")->required();
+  cmd->callback([f, &action] { action = [f] { return do_merge(*f); }; });
+}
+
+}  // namespace vf::cli

@@ -1,0 +1,182 @@
+// JUnit XML in the shape CI tools accept (Jenkins' junit-10.xsd, GitLab, GitHub test reporters):
+// testsuites > testsuite (one per policy) > testcase (one per property x allocator mode). A
+// property fails in a cell when a new signature of its kind was found there; CI tools show only
+// the failure's `message`, so it carries signature, overshoot, seed and replay command, and the
+// body adds the repro paths. Known signatures (in the regression corpus) are `skipped`, as the
+// exit code ignores them; a cell no case reached is `skipped` too; backend faults are `error`s.
+#include <map>
+
+#include <fmt/format.h>
+
+#include "reports/json_util.h"
+#include "reports/render.h"
+
+namespace vf::report {
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char ch : text) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default:
+        // XML 1.0 has no place for other control characters.
+        if (static_cast<unsigned char>(ch) >= 0x20 || ch == '\n' || ch == '\t' || ch == '\r') out += ch;
+        break;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+struct Testcase {
+  std::string name, classname;
+  double time = 0;
+  std::string failure_message, failure_type, failure_body;
+  std::string skipped_message;
+  std::string error_message;
+};
+
+std::string fmt_time(double seconds) { return fmt::format("{:.3f}", seconds < 0 ? 0.0 : seconds); }
+
+}  // namespace
+
+std::string junit_xml(const Json& doc) {
+  const Json& matrix = doc.contains("matrix") ? doc["matrix"] : Json::object();
+  const Json counts = doc.value("counts", Json::object());
+  const double seconds = get_num(counts, "seconds");
+  const std::uint64_t total_cases = std::max<std::uint64_t>(1, get_u64(counts, "cases"));
+  const std::string timestamp = doc.contains("run") ? get_str(doc["run"], "timestamp") : "";
+  const std::string hostname = doc.contains("run") ? get_str(doc["run"], "hostname") : "";
+  const std::string run_command = doc.contains("run") ? get_str(doc["run"], "command") : "fuzz";
+
+  // Repro and finding file per signature, for the failure bodies and replay commands.
+  std::map<std::string, Json> by_sig;
+  for (const Json& f : get_arr(doc, "findings")) by_sig[get_str(f, "signature")] = f;
+
+  std::string suites;
+  std::uint64_t all_tests = 0, all_failures = 0, all_errors = 0;
+  for (const Json& policy_j : get_arr(matrix, "policies")) {
+    const std::string policy = policy_j.get<std::string>();
+    std::vector<Testcase> cases;
+    for (const Json& alloc_j : get_arr(matrix, "allocators")) {
+      const std::string alloc = alloc_j.get<std::string>();
+      const Json* cell = nullptr;
+      for (const Json& c : get_arr(matrix, "cells")) {
+        if (get_str(c, "policy") == policy && get_str(c, "allocator") == alloc) cell = &c;
+      }
+      const std::uint64_t n = cell ? get_u64(*cell, "cases") : 0;
+      for (const Json& prop : get_arr(matrix, "properties")) {
+        Testcase tc;
+        tc.name = fmt::format("{} {} [{}]", get_str(prop, "id"), get_str(prop, "name"), alloc);
+        tc.classname = fmt::format("vramfuzz.{}.{}", policy, alloc);
+        tc.time = seconds * static_cast<double>(n) / static_cast<double>(total_cases) / 2.0;
+        if (n == 0) {
+          tc.skipped_message = fmt::format("no case of this campaign ran {} with {}", policy, alloc);
+          cases.push_back(std::move(tc));
+          continue;
+        }
+        const std::string kind = get_str(prop, "kind");
+        std::vector<std::string> fresh, known;
+        std::string body;
+        std::uint64_t fresh_count = 0;
+        for (const Json& f : get_arr(*cell, "findings")) {
+          const std::string sig = get_str(f, "signature");
+          if (sig.rfind(kind + ":", 0) != 0) continue;
+          const Json& g = by_sig.count(sig) ? by_sig[sig] : f;
+          const std::string replay = get_str(g, "replay");
+          const std::string line =
+              fmt::format("{} x{}: overshoot {}, seed {:#x}{}", sig, get_u64(f, "count"),
+                          format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"),
+                          replay.empty() ? fmt::format(", replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
+                                         : ", replay: " + replay);
+          if (get_bool(g, "known")) {
+            known.push_back(line);
+            continue;
+          }
+          fresh.push_back(line);
+          fresh_count += get_u64(f, "count");
+          body += fmt::format("{}\n  repro: {}\n  finding: {}\n  replay: {}\n", sig,
+                              get_str(g, "repro").empty() ? "(not shrunk)" : get_str(g, "repro"),
+                              get_str(g, "file").empty() ? "(not written: no --out)" : get_str(g, "file"),
+                              replay.empty() ? get_str(doc, "command") : replay);
+          if (g.contains("case")) body += fmt::format("  {}\n", get_str(g["case"], "title"));
+        }
+        if (!fresh.empty()) {
+          std::string msg;
+          for (const std::string& l : fresh) msg += (msg.empty() ? "" : "; ") + l;
+          tc.failure_message = fresh.size() == 1 ? msg : fmt::format("{} new signatures: {}", fresh.size(), msg);
+          tc.failure_type = kind;
+          tc.failure_body = fmt::format("{} of {} cases ({} with {}) broke {}:\n{}", fresh_count, n, policy, alloc,
+                                        get_str(prop, "name"), body);
+        } else if (!known.empty()) {
+          std::string msg;
+          for (const std::string& l : known) msg += (msg.empty() ? "" : "; ") + l;
+          tc.skipped_message = "known (in the regression corpus): " + msg;
+        }
+        if (get_u64(*cell, "errors") > 0) {
+          tc.error_message = fmt::format("{} of {} cases ended in a backend error: the property was not checked for them",
+                                         get_u64(*cell, "errors"), n);
+        }
+        cases.push_back(std::move(tc));
+      }
+    }
+    std::uint64_t failures = 0, errors = 0, skipped = 0;
+    double time = 0;
+    std::string body;
+    for (const Testcase& tc : cases) {
+      failures += tc.failure_message.empty() ? 0 : 1;
+      errors += tc.error_message.empty() ? 0 : 1;
+      skipped += tc.skipped_message.empty() || !tc.failure_message.empty() ? 0 : 1;
+      time += tc.time;
+      body += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{}\"", xml_escape(tc.classname), xml_escape(tc.name),
+                          fmt_time(tc.time));
+      if (tc.failure_message.empty() && tc.skipped_message.empty() && tc.error_message.empty()) {
+        body += "/>\n";
+        continue;
+      }
+      body += ">\n";
+      if (!tc.failure_message.empty()) {
+        body += fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n", xml_escape(tc.failure_message),
+                            xml_escape(tc.failure_type), xml_escape(tc.failure_body));
+      } else if (!tc.skipped_message.empty()) {
+        body += fmt::format("      <skipped message=\"{}\"/>\n", xml_escape(tc.skipped_message));
+      }
+      if (!tc.error_message.empty()) {
+        body += fmt::format("      <error message=\"{}\" type=\"backend-error\"/>\n", xml_escape(tc.error_message));
+      }
+      body += "    </testcase>\n";
+    }
+    all_tests += cases.size();
+    all_failures += failures;
+    all_errors += errors;
+    std::string props = "    <properties>\n";
+    const Json env = doc.value("environment", Json::object());
+    for (const auto& [k, v] : std::map<std::string, std::string>{
+             {"command", get_str(doc, "command")},
+             {"backend", get_str(env, "backend")},
+             {"device", get_str(env, "device")},
+             {"tool", get_str(doc, "tool")},
+             {"seeds", doc.contains("seeds") ? doc["seeds"].dump() : "[]"},
+             {"shard", doc.contains("config") ? get_str(doc["config"], "shard") : ""}}) {
+      props += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", xml_escape(k), xml_escape(v));
+    }
+    props += "    </properties>\n";
+    suites += fmt::format(
+        "  <testsuite name=\"vramfuzz {} {}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{}\" "
+        "timestamp=\"{}\" hostname=\"{}\">\n{}{}  </testsuite>\n",
+        xml_escape(run_command), xml_escape(policy), cases.size(), failures, errors, skipped, fmt_time(time),
+        xml_escape(timestamp.empty() ? "1970-01-01T00:00:00" : timestamp), xml_escape(hostname.empty() ? "localhost" : hostname),
+        props, body);
+  }
+  return fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"vramfuzz\" tests=\"{}\" failures=\"{}\" "
+                     "errors=\"{}\" time=\"{}\">\n{}</testsuites>\n",
+                     all_tests, all_failures, all_errors, fmt_time(seconds), suites);
+}
+
+}  // namespace vf::report

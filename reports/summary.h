@@ -1,0 +1,79 @@
+// summary.json (`vramfuzz.summary/1`): everything a run found, in one document every report is
+// rendered from. `fuzz` and `calibrate` build it from their results, `merge` combines several,
+// and `report` re-renders HTML, JUnit and Markdown from it alone, so it carries what they need:
+// the repro cases' traces, the per policy x allocator matrix, the corpus replay, and the raw
+// calibration samples (merges recompute percentiles from them). Fields: docs/formats.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/calibrate.h"
+#include "harness/campaign.h"
+#include "harness/shrink.h"
+
+namespace vf::report {
+
+using Json = nlohmann::ordered_json;
+
+inline constexpr std::string_view kSummarySchema = "vramfuzz.summary/1";
+inline constexpr std::string_view kCalibrateSchema = "vramfuzz.calibrate/1";
+
+// Where and when a run happened: recorded in every summary (and JUnit's timestamp/hostname).
+struct RunInfo {
+  std::string command;       // "fuzz", "calibrate", "merge"
+  std::string command_line;  // the command that reproduces it
+  std::string backend;       // "sim" / "cuda"
+  std::string environment;   // the device description
+  std::string hostname;
+  std::string timestamp;     // ISO 8601, UTC, seconds
+  std::string out_dir;       // the --out directory, as given (paths inside the summary start with it)
+};
+RunInfo run_info(std::string command, std::string command_line, std::string backend, std::string out_dir);
+std::string utc_timestamp();  // "2026-01-31T02:00:00"
+std::string host_name();
+
+// The repro case of a finding as the reports draw it: verdict, stages with their predicted +
+// reserve line, the plan's resident/offloaded split per load, the trace (every op, downsampled
+// past `max_rows` keeping each bucket's highest reserved row and the judged/OOM ops) and the
+// rows around the peak with what each op did.
+Json case_view(const Scenario& s, const CaseResult& r, const std::string& title, const std::string& replay,
+               std::size_t max_rows = 2000);
+Json case_view(const ShrinkResult& sr, const std::string& repro_path);
+
+Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info);
+Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationResult& r, const RunInfo& info);
+
+// The calibrate section from raw samples (tables recomputed; `verify` and `worst` carried).
+Json calibrate_section(const std::vector<CalibSample>& samples, const std::vector<CalibExcluded>& excluded, Bytes margin,
+                       const Json& meta, const Json& verify, const Json& worst);
+// The samples of a calibrate section read back (for merges).
+std::vector<CalibSample> samples_from_json(const Json& section);
+std::vector<CalibExcluded> excluded_from_json(const Json& section);
+
+// Merges summaries: findings deduplicated by signature (counts summed, worst overshoot the max,
+// the repro of the earliest case kept), matrices and counts summed, corpus results joined,
+// calibration samples pooled and their tables recomputed. `dirs[i]` is where docs[i] was read
+// from: paths inside it are rewritten to stay valid from the current directory.
+Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::string>& dirs, const RunInfo& info);
+
+// Reads DIR/summary.json (InputError naming the file when it is missing or not a summary).
+Json load_summary(const std::string& dir);
+// Writes JSON with trace and sample rows one per line (diff- and grep-friendly, not 40k lines).
+std::string dump_summary(const Json& doc);
+
+// A path recorded in a summary, as seen from the current directory when the summary now lives in
+// `summary_dir` (its run wrote it under `recorded_out_dir`).
+std::string relocate(const std::string& path, const std::string& recorded_out_dir, const std::string& summary_dir);
+
+// The summary with its paths rewritten for where it lives now (`report OUT` after OUT moved,
+// e.g. CI artifacts downloaded elsewhere).
+Json relocated(const Json& doc, const std::string& summary_dir);
+
+// Exit code a summary stands for: 1 with new signatures, 3 when only errors, else 0.
+int summary_exit_code(const Json& doc);
+
+}  // namespace vf::report

@@ -1,0 +1,37 @@
+// The tables every report shows, built once from a summary and rendered as terminal text,
+// Markdown or HTML. Internal to vf_reports.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reports/summary.h"
+
+namespace vf::report {
+
+struct Table {
+  std::vector<std::string> headers;
+  std::vector<bool> right;  // right-aligned columns (numbers)
+  std::vector<std::vector<std::string>> rows;
+  // Optional per-cell link targets (same shape as rows; empty string: no link).
+  std::vector<std::vector<std::string>> links;
+};
+
+std::string to_text(const Table& t);
+std::string to_markdown(const Table& t);
+std::string to_html(const Table& t, const std::string& css_class = "");
+
+// "+374.2 MiB", "1280.0 MiB": one decimal, for tables.
+std::string mib1(std::uint64_t bytes);
+std::string signed_mib1(std::int64_t bytes);
+
+using LinkFn = std::function<std::string(const std::string&)>;
+
+Table findings_table(const Json& doc, const LinkFn& link);
+Table corpus_table(const Json& doc);   // only the repros that no longer reproduce
+Table calibrate_mode_table(const Json& doc);
+// `only_needing`: the classes that need a reserve (need > 0 or an OOM), for the short reports.
+Table calibrate_class_table(const Json& doc, bool only_needing);
+
+}  // namespace vf::report

@@ -1,0 +1,376 @@
+// The reports: JUnit XML valid against reports/schema/junit.xsd (xmllint), with one testcase per
+// property x allocator x policy and failures that say what to replay; the Markdown summary's
+// verdict line; summary.json carrying everything the reports need; and the HTML report in a
+// real headless Chromium: no console messages, a screenshot that is not blank and has the
+// timeline's colours in it.
+#include <gtest/gtest.h>
+
+#include <png.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "harness/campaign.h"
+#include "harness/core/json_in.h"
+#include "reports/json_util.h"
+#include "reports/render.h"
+#include "reports/summary.h"
+#include "tests/run_cli.h"
+
+namespace vf {
+namespace {
+
+namespace fs = std::filesystem;
+using report::Json;
+
+const std::string kXsd = std::string(VF_SOURCE_DIR) + "/reports/schema/junit.xsd";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string which(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= dirs.size()) {
+    const std::size_t colon = dirs.find(':', start);
+    const std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return "";
+}
+
+std::size_t count(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (std::size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+class Reports : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string tmpl = (fs::temp_directory_path() / "vf_test_reports_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = new fs::path(tmpl);
+    // One campaign for every test: comfy:dec2025, allocator drawn, with repros (shrunk, traced).
+    Catalog catalog;
+    SimBackend sim;
+    CampaignConfig cfg;
+    cfg.seed = 1;
+    cfg.cases = 60;
+    cfg.gen.policy = "comfy:dec2025";
+    cfg.shrink_execs = 60;
+    cfg.out_dir = (*dir_ / "out").string();
+    cfg.command_line = "vramfuzz fuzz --seed 1 --cases 60 --policy comfy:dec2025 --out " + cfg.out_dir;
+    const CampaignResult r = run_campaign(cfg, catalog, sim);
+    doc_ = new Json(report::summary_from_campaign(cfg, r, report::run_info("fuzz", cfg.command_line, "sim", cfg.out_dir)));
+    files_ = new report::ReportFiles(report::write_reports(cfg.out_dir, *doc_));
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(*dir_, ec);
+    delete files_;
+    delete doc_;
+    delete dir_;
+  }
+  static const Json& doc() { return *doc_; }
+  static const report::ReportFiles& files() { return *files_; }
+  static const fs::path& dir() { return *dir_; }
+
+  // xmllint --schema: exit code and output.
+  static test::Proc xmllint(const fs::path& xml) {
+    return test::run_process(which("xmllint"), {"--noout", "--schema", kXsd, xml.string()}, dir(), 60);
+  }
+
+ private:
+  static fs::path* dir_;
+  static Json* doc_;
+  static report::ReportFiles* files_;
+};
+fs::path* Reports::dir_ = nullptr;
+Json* Reports::doc_ = nullptr;
+report::ReportFiles* Reports::files_ = nullptr;
+
+TEST_F(Reports, CampaignHasFindingsWithRepros) {
+  ASSERT_GE(report::get_arr(doc(), "findings").size(), 2u) << "the fixture campaign must find something";
+  std::size_t with_case = 0;
+  for (const Json& f : report::get_arr(doc(), "findings")) with_case += f.contains("case") ? 1 : 0;
+  EXPECT_GE(with_case, 2u);
+}
+
+TEST_F(Reports, JunitIsValidAgainstTheSchemaWithATestcasePerPropertyModeAndPolicy) {
+  if (which("xmllint").empty()) GTEST_SKIP() << "xmllint missing: ci/install-deps.sh installs libxml2-utils";
+  const test::Proc p = xmllint(files().junit);
+  EXPECT_EQ(p.exit_code, 0) << test::describe(p);
+  EXPECT_NE(p.err.find("validates"), std::string::npos) << test::describe(p);
+
+  const std::string xml = read_file(files().junit);
+  // comfy:dec2025 x 4 drawn allocator modes x 2 properties.
+  EXPECT_EQ(count(xml, "<testcase "), 8u) << xml;
+  EXPECT_EQ(count(xml, "<testsuite "), 1u);
+  for (const char* mode : {"raw", "caching", "caching-expandable", "async"}) {
+    EXPECT_NE(xml.find(std::string("name=\"P1 peak-within-prediction [") + mode + "]\""), std::string::npos) << mode;
+    EXPECT_NE(xml.find(std::string("name=\"P2 no-unpredicted-oom [") + mode + "]\""), std::string::npos) << mode;
+  }
+  // Every failure says, in its message, the signature, the overshoot, the seed and the replay
+  // command; the body names the repro.
+  const std::regex failure(R"re(<failure message="([^"]*)" type="(violation|oom)">([^<]*)</failure>)re");
+  std::size_t failures = 0;
+  for (auto it = std::sregex_iterator(xml.begin(), xml.end(), failure); it != std::sregex_iterator(); ++it) {
+    ++failures;
+    const std::string msg = (*it)[1], kind = (*it)[2], body = (*it)[3];
+    EXPECT_NE(msg.find(kind + ":"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("overshoot "), std::string::npos) << msg;
+    EXPECT_TRUE(std::regex_search(msg, std::regex("seed 0x[0-9a-f]+"))) << msg;
+    EXPECT_NE(msg.find("replay: vramfuzz "), std::string::npos) << msg;
+    EXPECT_NE(body.find("repro: "), std::string::npos) << body;
+  }
+  // One failing testcase per cell and property with a (new) signature of that property's kind.
+  std::size_t expected = 0;
+  for (const Json& c : doc()["matrix"]["cells"]) {
+    bool p1 = false, p2 = false;
+    for (const Json& f : c["findings"]) {
+      const std::string sig = f["signature"].get<std::string>();
+      p1 |= sig.rfind("violation:", 0) == 0;
+      p2 |= sig.rfind("oom:", 0) == 0;
+    }
+    expected += (p1 ? 1 : 0) + (p2 ? 1 : 0);
+  }
+  EXPECT_EQ(failures, expected);
+  EXPECT_GE(failures, 2u);
+  const std::regex suites(R"re(<testsuites name="vramfuzz" tests="8" failures="([0-9]+)")re");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(xml, m, suites)) << xml.substr(0, 300);
+  EXPECT_EQ(std::stoul(m[1]), failures);
+}
+
+TEST_F(Reports, SchemaRejectsAFailureWithoutMessage) {
+  // The schema has teeth: the same file with a failure's message removed does not validate.
+  if (which("xmllint").empty()) GTEST_SKIP() << "xmllint missing: ci/install-deps.sh installs libxml2-utils";
+  std::string xml = read_file(files().junit);
+  const auto pos = xml.find("<failure message=\"");
+  ASSERT_NE(pos, std::string::npos);
+  const auto end = xml.find("\" type=", pos);
+  xml.erase(pos + 9, end + 1 - (pos + 9));  // "<failure " + " type=..."
+  const fs::path broken = dir() / "broken.xml";
+  std::ofstream(broken) << xml;
+  const test::Proc p = xmllint(broken);
+  EXPECT_NE(p.exit_code, 0) << test::describe(p);
+  EXPECT_NE(p.err.find("message"), std::string::npos) << test::describe(p);
+}
+
+TEST_F(Reports, DrawnPolicyGivesTwentyFourTestcases) {
+  Catalog catalog;
+  SimBackend sim;
+  CampaignConfig cfg;
+  cfg.cases = 40;
+  cfg.shrink = false;
+  const CampaignResult r = run_campaign(cfg, catalog, sim);
+  const Json d = report::summary_from_campaign(cfg, r, report::run_info("fuzz", "x", "sim", ""));
+  const std::string xml = report::junit_xml(d);
+  EXPECT_EQ(count(xml, "<testcase "), 24u) << "3 presets x 4 modes x 2 properties";
+  EXPECT_EQ(count(xml, "<testsuite "), 3u);
+  if (which("xmllint").empty()) return;
+  const fs::path f = dir() / "drawn.xml";
+  std::ofstream(f) << xml;
+  const test::Proc p = xmllint(f);
+  EXPECT_EQ(p.exit_code, 0) << test::describe(p);
+}
+
+TEST_F(Reports, MarkdownStartsWithTheVerdict) {
+  const std::string md = read_file(files().markdown);
+  const std::size_t fresh = report::get_u64(doc()["counts"], "new_signatures");
+  ASSERT_GT(fresh, 0u);
+  EXPECT_EQ(md.substr(0, md.find('\n')), "## vramfuzz fuzz: " + std::to_string(fresh) + " new signature" + (fresh == 1 ? "" : "s"));
+  EXPECT_NE(md.find("| signature | count | worst overshoot | repro | reliability |"), std::string::npos) << md;
+  // Repro links are relative to summary.md, and the files exist.
+  const std::regex link(R"(\]\((findings/[^)]+/repro\.json)\))");
+  std::size_t links = 0;
+  for (auto it = std::sregex_iterator(md.begin(), md.end(), link); it != std::sregex_iterator(); ++it) {
+    ++links;
+    EXPECT_TRUE(fs::exists(dir() / "out" / (*it)[1].str())) << (*it)[1];
+  }
+  EXPECT_GE(links, 2u) << md;
+
+  // The other two verdicts.
+  Json known = doc();
+  for (Json& f : known["findings"]) f["known"] = true;
+  known["counts"]["new_signatures"] = 0;
+  EXPECT_EQ(report::verdict_line(known), "all " + std::to_string(known["findings"].size()) + " signatures known");
+  Json nothing = doc();
+  nothing["findings"] = Json::array();
+  nothing["counts"]["signatures"] = 0;
+  nothing["counts"]["new_signatures"] = 0;
+  nothing["counts"]["findings"] = 0;
+  EXPECT_EQ(report::markdown_summary(nothing, ".").rfind("## vramfuzz fuzz: nothing found\n", 0), 0u);
+}
+
+TEST_F(Reports, SummaryCarriesTheTraceOfEachRepro) {
+  for (const Json& f : report::get_arr(doc(), "findings")) {
+    if (!f.contains("case")) continue;
+    const Json& c = f["case"];
+    SCOPED_TRACE(f["signature"].get<std::string>());
+    ASSERT_FALSE(c["trace"]["rows"].empty());
+    EXPECT_EQ(c["trace"]["columns"], Json::parse(R"(["op","stage","live","allocated","reserved","device_used"])"));
+    EXPECT_FALSE(c["stages"].empty());
+    for (const Json& st : c["stages"]) {
+      if (st["checked"].get<bool>()) {
+        EXPECT_EQ(st["limit"].get<Bytes>(), st["predicted"].get<Bytes>() + c["verdict"]["reserve"].get<Bytes>());
+      }
+    }
+    EXPECT_FALSE(c["loads"].empty());
+    EXPECT_FALSE(c["around_peak"].empty());
+    if (c["verdict"]["kind"] == "oom") {
+      EXPECT_TRUE(c["oom"].is_object());
+    }
+  }
+}
+
+TEST_F(Reports, ReportRerendersTheSameFilesFromSummaryJsonAlone) {
+  // Only summary.json, in a new place: `report` must produce the same bytes (links move with it).
+  const fs::path copy = dir() / "copy" / "out";
+  fs::create_directories(copy);
+  fs::copy_file(files().summary, copy / "summary.json");
+  const Json loaded = report::relocated(report::load_summary(copy.string()), copy.string());
+  const Json again = report::relocated(report::load_summary((dir() / "out").string()), (dir() / "out").string());
+  EXPECT_EQ(report::junit_xml(again), read_file(files().junit));
+  EXPECT_EQ(report::markdown_summary(again, (dir() / "out").string()), read_file(files().markdown));
+  EXPECT_EQ(report::html_report(again, (dir() / "out").string()), read_file(files().html));
+  EXPECT_EQ(report::dump_summary(again), read_file(files().summary));
+  // Moved: the links are the same relative links, the replay commands follow the move.
+  EXPECT_EQ(report::markdown_summary(loaded, copy.string()).substr(0, 200), read_file(files().markdown).substr(0, 200));
+  for (const Json& f : loaded["findings"]) {
+    if (!f["repro"].get<std::string>().empty()) {
+      EXPECT_EQ(f["repro"].get<std::string>().rfind(copy.string(), 0), 0u) << f["repro"];
+    }
+  }
+}
+
+TEST_F(Reports, HtmlIsSelfContained) {
+  const std::string html = read_file(files().html);
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(html.find("<link"), std::string::npos);
+  EXPECT_EQ(html.find("@import"), std::string::npos);
+  EXPECT_EQ(html.find("url("), std::string::npos);
+  EXPECT_EQ(html.find("<script src"), std::string::npos);
+  EXPECT_EQ(html.find("<img"), std::string::npos);
+  // The only URL is the SVG namespace.
+  std::string stripped = html;
+  for (std::size_t pos; (pos = stripped.find("http://www.w3.org/2000/svg")) != std::string::npos;) stripped.erase(pos, 26);
+  EXPECT_EQ(stripped.find("http://"), std::string::npos);
+  EXPECT_EQ(stripped.find("https://"), std::string::npos);
+  // A timeline per finding with a repro, with its step lines and the predicted + reserve line.
+  std::size_t with_case = 0;
+  for (const Json& f : report::get_arr(doc(), "findings")) with_case += f.contains("case") ? 1 : 0;
+  EXPECT_EQ(count(html, "aria-label=\"memory timeline\""), with_case);
+  EXPECT_GE(count(html, "class=\"s-limit\""), with_case);
+  EXPECT_GE(count(html, "class=\"s-reserved\""), with_case);
+}
+
+// ---- a real browser ------------------------------------------------------------------------------
+
+struct Rgb {
+  std::vector<unsigned char> px;
+  unsigned width = 0, height = 0;
+};
+
+// libpng's simplified API: the whole image as 8-bit RGB.
+Rgb read_png(const std::string& path) {
+  Rgb out;
+  png_image img{};
+  img.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&img, path.c_str())) return out;
+  img.format = PNG_FORMAT_RGB;
+  out.px.resize(PNG_IMAGE_SIZE(img));
+  if (!png_image_finish_read(&img, nullptr, out.px.data(), 0, nullptr)) {
+    out.px.clear();
+    return out;
+  }
+  out.width = img.width;
+  out.height = img.height;
+  return out;
+}
+
+class Browser : public Reports {
+ protected:
+  void SetUp() override {
+    chromium_ = which("chromium");
+    if (chromium_.empty()) chromium_ = which("chromium-browser");
+    if (chromium_.empty()) GTEST_SKIP() << "chromium missing: `make test` installs it (ci/install-deps.sh chromium)";
+  }
+  test::Proc run_chromium(const std::vector<std::string>& extra, const std::string& url) {
+    std::vector<std::string> args{"--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars", "--enable-logging=stderr",
+                                  "--v=0", "--user-data-dir=" + (dir() / "chromium-profile").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back(url);
+    return test::run_process(chromium_, args, dir(), 90);
+  }
+  static std::vector<std::string> console_lines(const std::string& err) {
+    std::vector<std::string> out;
+    std::istringstream in(err);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find(":CONSOLE") != std::string::npos || line.find("CONSOLE(") != std::string::npos) out.push_back(line);
+    }
+    return out;
+  }
+  std::string chromium_;
+};
+
+TEST_F(Browser, ConsoleMessagesAreDetected) {
+  // The detector itself: a page that logs an error and throws is caught.
+  const fs::path page = dir() / "bad.html";
+  std::ofstream(page) << "<!DOCTYPE html><html><body><script>console.error('boom'); missingFunction();</script></body></html>";
+  const test::Proc p = run_chromium({"--dump-dom"}, "file://" + page.string());
+  EXPECT_GE(console_lines(p.err).size(), 2u) << test::describe(p);
+}
+
+TEST_F(Browser, HtmlRendersWithoutConsoleMessages) {
+  const std::string url = "file://" + fs::absolute(files().html).string();
+  const test::Proc p = run_chromium({"--dump-dom"}, url);
+  ASSERT_FALSE(p.timed_out) << test::describe(p);
+  EXPECT_EQ(p.exit_code, 0) << test::describe(p);
+  const std::vector<std::string> console = console_lines(p.err);
+  EXPECT_TRUE(console.empty()) << "console: " << (console.empty() ? "" : console.front());
+  // The DOM after scripts ran: the timelines and every signature are there.
+  EXPECT_NE(p.out.find("<svg"), std::string::npos);
+  for (const Json& f : report::get_arr(doc(), "findings")) EXPECT_NE(p.out.find(f["signature"].get<std::string>()), std::string::npos);
+}
+
+TEST_F(Browser, ScreenshotIsNotBlankAndShowsTheTimeline) {
+  const fs::path png = dir() / "shot.png";
+  const std::string url = "file://" + fs::absolute(files().html).string();
+  const test::Proc p = run_chromium({"--screenshot=" + png.string(), "--window-size=1400,2000"}, url);
+  ASSERT_TRUE(fs::exists(png)) << test::describe(p);
+  EXPECT_TRUE(console_lines(p.err).empty()) << test::describe(p);
+  const Rgb img = read_png(png.string());
+  ASSERT_EQ(img.width, 1400u);
+  ASSERT_EQ(img.height, 2000u);
+  std::size_t not_background = 0, fill = 0, blue = 0, orange = 0;
+  for (std::size_t i = 0; i + 2 < img.px.size(); i += 3) {
+    const int r = img.px[i], g = img.px[i + 1], b = img.px[i + 2];
+    if (r < 245 || g < 245 || b < 245) ++not_background;
+    // The reserved area: #2563eb at 10% over white = (233, 239, 253), only inside the SVG.
+    if (std::abs(r - 233) <= 3 && std::abs(g - 239) <= 3 && std::abs(b - 253) <= 3) ++fill;
+    // The reserved line (#2563eb) and the predicted + reserve line (#ea580c).
+    if (r < 70 && g > 80 && g < 120 && b > 215) ++blue;
+    if (r > 215 && g > 70 && g < 110 && b < 40) ++orange;
+  }
+  const double total = static_cast<double>(img.width) * img.height;
+  EXPECT_GT(not_background / total, 0.05) << not_background << " of " << total << " pixels differ from white";
+  EXPECT_GT(fill, 5000u) << "the area under allocator reserved";
+  EXPECT_GT(blue, 300u) << "the reserved line";
+  EXPECT_GT(orange, 100u) << "the predicted + reserve line";
+}
+
+}  // namespace
+}  // namespace vf
