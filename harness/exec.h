@@ -38,6 +38,27 @@ struct ExecOptions {
   bool record_trace = false;
 };
 
+// What the `cuda` backend measured on the real device besides the allocator's own figures
+// (absent on sim). docs/cuda.md says what each figure is and how far to trust it.
+struct DeviceReport {
+  Bytes total = 0;               // the real device's memory (cudaMemGetInfo total)
+  Bytes free_at_start = 0;       // free before the case's ballast was fitted
+  Bytes ballast = 0;             // bytes held so that the case sees the emulated card
+  Bytes free_before = 0;         // free when the first op ran (the case's baseline)
+  Bytes free_after = 0;          // free after the last op, before cleanup
+  Bytes free_after_cleanup = 0;  // free once everything was freed, synchronized and trimmed
+  Bytes leaked = 0;              // baseline not back after cleanup by more than the tolerance
+  Bytes sampled_used_peak = 0;   // max over the sampling thread's readings of baseline - free
+  std::uint64_t samples = 0;     // how many readings the sampling thread took
+  std::optional<Bytes> nvml_process_peak;  // NVML usedGpuMemory of this process, max of samples
+  Bytes pool_reserved_high = 0;  // async: ReservedMemHigh at the end of the case
+  Bytes pool_used_high = 0;      // async: UsedMemHigh at the end of the case
+  std::uint64_t h2d_copies = 0;  // work issued: cudaMemcpyAsync H2D
+  std::uint64_t memsets = 0;     // cudaMemsetAsync (--transfer skip)
+  std::uint64_t launches = 0;    // kernels (upcast, dequant, touch)
+  std::uint64_t fallback_touches = 0;  // conversions no kernel covers, replaced by a touch of the output
+};
+
 struct ExecResult {
   std::string backend;        // "sim" or "cuda"
   std::string environment;    // "sim" or "NVIDIA H200, driver …, CUDA …"
@@ -55,6 +76,12 @@ struct ExecResult {
   std::vector<Bytes> stage_entry_reserved;
   std::optional<OomEvent> oom;
   std::optional<std::string> error;
+  // The backend can run no more cases in this process (a sticky CUDA error): the campaign stops.
+  bool fatal = false;
+  // Not failures of the case, but worth saying (device memory that did not come back, a
+  // fallback); the campaign logs and counts them.
+  std::vector<std::string> warnings;
+  std::optional<DeviceReport> device;
   sim::AllocStats final_stats;
 };
 
@@ -65,9 +92,17 @@ class Backend {
   virtual ExecResult execute(const Scenario& s, const Program& p, const ExecOptions& opt) = 0;
 };
 
+// How a backend is set up (the cuda backend; sim ignores `transfer`).
+struct BackendOptions {
+  std::string transfer = "copy";  // cuda: "copy" (H2D from pinned memory) or "skip" (cudaMemsetAsync)
+  bool isolate = false;           // run each case in a child process (harness/cuda/isolate.h)
+};
+
 // "sim" always works; "cuda" throws InfraError with a one-line reason when there is no usable GPU
-// or the build has no CUDA. "auto" picks cuda when it is usable, else sim.
-std::unique_ptr<Backend> make_backend(std::string_view name);
+// or the build has no CUDA. "auto" picks cuda when it is usable, else sim. "fake[:spec]" (hidden,
+// for tests) is the cuda backend on the simulator-backed fake runtime (harness/cuda/runtime_fake.h).
+// Defined in backends.cpp, library vf_backends.
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
 // The backend "auto" would pick, without creating it ("cuda" or "sim").
 std::string best_backend();
 

@@ -2,11 +2,13 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "harness/campaign.h"
 #include "harness/cli/commands.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/cuda/backend.h"
 
 namespace vf::cli {
 namespace {
@@ -16,6 +18,9 @@ struct RunFlags {
   std::string backend = "sim";
   bool trace = false;
   std::string json_out;
+  std::string vram;               // --vram: the emulated card's total (overrides device.total)
+  std::string transfer = "copy";  // --transfer copy | skip (cuda)
+  bool isolate = false;           // --isolate: the case runs in a child process
   PolicyFlags policy;
 };
 
@@ -37,8 +42,12 @@ int do_run(const RunFlags& f) {
   Catalog catalog;
   Scenario s = load_case_file(f.file, catalog);
   f.policy.apply(s);
+  if (!f.vram.empty()) s.device.total = parse_size(f.vram, "--vram");
   validate_scenario(s);
-  auto backend = make_backend(f.backend);
+  BackendOptions backend_options;
+  backend_options.transfer = f.transfer;
+  backend_options.isolate = f.isolate;
+  auto backend = make_backend(f.backend, backend_options);
   const bool need_trace = f.trace || !f.json_out.empty();
   const CaseResult r = run_case(s, *backend, need_trace);
   std::fputs(header(s).c_str(), stdout);
@@ -49,6 +58,8 @@ int do_run(const RunFlags& f) {
                          format_mib(r.exec.allocated_peak), format_mib(r.exec.live_peak), format_mib(r.exec.device_peak))
                  .c_str(),
              stdout);
+  if (r.exec.device) std::fputs((cuda::format_device_report(*r.exec.device) + "\n").c_str(), stdout);
+  for (const std::string& w : r.exec.warnings) spdlog::warn("{}", w);
   const Verdict& v = r.verdict;
   std::fputs(fmt::format("verdict: {}{}{}\n", verdict_kind_name(v.kind), v.signature.empty() ? "" : " " + v.signature,
                          v.message.empty() ? "" : " - " + v.message)
@@ -81,6 +92,10 @@ void add_run(CLI::App& app, Action& action) {
   CLI::App* cmd = app.add_subcommand("run", "run one scenario (or a finding / repro file) and judge it");
   cmd->add_option("scenario", f->file, "scenario JSON (vramfuzz.scenario/1) or a finding / repro file")->required();
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
+  cmd->add_option("--vram", f->vram, "device total to emulate (e.g. 24GiB); default: the scenario's device.total");
+  cmd->add_option("--transfer", f->transfer, "cuda: copy (H2D from pinned memory) | skip (memset; allocator-only runs)")
+      ->capture_default_str();
+  cmd->add_flag("--isolate", f->isolate, "run the case in a child process (a crash is an error verdict)");
   cmd->add_flag("--trace", f->trace, "print the per-op trace (DEBUG-line style)");
   cmd->add_option("--json", f->json_out, "write the result (scenario, plan, peaks, verdict, trace excerpt) as JSON");
   f->policy.add_to(*cmd, true);

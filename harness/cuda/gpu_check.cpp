@@ -1,0 +1,434 @@
+// `vramfuzz gpu-check`: the driver (sections, time boxes, the results file), the agreement and
+// fuzz sections, and the Markdown summary. Calibration and kernels: gpu_check_device.cpp.
+#include "harness/cuda/gpu_check.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "harness/campaign.h"
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/cuda/backend.h"
+#include "harness/cuda/gpu_check_detail.h"
+#include "harness/oracle.h"
+#include "harness/sim/async_pool.h"
+
+namespace vf::cuda {
+
+namespace detail {
+
+double to_mib_d(Bytes b) { return static_cast<double>(b) / static_cast<double>(MiB); }
+
+Json device_json(const DeviceInfo& d) {
+  return Json{{"name", d.name},
+              {"total", d.total},
+              {"cc", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
+              {"sm_count", d.sm_count},
+              {"driver_version", d.driver_version},
+              {"runtime_version", d.runtime_version},
+              {"pci_bus_id", d.pci_bus_id},
+              {"vmm_supported", d.vmm_supported},
+              {"pools_supported", d.pools_supported},
+              {"description", d.describe()}};
+}
+
+namespace {
+
+double signed_mib(std::int64_t b) { return static_cast<double>(b) / static_cast<double>(MiB); }
+
+}  // namespace
+
+// ---- agreement: the same generated scenarios on sim and on the device --------------------------
+
+void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
+  CudaBackendConfig bc;
+  bc.transfer = Transfer::skip;   // allocator peaks do not depend on the bytes copied
+  bc.sample_interval_ms = 0;      // the device view is not compared here
+  bc.nvml_interval_ms = 0;
+  CudaBackend cuda(c.rt, bc);
+  SimBackend sim;
+  Catalog catalog;
+  out["vram"] = c.cfg.vram;
+  out["policy"] = "comfy:dec2025";
+  out["transfer"] = "skip";
+  out["cases_per_mode"] = c.cfg.agreement_cases;
+  out["device"] = device_json(cuda.device());
+  Json modes = Json::object();
+  std::size_t k = 0;
+  for (const AllocatorMode mode : kAllAllocatorModes) {
+    const double share = dl.left() / static_cast<double>(std::size(kAllAllocatorModes) - k);
+    const Deadline mode_dl(share);
+    Json rows = Json::array();
+    std::uint32_t exact = 0;
+    std::uint32_t agree = 0;
+    std::uint32_t errors = 0;
+    std::uint32_t warnings = 0;
+    double max_abs = 0;
+    double sum_abs = 0;
+    Json worst = nullptr;
+    std::uint32_t i = 0;
+    for (; i < c.cfg.agreement_cases && !mode_dl.passed(); ++i) {
+      const std::uint64_t seed = case_seed(c.cfg.seed + 0x9e3779b9ull * (k + 1), i);
+      PrngChoices choices(seed);
+      GenConfig g;
+      g.policy = "comfy:dec2025";
+      g.allocator = mode;
+      g.vram = c.cfg.vram;
+      const Scenario s = generate_scenario(choices, g, catalog);
+      const CaseResult simr = run_case(s, sim, false);
+      const auto t0 = std::chrono::steady_clock::now();
+      const ExecResult real = cuda.execute(s, simr.program, ExecOptions{});
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const Verdict rv = judge(s, simr.plan, simr.program, real);
+      const std::int64_t diff = static_cast<std::int64_t>(real.reserved_peak) - static_cast<std::int64_t>(simr.exec.reserved_peak);
+      std::int64_t stage_diff = 0;
+      for (std::size_t st = 0; st < real.stage_reserved_peak.size() && st < simr.exec.stage_reserved_peak.size(); ++st) {
+        const std::int64_t d = static_cast<std::int64_t>(real.stage_reserved_peak[st]) -
+                               static_cast<std::int64_t>(simr.exec.stage_reserved_peak[st]);
+        if (std::llabs(d) > std::llabs(stage_diff)) stage_diff = d;
+      }
+      const bool same_verdict = rv.kind == simr.verdict.kind && rv.signature == simr.verdict.signature;
+      exact += diff == 0 && stage_diff == 0 ? 1 : 0;
+      agree += same_verdict ? 1 : 0;
+      errors += real.error ? 1 : 0;
+      warnings += static_cast<std::uint32_t>(real.warnings.size());
+      const double abs_mib = std::abs(signed_mib(real.error ? 0 : std::max(std::llabs(diff), std::llabs(stage_diff))));
+      sum_abs += abs_mib;
+      Json row = {{"seed", seed},
+                  {"name", s.name},
+                  {"ops", simr.program.ops.size()},
+                  {"sim_reserved_peak", simr.exec.reserved_peak},
+                  {"real_reserved_peak", real.reserved_peak},
+                  {"diff_mib", signed_mib(diff)},
+                  {"max_stage_diff_mib", signed_mib(stage_diff)},
+                  {"sim_verdict", simr.verdict.signature.empty() ? std::string(verdict_kind_name(simr.verdict.kind)) : simr.verdict.signature},
+                  {"real_verdict", rv.signature.empty() ? std::string(verdict_kind_name(rv.kind)) : rv.signature},
+                  {"sim_oom_op", simr.exec.oom ? Json(simr.exec.oom->op) : Json(nullptr)},
+                  {"real_oom_op", real.oom ? Json(real.oom->op) : Json(nullptr)},
+                  {"seconds", seconds}};
+      if (real.error) row["error"] = *real.error;
+      if (!real.warnings.empty()) row["warnings"] = real.warnings;
+      if (!real.error && (worst.is_null() || abs_mib > max_abs)) {
+        max_abs = abs_mib;
+        worst = {{"seed", seed}, {"name", s.name}, {"diff_mib", signed_mib(diff)}, {"max_stage_diff_mib", signed_mib(stage_diff)},
+                 {"scenario", Json::parse(scenario_to_json(s, -1))}};
+      }
+      rows.push_back(std::move(row));
+      if (real.fatal) {
+        modes[std::string(allocator_mode_name(mode))] = {{"cases", i + 1}, {"rows", rows}};
+        out["modes"] = modes;
+        throw SectionFailure(fmt::format("sticky CUDA error in mode {}: {}", allocator_mode_name(mode), real.error.value_or("")));
+      }
+    }
+    const double n = std::max<double>(1, static_cast<double>(i));
+    modes[std::string(allocator_mode_name(mode))] = {{"cases", i},
+                                                     {"exact", exact},
+                                                     {"verdicts_agree", agree},
+                                                     {"errors", errors},
+                                                     {"warnings", warnings},
+                                                     {"max_abs_diff_mib", max_abs},
+                                                     {"mean_abs_diff_mib", sum_abs / n},
+                                                     {"worst", worst},
+                                                     {"rows", rows}};
+    out["modes"] = modes;  // partial results survive a later failure
+    ++k;
+  }
+}
+
+// ---- fuzz: a real campaign at the emulated card -------------------------------------------------
+
+void section_fuzz(CheckContext& c, const Deadline& dl, Json& out) {
+  CudaBackendConfig bc;
+  bc.transfer = Transfer::copy;
+  CudaBackend cuda(c.rt, bc);
+  Catalog catalog;
+  CampaignConfig cfg;
+  cfg.seed = c.cfg.seed;
+  // The campaign's budget includes shrinking (the campaign gives each shrink at most what is left
+  // of it); should_stop ends both (between cases, between shrink candidates) if the box is spent.
+  cfg.seconds = std::max(1.0, c.cfg.fuzz_seconds);
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.gen.vram = c.cfg.vram;
+  cfg.out_dir = (std::filesystem::path(c.cfg.out_dir) / "fuzz").string();
+  cfg.keep_per_signature = 2;
+  cfg.shrink = true;
+  cfg.shrink_execs = c.cfg.quick ? 20 : 60;
+  cfg.shrink_seconds = c.cfg.quick ? 2 : 15;
+  cfg.confirm_runs = 2;
+  cfg.command_line = fmt::format("vramfuzz gpu-check --section fuzz --seed {} --vram {}", cfg.seed, format_size(c.cfg.vram));
+  const double margin = c.cfg.quick ? 0.5 : 5.0;
+  cfg.should_stop = [&dl, margin] { return dl.left() < margin; };
+  out["seed"] = cfg.seed;
+  out["vram"] = c.cfg.vram;
+  out["policy"] = *cfg.gen.policy;
+  out["campaign_seconds"] = cfg.seconds;
+  out["device"] = device_json(cuda.device());
+  const CampaignResult r = run_campaign(cfg, catalog, cuda);
+  out["cases"] = r.cases;
+  out["findings"] = r.findings;
+  out["errors"] = r.errors;
+  out["expected_ooms"] = r.expected_ooms;
+  out["seconds"] = r.seconds;
+  out["cases_per_second"] = r.seconds > 0 ? static_cast<double>(r.cases) / r.seconds : 0.0;
+  out["stopped_by_time_box"] = r.stopped;
+  Json sigs = Json::array();
+  std::error_code ec;
+  auto rel = [&](const std::string& p) {
+    if (p.empty()) return std::string();
+    return std::filesystem::relative(p, c.cfg.out_dir, ec).string();
+  };
+  for (const auto& [sig, sc] : r.signatures) {
+    sigs.push_back({{"signature", sig},
+                    {"count", sc.count},
+                    {"worst_overshoot_mib", signed_mib(sc.worst_overshoot)},
+                    {"first_case_seed", sc.first_case_seed},
+                    {"first_file", rel(sc.first_file)},
+                    {"repro", rel(sc.repro_file)},
+                    {"repro_modules", sc.repro_modules},
+                    {"shrink_executions", sc.shrink_execs},
+                    {"flaky", sc.flaky}});
+  }
+  out["signatures"] = sigs;
+  out["out_dir"] = "fuzz";
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Json;
+
+// The time box of each section. On a GPU the whole check stays under 8 minutes:
+// 30 + 40 + 120 + (180 + 15) s, plus four process starts (ci/gpu-check.sh adds a hard limit of
+// box + 15 s to each).
+double box_seconds(const GpuCheckConfig& cfg, std::string_view section) {
+  if (section == "calibration") return cfg.quick ? 10 : 30;
+  if (section == "kernels") return cfg.quick ? 10 : 40;
+  if (section == "agreement") return cfg.quick ? 20 : 120;
+  return cfg.fuzz_seconds + (cfg.quick ? 2 : 15);
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string mib(const Json& j) {
+  if (!j.is_number()) return "n/a";
+  return fmt::format("{:.2f} MiB", j.get<double>() / static_cast<double>(MiB));
+}
+
+void write_doc(const std::string& dir, Json& doc) {
+  doc["updated"] = now_utc();
+  write_file_atomic((std::filesystem::path(dir) / "gpu-check.json").string(), doc.dump(2) + "\n");
+  write_file_atomic((std::filesystem::path(dir) / "gpu-check.md").string(), gpu_check_markdown(doc));
+}
+
+}  // namespace
+
+std::string gpu_check_markdown(const nlohmann::ordered_json& doc) {
+  std::string md = "# vramfuzz gpu-check\n\n";
+  const Json& rt = doc.value("runtime", Json::object());
+  md += fmt::format("- runtime: {} ({})\n", rt.value("kind", "?"), rt.value("nvml", ""));
+  if (rt.contains("error")) md += fmt::format("- **runtime error**: {}\n", rt["error"].get<std::string>());
+  md += fmt::format("- tool: {}; updated {}\n", doc.value("tool", "?"), doc.value("updated", "?"));
+  if (doc.contains("script") && doc["script"].is_object()) {
+    std::string line;
+    for (const auto& [k, v] : doc["script"].items()) {
+      line += fmt::format("{}{}={}", line.empty() ? "" : ", ", k, v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    md += fmt::format("- ci/gpu-check.sh: {}\n", line);
+  }
+  md += "\n";
+  const Json& secs = doc.value("sections", Json::object());
+  md += "| section | status | seconds | headline |\n|---|---|---:|---|\n";
+  for (std::string_view name : kGpuCheckSections) {
+    const std::string key(name);
+    if (!secs.contains(key)) {
+      md += fmt::format("| {} | not run | | |\n", name);
+      continue;
+    }
+    const Json& s = secs[key];
+    std::string head;
+    if (name == "calibration" && s.contains("context")) {
+      const Json& pools = s.value("async_pool", Json::array());
+      std::string growth = "n/a";
+      for (const Json& p : pools) {
+        if (p.value("pool", "") == "dedicated" && p.value("release_threshold", Json()) == "UINT64_MAX") growth = mib(p["growth_gcd"]);
+      }
+      std::string charge = "n/a";
+      const Json& sweep = s.value("cudamalloc", Json::array());
+      if (!sweep.empty()) charge = mib(sweep[0]["charged"]);
+      head = fmt::format("context {}; cudaMalloc(1 B) charges {}; async growth step {} (threshold UINT64_MAX); VMM granularity {}",
+                         mib(s["context"].value("context_overhead", Json())), charge, growth,
+                         s.contains("vmm_granularity") ? mib(s["vmm_granularity"]["minimum"]) : "n/a");
+    } else if (name == "kernels" && s.contains("correctness_summary")) {
+      const Json& cs = s["correctness_summary"];
+      std::size_t fast = 0;
+      std::size_t conv = 0;
+      for (const Json& b : s.value("bandwidth", Json::array())) {
+        if (!b.contains("ok")) continue;
+        ++conv;
+        fast += b["ok"].get<bool>() ? 1 : 0;
+      }
+      head = fmt::format("{} kernels, {} mismatching elements, {} unwritten; bandwidth >= {:.0f}% of D2D: {}/{}",
+                         cs.value("kernels", 0), cs.value("mismatches", 0), cs.value("unwritten", 0),
+                         100 * s.value("bandwidth_target", 0.7), fast, conv);
+    } else if (name == "agreement" && s.contains("modes")) {
+      for (const auto& [mode, m] : s["modes"].items()) {
+        head += fmt::format("{}{}: {} cases, {} exact, max |Δ| {:.2f} MiB", head.empty() ? "" : "; ", mode, m.value("cases", 0),
+                            m.value("exact", 0), m.value("max_abs_diff_mib", 0.0));
+      }
+    } else if (name == "fuzz" && s.contains("cases")) {
+      head = fmt::format("{} cases ({:.1f}/s), {} findings in {} signatures, {} errors", s.value("cases", 0),
+                         s.value("cases_per_second", 0.0), s.value("findings", 0), s.value("signatures", Json::array()).size(),
+                         s.value("errors", 0));
+    }
+    if (s.contains("error")) head += fmt::format("{}error: {}", head.empty() ? "" : "; ", s["error"].get<std::string>());
+    md += fmt::format("| {} | {} | {:.1f} | {} |\n", name, s.value("status", "?"), s.value("seconds", 0.0), head);
+  }
+
+  if (secs.contains("calibration") && secs["calibration"].contains("suggested")) {
+    const Json& sg = secs["calibration"]["suggested"];
+    md += "\n## Simulator defaults (reports/gpu/README.md)\n\n| constant | file | current | measured |\n|---|---|---:|---:|\n";
+    md += fmt::format("| kDefaultContextOverhead | harness/scenario.h | {} | {} |\n", mib(Json(kDefaultContextOverhead)),
+                      mib(sg.value("context_overhead", Json())));
+    md += fmt::format("| kDefaultPoolGranularity | harness/sim/async_pool.h | {} | {} |\n", mib(Json(sim::kDefaultPoolGranularity)),
+                      mib(sg.value("pool_granularity", Json())));
+  }
+  if (secs.contains("agreement") && secs["agreement"].contains("modes")) {
+    md += "\n## Agreement: allocator reserved peak, device - sim\n\n"
+          "| mode | cases | exact | verdicts agree | max abs diff MiB | mean abs diff MiB | worst case |\n"
+          "|---|---:|---:|---:|---:|---:|---|\n";
+    for (const auto& [mode, m] : secs["agreement"]["modes"].items()) {
+      const Json& w = m.value("worst", Json());
+      const std::string worst = w.is_object() ? fmt::format("{} (seed {}, {:+.2f} MiB)", w.value("name", "?"), w.value("seed", std::uint64_t{0}),
+                                                            w.value("diff_mib", 0.0))
+                                              : "-";
+      md += fmt::format("| {} | {} | {} | {} | {:.2f} | {:.2f} | {} |\n", mode, m.value("cases", 0), m.value("exact", 0),
+                        m.value("verdicts_agree", 0), m.value("max_abs_diff_mib", 0.0), m.value("mean_abs_diff_mib", 0.0), worst);
+    }
+  }
+  if (secs.contains("kernels") && secs["kernels"].contains("bandwidth")) {
+    md += "\n## Kernel bandwidth\n\n| kernel | GB/s | vs D2D copy |\n|---|---:|---:|\n";
+    for (const Json& b : secs["kernels"]["bandwidth"]) {
+      md += fmt::format("| {} | {:.0f} | {:.0f}%{} |\n", b.value("kernel", "?"), b.value("gbps", 0.0), 100 * b.value("ratio", 0.0),
+                        b.contains("ok") && !b["ok"].get<bool>() ? " (below target)" : "");
+    }
+  }
+  if (secs.contains("fuzz") && secs["fuzz"].contains("signatures") && !secs["fuzz"]["signatures"].empty()) {
+    md += "\n## Fuzz findings\n\n| signature | count | worst overshoot MiB | repro |\n|---|---:|---:|---|\n";
+    for (const Json& sg : secs["fuzz"]["signatures"]) {
+      md += fmt::format("| {} | {} | {:.2f} | {} |\n", sg.value("signature", "?"), sg.value("count", 0),
+                        sg.value("worst_overshoot_mib", 0.0), sg.value("repro", ""));
+    }
+  }
+  return md;
+}
+
+int run_gpu_check(const GpuCheckConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(cfg.out_dir, ec);
+  if (ec) throw InfraError(fmt::format("gpu-check: cannot create {}: {}", cfg.out_dir, ec.message()));
+  const std::string json_path = (fs::path(cfg.out_dir) / "gpu-check.json").string();
+
+  // Merge into an existing results file: ci/gpu-check.sh runs each section in its own process.
+  Json doc;
+  if (fs::exists(json_path, ec)) {
+    try {
+      doc = Json::parse(read_text_file(json_path));
+      if (doc.value("schema", "") != kGpuCheckSchema) doc = Json();
+    } catch (const std::exception&) {
+      doc = Json();
+    }
+  }
+  if (doc.is_null()) {
+    doc["schema"] = kGpuCheckSchema;
+    doc["tool"] = tool_version();
+    doc["started"] = now_utc();
+    doc["sections"] = Json::object();
+  }
+
+  std::vector<std::string> sections = cfg.sections;
+  if (sections.empty()) sections.assign(std::begin(kGpuCheckSections), std::end(kGpuCheckSections));
+  for (const std::string& s : sections) {
+    if (s != "report" && std::find(std::begin(kGpuCheckSections), std::end(kGpuCheckSections), s) == std::end(kGpuCheckSections)) {
+      throw InputError("--section", fmt::format("unknown section \"{}\" (calibration, kernels, agreement, fuzz, report)", s));
+    }
+  }
+  for (const auto& [k, v] : cfg.records) doc["script"][k] = v;
+  if (sections.size() == 1 && sections[0] == "report") {
+    write_doc(cfg.out_dir, doc);
+    return kExitOk;
+  }
+
+  std::unique_ptr<Runtime> rt;
+  try {
+    if (cfg.fake) {
+      FakeConfig f = *cfg.fake;
+      if (f.backing_limit == 0) f.backing_limit = 16 * MiB;  // the kernel checks read real data back
+      rt = std::make_unique<FakeRuntime>(f);
+    } else {
+      rt = open_cuda_runtime();
+    }
+  } catch (const InfraError& e) {
+    doc["runtime"] = {{"kind", cfg.fake ? "fake" : "cuda"}, {"error", e.what()}};
+    write_doc(cfg.out_dir, doc);
+    throw;
+  }
+  doc["runtime"] = {{"kind", rt->kind()}, {"nvml", rt->nvml_note()}};
+  doc["config"] = {{"quick", cfg.quick},
+                   {"seed", cfg.seed},
+                   {"vram", cfg.vram},
+                   {"agreement_cases", cfg.agreement_cases},
+                   {"fuzz_seconds", cfg.fuzz_seconds}};
+  detail::CheckContext ctx{cfg, *rt, static_cast<bool>(cfg.fake)};
+  using SectionFn = void (*)(detail::CheckContext&, const detail::Deadline&, Json&);
+  const std::pair<std::string_view, SectionFn> fns[] = {{"calibration", &detail::section_calibration},
+                                                        {"kernels", &detail::section_kernels},
+                                                        {"agreement", &detail::section_agreement},
+                                                        {"fuzz", &detail::section_fuzz}};
+  bool failed = false;
+  for (const auto& [name, fn] : fns) {
+    if (std::find(sections.begin(), sections.end(), name) == sections.end()) continue;
+    const std::string key(name);
+    const detail::Deadline dl(box_seconds(cfg, name));
+    // On disk before it starts: a section that crashes the process is seen as "running".
+    doc["sections"][key] = {{"status", "running"}, {"time_box_seconds", dl.seconds()}};
+    write_doc(cfg.out_dir, doc);
+    spdlog::info("gpu-check: {} (time box {:.0f} s)", name, dl.seconds());
+    Json data = Json::object();
+    std::string status = "ok";
+    std::string error;
+    try {
+      fn(ctx, dl, data);
+      if (dl.passed()) status = "partial";  // the time box ended it early: what is there is valid
+    } catch (const std::exception& e) {
+      status = "error";
+      error = e.what();
+      failed = true;
+      spdlog::error("gpu-check: {}: {}", name, error);
+    }
+    Json sec = {{"status", status}, {"seconds", dl.elapsed()}, {"time_box_seconds", dl.seconds()}};
+    if (!error.empty()) sec["error"] = error;
+    for (auto& [k, v] : data.items()) sec[k] = v;
+    doc["sections"][key] = std::move(sec);
+    write_doc(cfg.out_dir, doc);
+  }
+  spdlog::info("gpu-check: results in {}", json_path);
+  return failed ? kExitInfra : kExitOk;
+}
+
+}  // namespace vf::cuda

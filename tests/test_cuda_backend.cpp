@@ -1,0 +1,561 @@
+// The cuda backend's orchestration on the fake runtime (harness/cuda/runtime_fake.h), no GPU
+// needed. The fake is built on the simulator, so for every allocator mode the backend must
+// measure exactly what the sim backend computes: that agreement, op for op, is the main check of
+// the backend's wiring (streams, events, frees, pools, the caching model on a device layer).
+// Also here: the ballast arithmetic, peak resets, OOM and sticky-error handling, leak detection,
+// pinned-buffer reuse, --transfer skip, --isolate surviving a crashing child, and the GPU check
+// run end to end on the fake with its JSON schema validated.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/campaign.h"
+#include "harness/core/error.h"
+#include "harness/cuda/backend.h"
+#include "harness/cuda/device_layer.h"
+#include "harness/cuda/isolate.h"
+#include "harness/cuda/runtime_fake.h"
+#include "harness/generate.h"
+#include "harness/oracle.h"
+#include "harness/sim/caching.h"
+#include "tests/run_cli.h"
+
+namespace vf::cuda {
+namespace {
+
+const std::string kExample = std::string(VF_SOURCE_DIR) + "/docs/examples/flux2-te-fp8-fp32-12gib.json";
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout + stderr
+};
+
+CliRun run_cli(const std::vector<std::string>& args, int timeout_s = 120) {
+  const test::Proc p = test::run_process(VF_CLI, args, std::filesystem::temp_directory_path(), timeout_s);
+  // The process itself must end normally (its children may crash: the isolate test makes them).
+  EXPECT_FALSE(p.timed_out) << test::describe(p);
+  EXPECT_EQ(p.signal, 0) << test::describe(p);
+  EXPECT_EQ(p.err.find("terminate called"), std::string::npos) << test::describe(p);
+  return CliRun{p.exit_code, p.out + p.err};
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  // A generated case at `vram`, with a context of whole 2 MiB pages so the ballast leaves
+  // exactly the free memory the simulator's device has (cudaMalloc charges whole pages).
+  Scenario generated(AllocatorMode mode, std::uint64_t seed, Bytes vram = 24 * GiB) {
+    PrngChoices c(seed);
+    GenConfig g;
+    g.allocator = mode;
+    g.vram = vram;
+    g.policy = "comfy:dec2025";
+    Scenario s = generate_scenario(c, g, catalog_);
+    s.device.context_overhead = 256 * MiB;
+    return s;
+  }
+  Scenario example(std::string_view policy = "comfy:dec2025") {
+    Scenario s = load_case_file(kExample, catalog_);
+    s.policy = parse_policy(policy, "test");
+    return s;
+  }
+  static CudaBackendConfig quiet(Transfer t = Transfer::copy) {
+    CudaBackendConfig c;
+    c.transfer = t;
+    c.sample_interval_ms = 0.2;
+    c.nvml_interval_ms = 1;
+    return c;
+  }
+  Catalog catalog_;
+};
+
+void expect_same_measurements(const ExecResult& sim, const ExecResult& real, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_FALSE(real.error) << *real.error;
+  EXPECT_EQ(real.ops_executed, sim.ops_executed);
+  EXPECT_EQ(real.reserved_peak, sim.reserved_peak);
+  EXPECT_EQ(real.reserved_peak_op, sim.reserved_peak_op);
+  EXPECT_EQ(real.stage_reserved_peak, sim.stage_reserved_peak);
+  EXPECT_EQ(real.stage_reserved_peak_op, sim.stage_reserved_peak_op);
+  EXPECT_EQ(real.live_peak, sim.live_peak);
+  EXPECT_EQ(real.allocated_peak, sim.allocated_peak);
+  EXPECT_EQ(real.device_peak, sim.device_peak);
+  ASSERT_EQ(real.oom.has_value(), sim.oom.has_value());
+  if (sim.oom) {
+    EXPECT_EQ(real.oom->op, sim.oom->op);
+    EXPECT_EQ(real.oom->request, sim.oom->request);
+  }
+  ASSERT_EQ(real.trace.size(), sim.trace.size());
+  for (std::size_t i = 0; i < sim.trace.size(); ++i) {
+    ASSERT_EQ(real.trace[i].reserved, sim.trace[i].reserved) << "op " << sim.trace[i].op;
+    ASSERT_EQ(real.trace[i].allocated, sim.trace[i].allocated) << "op " << sim.trace[i].op;
+    ASSERT_EQ(real.trace[i].device_used, sim.trace[i].device_used) << "op " << sim.trace[i].op;
+  }
+}
+
+// ---- ballast ----------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, BallastMakesAnH200AConsumerCard) {
+  FakeRuntime fake(FakeConfig{});  // 141 GiB, 512 MiB context
+  CudaBackend backend(fake, quiet());
+  Scenario s = example();
+  s.device.total = 24 * GiB;
+  s.device.context_overhead = 512 * MiB;
+  const CaseResult r = run_case(s, backend, false);
+  ASSERT_TRUE(r.exec.device);
+  const DeviceReport& d = *r.exec.device;
+  // Exactly 24 GiB minus the context is free to the case, whatever the real card is.
+  EXPECT_EQ(d.free_before, 24 * GiB - 512 * MiB);
+  EXPECT_EQ(d.total, 141 * GiB);
+  EXPECT_EQ(d.free_at_start - d.ballast, d.free_before);
+  EXPECT_EQ(d.ballast % kBallastStep, 0u);
+  EXPECT_EQ(d.leaked, 0u);
+  EXPECT_EQ(d.free_after_cleanup, d.free_before);
+
+  // Memory used by others comes out of the free memory too; the ballast only grows by it.
+  s.device.used_by_others = 1 * GiB;
+  const CaseResult r2 = run_case(s, backend, false);
+  EXPECT_EQ(r2.exec.device->free_before, 23 * GiB - 512 * MiB);
+  EXPECT_EQ(r2.exec.device->ballast, d.ballast + 1 * GiB);
+
+  // The same card again: the ballast is kept, not re-allocated.
+  const std::uint64_t mallocs = fake.counters().mallocs;
+  const CaseResult r3 = run_case(s, backend, false);
+  EXPECT_EQ(r3.exec.device->free_at_start, r3.exec.device->free_before);
+  EXPECT_EQ(fake.counters().mallocs - mallocs, static_cast<std::uint64_t>(std::count_if(
+                                                   r3.program.ops.begin(), r3.program.ops.end(),
+                                                   [](const Op& op) { return op.kind == OpKind::alloc; })));
+}
+
+TEST_F(CudaBackendTest, BallastLeavesLessThanOnePageAboveAnUnalignedTarget) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  Scenario s = example();
+  s.device.context_overhead = kDefaultContextOverhead;  // 273.75 MiB: not a whole page
+  const CaseResult r = run_case(s, backend, false);
+  const Bytes target = s.device.available();
+  EXPECT_GE(r.exec.device->free_before, target);
+  EXPECT_LT(r.exec.device->free_before - target, kBallastStep);
+}
+
+TEST_F(CudaBackendTest, ACardLargerThanTheDeviceIsAnError) {
+  FakeConfig fc;
+  fc.total = 16 * GiB;
+  FakeRuntime fake(fc);
+  CudaBackend backend(fake, quiet());
+  Scenario s = example();
+  s.device.total = 24 * GiB;
+  const CaseResult r = run_case(s, backend, false);
+  EXPECT_EQ(r.verdict.kind, VerdictKind::error);
+  ASSERT_TRUE(r.exec.error);
+  EXPECT_NE(r.exec.error->find("emulating"), std::string::npos) << *r.exec.error;
+  EXPECT_FALSE(r.exec.fatal);
+}
+
+// ---- the fake agrees with sim op for op -------------------------------------------------------
+
+TEST_F(CudaBackendTest, EveryModeMeasuresWhatTheSimComputes) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet(Transfer::skip));
+  SimBackend sim;
+  int ooms = 0;
+  int cases = 0;
+  for (const AllocatorMode mode : kAllAllocatorModes) {
+    for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+      // Small cards too, so OOMs (and the caching retry ladder) are exercised.
+      const Scenario s = generated(mode, seed * 7919 + static_cast<std::uint64_t>(mode), seed % 3 == 0 ? 8 * GiB : 24 * GiB);
+      const Plan plan = predict(s);
+      const Program p = lower(s, plan);
+      const ExecResult a = sim.execute(s, p, ExecOptions{true});
+      const ExecResult b = backend.execute(s, p, ExecOptions{true});
+      expect_same_measurements(a, b, fmt::format("{} seed {} ({})", allocator_mode_name(mode), seed, s.name));
+      EXPECT_TRUE(b.warnings.empty()) << b.warnings.front();
+      EXPECT_EQ(b.device->leaked, 0u);
+      const Verdict va = judge(s, plan, p, a);
+      const Verdict vb = judge(s, plan, p, b);
+      EXPECT_EQ(va.signature, vb.signature);
+      ooms += a.oom ? 1 : 0;
+      ++cases;
+    }
+  }
+  EXPECT_GT(ooms, 0) << "no case ran out of memory: the OOM paths were not compared";
+  EXPECT_EQ(cases, 48);
+}
+
+TEST_F(CudaBackendTest, AsyncPoolAttributesComeFromTheOptions) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  SimBackend sim;
+  Scenario s = generated(AllocatorMode::async, 42);
+  s.allocator.options = {{"release_threshold", "0"}, {"reuse_allow_opportunistic", "False"}};
+  const Plan plan = predict(s);
+  const Program p = lower(s, plan);
+  expect_same_measurements(sim.execute(s, p, ExecOptions{true}), backend.execute(s, p, ExecOptions{true}), "threshold 0");
+  EXPECT_EQ(fake.counters().pools_created, fake.counters().pools_destroyed);  // a pool per case, destroyed
+}
+
+// ---- peaks ------------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, PoolHighWatermarksResetBetweenCases) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackendConfig cfg = quiet();
+  cfg.dedicated_pool = false;  // the default pool lives across cases: only the reset separates them
+  CudaBackend backend(fake, cfg);
+  Scenario big = generated(AllocatorMode::async, 3);
+  Scenario small = generated(AllocatorMode::async, 3);
+  small.models.resize(1);
+  small.stages = default_stages(1);
+  const CaseResult a = run_case(big, backend, false);
+  const CaseResult b = run_case(small, backend, false);
+  ASSERT_FALSE(b.exec.error);
+  EXPECT_EQ(a.exec.device->pool_reserved_high, a.exec.reserved_peak);
+  EXPECT_EQ(b.exec.device->pool_reserved_high, b.exec.reserved_peak);
+  EXPECT_EQ(b.exec.device->pool_used_high, b.exec.allocated_peak);
+
+  // Writing 0 to a high watermark resets it to the current value.
+  Pool pool;
+  ASSERT_TRUE(fake.default_pool(pool));
+  Stream st;
+  ASSERT_TRUE(fake.stream_create(st));
+  ASSERT_TRUE(fake.pool_set(pool, PoolAttr::used_high, 0));
+  DevPtr p1 = 0;
+  DevPtr p2 = 0;
+  ASSERT_TRUE(fake.malloc_async(p1, 64 * MiB, pool, st));
+  ASSERT_TRUE(fake.malloc_async(p2, 64 * MiB, pool, st));
+  ASSERT_TRUE(fake.free_async(p2, st));
+  std::uint64_t high = 0;
+  std::uint64_t used = 0;
+  ASSERT_TRUE(fake.pool_get(pool, PoolAttr::used_high, high));
+  EXPECT_EQ(high, 128 * MiB);
+  ASSERT_TRUE(fake.pool_set(pool, PoolAttr::used_high, 0));
+  ASSERT_TRUE(fake.pool_get(pool, PoolAttr::used_high, high));
+  ASSERT_TRUE(fake.pool_get(pool, PoolAttr::used_current, used));
+  EXPECT_EQ(high, used);
+  EXPECT_EQ(high, 64 * MiB);
+  EXPECT_FALSE(fake.pool_set(pool, PoolAttr::used_high, 5));  // only 0 is valid
+  (void)fake.last_error();
+  ASSERT_TRUE(fake.free_async(p1, st));
+}
+
+TEST_F(CudaBackendTest, TheSamplingThreadSeesTheDeviceView) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  const CaseResult r = run_case(example(), backend, false);
+  ASSERT_TRUE(r.exec.device);
+  EXPECT_GT(r.exec.device->samples, 0u);
+  EXPECT_LE(r.exec.device->sampled_used_peak, r.exec.device_peak);
+  ASSERT_TRUE(r.exec.device->nvml_process_peak);
+  EXPECT_GT(*r.exec.device->nvml_process_peak, r.exec.device->ballast);  // NVML sees the whole process
+}
+
+// ---- faults -----------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, AnOomAtOpNIsTheOomVerdictAtOpN) {
+  for (const AllocatorMode mode : {AllocatorMode::raw, AllocatorMode::async}) {
+    SCOPED_TRACE(allocator_mode_name(mode));
+    FakeRuntime fake(FakeConfig{});
+    CudaBackend backend(fake, quiet());
+    Scenario s = example();
+    s.allocator.mode = mode;
+    const CaseResult warm = run_case(s, backend, false);  // fits; the ballast stays in place after it
+    ASSERT_EQ(warm.verdict.kind, VerdictKind::pass) << warm.verdict.message;
+    // raw and async call the device once per (non-empty) alloc op: the 5th one fails.
+    std::uint32_t expected = 0;
+    int seen = 0;
+    for (std::uint32_t i = 0; i < warm.program.ops.size() && seen < 5; ++i) {
+      const Op& op = warm.program.ops[i];
+      if (op.kind == OpKind::alloc && warm.program.buffers[op.buffer].bytes > 0) {
+        expected = i;
+        ++seen;
+      }
+    }
+    fake.arm_oom(5);
+    const CaseResult r = run_case(s, backend, false);
+    ASSERT_TRUE(r.exec.oom);
+    EXPECT_FALSE(r.exec.error);
+    EXPECT_EQ(r.exec.oom->op, expected);
+    EXPECT_EQ(r.exec.oom->request, warm.program.buffers[warm.program.ops[expected].buffer].bytes);
+    EXPECT_EQ(r.verdict.kind, VerdictKind::oom);
+    EXPECT_EQ(r.verdict.op, expected);
+    EXPECT_EQ(r.exec.ops_executed, expected + 1);
+    EXPECT_FALSE(r.exec.fatal);
+    EXPECT_TRUE(fake.last_error().ok());  // the OOM was cleared
+    // Everything the case held came back; the next case is clean.
+    EXPECT_EQ(r.exec.device->leaked, 0u);
+    EXPECT_EQ(run_case(s, backend, false).verdict.kind, VerdictKind::pass);
+  }
+}
+
+TEST_F(CudaBackendTest, TheCachingModelsRetryLadderAbsorbsAOneOffOom) {
+  // PyTorch's allocator frees its cache and retries once before it gives up: a single failed
+  // cudaMalloc on the real device is recovered the way the model says.
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  Scenario s = example();
+  s.allocator.mode = AllocatorMode::caching;
+  const CaseResult warm = run_case(s, backend, false);
+  ASSERT_EQ(warm.verdict.kind, VerdictKind::pass);
+  fake.arm_oom(5);
+  const CaseResult r = run_case(s, backend, false);
+  EXPECT_FALSE(r.exec.oom);
+  EXPECT_EQ(r.exec.final_stats.num_alloc_retries, warm.exec.final_stats.num_alloc_retries + 1);
+  EXPECT_EQ(r.verdict.kind, VerdictKind::pass);
+  EXPECT_EQ(r.exec.device->leaked, 0u);
+}
+
+TEST_F(CudaBackendTest, AStickyErrorEndsTheCaseAndPoisonsTheBackend) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  const Scenario s = example();
+  fake.arm_sticky(3);
+  const CaseResult r = run_case(s, backend, false);
+  EXPECT_EQ(r.verdict.kind, VerdictKind::error);
+  ASSERT_TRUE(r.exec.error);
+  EXPECT_NE(r.exec.error->find("illegal memory access"), std::string::npos) << *r.exec.error;
+  EXPECT_TRUE(r.exec.fatal);
+  EXPECT_TRUE(backend.poisoned());
+  const CaseResult again = run_case(s, backend, false);
+  EXPECT_TRUE(again.exec.fatal);
+  EXPECT_NE(again.exec.error->find("unusable"), std::string::npos);
+}
+
+TEST_F(CudaBackendTest, StickyErrorsExitThreeAndStopTheCampaign) {
+  const CliRun run = run_cli({"run", kExample, "--backend", "fake:sticky_launch=2"});
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_NE(run.output.find("illegal memory access"), std::string::npos) << run.output;
+  const CliRun fuzz = run_cli({"fuzz", "--cases", "6", "--backend", "fake:sticky_launch=2", "--vram", "24GiB"});
+  EXPECT_EQ(fuzz.exit_code, 3) << fuzz.output;
+  EXPECT_NE(fuzz.output.find("fuzz: 1 cases"), std::string::npos) << fuzz.output;
+}
+
+TEST_F(CudaBackendTest, ABaselineThatDoesNotComeBackIsALeakWarning) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  const Scenario s = generated(AllocatorMode::async, 5);
+  fake.set_leak_on_trim(8 * MiB);
+  const CaseResult r = run_case(s, backend, false);
+  ASSERT_TRUE(r.exec.device);
+  EXPECT_GE(r.exec.device->leaked, 8 * MiB);
+  ASSERT_FALSE(r.exec.warnings.empty());
+  EXPECT_NE(r.exec.warnings.front().find("did not come back"), std::string::npos);
+  EXPECT_FALSE(r.exec.error);  // a leak is reported, not an error of the case
+  // The next case refits the ballast: its card is exact again.
+  fake.set_leak_on_trim(0);
+  const CaseResult next = run_case(s, backend, false);
+  EXPECT_EQ(next.exec.device->free_before, s.device.available());
+  EXPECT_EQ(next.exec.device->leaked, 0u);
+}
+
+// ---- transfers --------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, PinnedBufferIsAllocatedOnceAndReused) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  const Scenario s = example();
+  const CaseResult a = run_case(s, backend, false);
+  const CaseResult b = run_case(s, backend, false);
+  EXPECT_EQ(backend.pinned_allocations(), 1u);
+  EXPECT_EQ(fake.counters().host_allocs, 1u);
+  Bytes largest = 0;
+  std::uint64_t copies = 0;
+  for (const Op& op : a.program.ops) {
+    if (op.kind != OpKind::h2d) continue;
+    largest = std::max(largest, a.program.buffers[op.buffer].bytes);
+    copies += a.program.buffers[op.buffer].bytes > 0 ? 1 : 0;
+  }
+  EXPECT_GE(backend.pinned_bytes(), largest);
+  EXPECT_EQ(a.exec.device->h2d_copies, copies);
+  EXPECT_EQ(fake.counters().h2d_copies, a.exec.device->h2d_copies + b.exec.device->h2d_copies);
+  EXPECT_GT(a.exec.device->launches, 0u);
+}
+
+TEST_F(CudaBackendTest, TransferSkipIssuesNoCopies) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet(Transfer::skip));
+  const CaseResult r = run_case(example(), backend, false);
+  EXPECT_EQ(fake.counters().h2d_copies, 0u);
+  EXPECT_EQ(fake.counters().host_allocs, 0u);
+  EXPECT_EQ(r.exec.device->h2d_copies, 0u);
+  EXPECT_GT(r.exec.device->memsets, 0u);
+  EXPECT_GT(fake.counters().memsets, r.exec.device->memsets);  // the warm-up's memset too
+}
+
+// ---- isolation --------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, ExecResultsRoundTripThroughJson) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  const Scenario s = example("comfy:oct2025");  // an OOM, so every optional part is there
+  const Program p = lower(s, predict(s));
+  ExecResult r = backend.execute(s, p, ExecOptions{true});
+  r.warnings.push_back("a warning");
+  const ExecResult back = exec_result_from_json(exec_result_to_json(r), "test");
+  EXPECT_EQ(exec_result_to_json(back), exec_result_to_json(r));
+  ASSERT_TRUE(back.oom);
+  EXPECT_EQ(back.trace.size(), r.trace.size());
+  EXPECT_THROW(exec_result_from_json("{\"schema\": \"other\"}", "x"), InputError);
+}
+
+TEST_F(CudaBackendTest, IsolateRunsTheCaseInAChildAndSurvivesItsCrash) {
+  const Scenario s = example();
+  const Program p = lower(s, predict(s));
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend in_process(fake, quiet());
+  const ExecResult expected = in_process.execute(s, p, ExecOptions{});
+
+  IsolateConfig ok;
+  ok.command = {VF_CLI, "exec-case", "--backend", "fake"};
+  IsolatedBackend isolated(ok);
+  const ExecResult child = isolated.execute(s, p, ExecOptions{});
+  ASSERT_FALSE(child.error) << *child.error;
+  EXPECT_EQ(child.reserved_peak, expected.reserved_peak);
+  EXPECT_EQ(child.stage_reserved_peak, expected.stage_reserved_peak);
+
+  IsolateConfig crash;
+  crash.command = {VF_CLI, "exec-case", "--backend", "fake:abort_launch=1"};
+  IsolatedBackend crashing(crash);
+  const ExecResult dead = crashing.execute(s, p, ExecOptions{});
+  ASSERT_TRUE(dead.error);
+  EXPECT_NE(dead.error->find("signal 6"), std::string::npos) << *dead.error;
+  EXPECT_FALSE(dead.fatal);
+  // The parent is unharmed: the next case runs.
+  EXPECT_FALSE(isolated.execute(s, p, ExecOptions{}).error);
+
+  // The campaign goes on after crashing children (each case an error verdict), exit 3.
+  const CliRun fuzz = run_cli({"fuzz", "--cases", "3", "--backend", "fake:abort_launch=1", "--isolate", "--vram", "24GiB"});
+  EXPECT_EQ(fuzz.exit_code, 3) << fuzz.output;
+  EXPECT_NE(fuzz.output.find("fuzz: 3 cases"), std::string::npos) << fuzz.output;
+}
+
+// ---- CLI and factory --------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, RunFlagsReachTheBackend) {
+  const CliRun skip =
+      run_cli({"run", kExample, "--policy", "comfy:dec2025", "--backend", "fake", "--transfer", "skip", "--vram", "16GiB"});
+  EXPECT_EQ(skip.exit_code, 0) << skip.output;
+  EXPECT_NE(skip.output.find("16 GiB device"), std::string::npos) << skip.output;
+  EXPECT_NE(skip.output.find("measured on cuda"), std::string::npos) << skip.output;
+  const CliRun bad = run_cli({"run", kExample, "--backend", "fake", "--transfer", "sometimes"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  const CliRun isolated = run_cli({"run", kExample, "--policy", "comfy:dec2025", "--backend", "fake", "--isolate"});
+  EXPECT_EQ(isolated.exit_code, 0) << isolated.output;
+}
+
+TEST_F(CudaBackendTest, NoGpuIsOneLineAndExitThree) {
+  std::string why;
+  if (cuda_usable(&why)) GTEST_SKIP() << "a GPU is usable here; the no-GPU path cannot be checked";
+  EXPECT_EQ(why.find('\n'), std::string::npos);
+  EXPECT_THROW((void)open_cuda_runtime(), InfraError);
+  EXPECT_EQ(best_backend(), "sim");
+  const CliRun run = run_cli({"run", kExample, "--backend", "cuda", "--isolate"});
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+}
+
+// ---- the device layer -------------------------------------------------------------------------
+
+TEST(CudaDeviceLayer, PagesAreMappedOnePerModelPageAndGiveBackEverything) {
+  FakeRuntime fake(FakeConfig{});
+  ASSERT_TRUE(fake.init_device(0));
+  const Bytes before = fake.charged();
+  DeviceSpec spec;
+  spec.total = 24 * GiB;
+  {
+    CudaDeviceLayer layer(fake, spec);
+    const auto va = layer.reserve_va(200 * MiB, 2 * MiB);
+    ASSERT_TRUE(layer.map_pages(va, 60 * MiB, 20 * MiB));
+    EXPECT_EQ(fake.charged() - before, 60 * MiB);
+    layer.unmap_pages(va + 20 * MiB, 20 * MiB, 20 * MiB);  // a page in the middle
+    EXPECT_EQ(fake.charged() - before, 40 * MiB);
+    EXPECT_THROW(layer.unmap_pages(va + 20 * MiB, 20 * MiB, 20 * MiB), CudaFault);  // not mapped any more
+    const auto seg = layer.segment_malloc(3 * MiB);
+    ASSERT_TRUE(seg);
+    EXPECT_EQ(fake.charged() - before, 44 * MiB);
+    std::string note;
+    EXPECT_EQ(layer.release_all(&note), 43 * MiB);  // what it held as asked for (the fake charged 44)
+    EXPECT_NE(note.find("1 segment"), std::string::npos) << note;
+  }
+  EXPECT_EQ(fake.charged(), before);
+  // Out of memory is a `false`, and nothing stays mapped.
+  FakeConfig small;
+  small.total = 1 * GiB;
+  FakeRuntime tiny(small);
+  ASSERT_TRUE(tiny.init_device(0));
+  CudaDeviceLayer layer(tiny, spec);
+  const Bytes held = tiny.charged();
+  const auto va = layer.reserve_va(2 * GiB, 2 * MiB);
+  EXPECT_FALSE(layer.map_pages(va, 1000 * MiB, 20 * MiB));  // 50 pages; the 26th does not fit
+  EXPECT_EQ(tiny.charged(), held);
+  EXPECT_TRUE(tiny.last_error().ok());
+}
+
+TEST(FakeRuntime, SpecsParseAndRejectTypos) {
+  const FakeConfig c = parse_fake_spec("fake:total=80GiB,context=300MiB,sticky_launch=4,leak_on_trim=2MiB", "--backend");
+  EXPECT_EQ(c.total, 80 * GiB);
+  EXPECT_EQ(c.context_cost, 300 * MiB);
+  EXPECT_EQ(c.sticky_at_launch, 4u);
+  EXPECT_EQ(c.leak_on_trim, 2 * MiB);
+  EXPECT_THROW(parse_fake_spec("fake:totl=1GiB", "--backend"), InputError);
+  EXPECT_THROW(parse_fake_spec("fake:total", "--backend"), InputError);
+  EXPECT_FALSE(is_fake_spec("fakes"));
+}
+
+// ---- the GPU check on the fake ----------------------------------------------------------------
+
+TEST(GpuCheck, RunsEverySectionOnTheFakeAndWritesTheSchema) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("vf-gpu-check-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  const CliRun run = run_cli({"gpu-check", "--out", dir.string(), "--fake", "1", "--quick", "--cases", "2", "--fuzz-time", "4s"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(dir / "gpu-check.json");
+  ASSERT_TRUE(in) << "no gpu-check.json";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["schema"], "vramfuzz.gpu-check/1");
+  EXPECT_EQ(doc["runtime"]["kind"], "fake");
+  for (const char* name : {"calibration", "kernels", "agreement", "fuzz"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(doc["sections"].contains(name));
+    const auto& s = doc["sections"][name];
+    EXPECT_TRUE(s["status"] == "ok" || s["status"] == "partial") << s.dump();
+    EXPECT_TRUE(s.contains("seconds"));
+  }
+  const auto& cal = doc["sections"]["calibration"];
+  EXPECT_EQ(cal["context"]["context_overhead"], 512 * MiB + 2 * MiB);  // the fake's context + module
+  EXPECT_EQ(cal["cudamalloc"][0]["charged"], 2 * MiB);                  // 1 B costs a page
+  EXPECT_EQ(cal["async_pool"].size(), 3u);
+  EXPECT_EQ(cal["suggested"]["pool_granularity"], 2 * MiB);
+  EXPECT_EQ(cal["vmm_granularity"]["minimum"], 2 * MiB);
+  EXPECT_TRUE(cal["nvml"].contains("latency_running_processes"));
+  const auto& ker = doc["sections"]["kernels"];
+  EXPECT_EQ(ker["correctness"].size(), 24u);
+  EXPECT_EQ(ker["correctness_summary"]["mismatches"], 0);
+  EXPECT_EQ(ker["correctness_summary"]["unwritten"], 0);
+  EXPECT_GE(ker["bandwidth"].size(), 11u);
+  const auto& agr = doc["sections"]["agreement"];
+  ASSERT_EQ(agr["modes"].size(), 4u);
+  for (const auto& [mode, m] : agr["modes"].items()) {
+    SCOPED_TRACE(mode);
+    EXPECT_GE(m["cases"].get<int>(), 1);
+    EXPECT_EQ(m["exact"], m["cases"]);  // the fake is the sim: every peak agrees
+    EXPECT_EQ(m["errors"], 0);
+  }
+  EXPECT_GE(doc["sections"]["fuzz"]["cases"].get<int>(), 1);
+  EXPECT_TRUE(std::filesystem::exists(dir / "gpu-check.md"));
+
+  // A section run alone merges into the same file; `report` re-renders the Markdown.
+  const CliRun again = run_cli({"gpu-check", "--out", dir.string(), "--fake", "1", "--quick", "--section", "calibration"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  std::ifstream in2(dir / "gpu-check.json");
+  const nlohmann::json doc2 = nlohmann::json::parse(in2);
+  EXPECT_TRUE(doc2["sections"].contains("fuzz"));
+  EXPECT_EQ(run_cli({"gpu-check", "--out", dir.string(), "--section", "report"}).exit_code, 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace vf::cuda
