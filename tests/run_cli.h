@@ -1,5 +1,6 @@
 // Running the vramfuzz binary as a real process from a test: exit code, signal, stdout, stderr,
-// with a timeout. Shared by test_cli.cpp and test_import.cpp.
+// with a timeout; a fresh temporary directory per test; reading a file whole. Shared by the tests
+// that run the CLI or write files (test_cli, test_import, test_merge, test_reports).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,6 +107,29 @@ inline void expect_clean(const Proc& p) {
     EXPECT_EQ(p.err.find(bad), std::string::npos) << "stderr has \"" << bad << "\"\n" << describe(p);
     EXPECT_EQ(p.out.find(bad), std::string::npos) << "stdout has \"" << bad << "\"\n" << describe(p);
   }
+}
+
+// Each test in its own temporary directory (dir_), removed with everything in it afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "vf_test_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::filesystem::path dir_;
+};
+
+// The whole file as bytes ("" when it cannot be read: the assertion that follows says what).
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace vf::test

@@ -48,12 +48,7 @@ Proc run_cli(const std::vector<std::string>& args, const fs::path& cwd, int time
   return test::run_process(VF_CLI, args, cwd, timeout_s);
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::read_file;
 
 // The "verdict: ..." line of `run`.
 std::string verdict_line(const std::string& out) {
@@ -77,17 +72,8 @@ std::size_t count_lines(const std::string& s) {
   return n;
 }
 
-class Cli : public ::testing::Test {
+class Cli : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "vf_test_cli_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   Proc run(const std::vector<std::string>& args, int timeout_s = 30) { return run_cli(args, dir_, timeout_s); }
   fs::path write(const std::string& name, const std::string& text) {
     const fs::path p = dir_ / name;
@@ -106,7 +92,6 @@ class Cli : public ::testing::Test {
     EXPECT_EQ(p.out, "") << describe(p);
     return p;
   }
-  fs::path dir_;
 };
 
 // ---- run / plan on the example ----------------------------------------------------------------

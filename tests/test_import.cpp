@@ -238,19 +238,7 @@ void expect_flux_order(const ModelSpec& m, std::uint64_t doubles, std::uint64_t 
   }
 }
 
-class Import : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "vf_test_import_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  fs::path dir_;
-};
+using Import = test::TempDirTest;
 
 // ==== safetensors header ======================================================================
 

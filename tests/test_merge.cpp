@@ -33,24 +33,10 @@ using test::describe;
 using test::expect_clean;
 using test::Proc;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::read_file;
 
-class Merge : public ::testing::Test {
+class Merge : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "vf_test_merge_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   Proc run(const std::vector<std::string>& args, int timeout_s = 60) { return test::run_process(VF_CLI, args, dir_, timeout_s); }
   json summary(const std::string& out) { return json::parse(read_file(dir_ / out / "summary.json")); }
   // signature -> (count, worst overshoot)
@@ -59,7 +45,6 @@ class Merge : public ::testing::Test {
     for (const json& f : s["findings"]) out[f["signature"]] = {f["count"].get<std::uint64_t>(), f["worst_overshoot"].get<std::int64_t>()};
     return out;
   }
-  fs::path dir_;
 };
 
 const std::vector<std::string> kCampaign{"fuzz", "--cases", "120", "--seed", "3", "--policy", "comfy:dec2025", "--shrink-execs", "40"};

@@ -28,12 +28,7 @@ using report::Json;
 
 const std::string kXsd = std::string(VF_SOURCE_DIR) + "/reports/schema/junit.xsd";
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using test::read_file;
 
 std::string which(const std::string& name) {
   const char* path = std::getenv("PATH");
