@@ -194,14 +194,19 @@ struct Arena {
   Bytes growth_unit = 0;  // expandable page / async chunk (0: none)
   Bytes kept = 0;         // units left partly used around live blocks by the last empty_cache
   bool grew = false;      // allocated since the last empty_cache
-  // Expandable: a second bound, the arena's top. A block is carved from the start of a free block,
-  // and every free block starts at or below the end of the highest live block (free space above
-  // it is one merged block, the free tail), so a block ends at most at (highest live end + its
-  // size); the pages mapped reach at most the highest end since the last empty_cache, which
-  // unmaps every whole free page above the highest live block. The smaller bound is used.
+  // Expandable: a second bound, the arena's top. A block is carved from the start of a free block
+  // (or of the free and unmapped run PyTorch maps on a miss), and such a block starts at offset 0,
+  // at the end of a live block, or at the end of a hole: the unmapped pages empty_cache left
+  // between live blocks (a mapped free block never merges with an unmapped one). A hole ends at
+  // or below the highest live end of the empty_cache that made it, so a block ends at most at
+  // max(highest live end, floor) + its size, floor being the highest live end of every
+  // empty_cache since one that found the arena empty (that one unmapped everything). The pages
+  // mapped reach at most the highest end since the last empty_cache, which unmaps every whole
+  // free page above the highest live block. The smaller bound is used.
   bool tops = false;
   std::multiset<Bytes> live_ends;  // the live blocks' end estimates
   Bytes top = 0;                   // highest end estimate since the last empty_cache
+  Bytes floor = 0;                 // highest end a hole may have (see above)
   Bytes live_r = 0;                // live rounded bytes
 };
 
@@ -224,7 +229,7 @@ class ClassEstimator : public Estimator {
     a.by_seq.emplace(seq, buffer);
     a.grew = true;
     if (a.tops) {
-      b.end = (a.live_ends.empty() ? 0 : *a.live_ends.rbegin()) + b.rounded;
+      b.end = std::max(a.live_ends.empty() ? 0 : *a.live_ends.rbegin(), a.floor) + b.rounded;
       a.live_ends.insert(b.end);
       a.top = std::max(a.top, b.end);
       a.live_r += b.rounded;
@@ -319,7 +324,10 @@ class ClassEstimator : public Estimator {
         a.kept = std::min<Bytes>(was_free, 2 * a.growth_unit * a.by_seq.size());
       }
       a.grew = false;
-      if (a.tops) a.top = a.live_ends.empty() ? 0 : *a.live_ends.rbegin();
+      if (a.tops) {
+        a.top = a.live_ends.empty() ? 0 : *a.live_ends.rbegin();
+        a.floor = a.live_ends.empty() ? 0 : std::max(a.floor, a.top);
+      }
       share(a, true);
     }
   }

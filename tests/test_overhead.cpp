@@ -38,6 +38,7 @@ struct ProgramBuilder {
   void free(std::uint32_t b) {
     p.ops.push_back(Op{OpKind::free, Phase::forward, p.buffers[b].stream, 0, stage, b, kNone});
   }
+  void empty_cache() { p.ops.push_back(Op{OpKind::empty_cache, Phase::forward, 0, 0, stage, kNone, kNone}); }
   void wait(std::uint8_t stream, std::uint8_t target) {
     p.ops.push_back(Op{OpKind::wait, Phase::forward, stream, target, stage, kNone, kNone});
   }
@@ -222,6 +223,29 @@ TEST(OverheadExpandable, MaxSplitMakesEveryRequestPossiblyNewButNotAboveTheTop) 
   EXPECT_EQ(measured_overhead(s, pb.p), 4 * MiB);
 }
 
+TEST(OverheadExpandable, AHoleUnmappedByEmptyCacheLiftsTheNextBlocks) {
+  // empty_cache unmaps the free pages of a hole between live blocks, and a block above the hole
+  // does not merge down into it when freed: free space can then start above the highest live
+  // end. 30 + 30 + 80 MiB live, the middle freed, empty_cache ([40, 60) unmapped; [30, 40) stays:
+  // page 20-40 holds a live byte). Next stage: the 80 freed, 80 again (best fit at [60, 140)),
+  // then 50: the hole holds 30 MiB only, so the segment grows to 200 MiB: 180 reserved over 160
+  // live. The top estimate must start new blocks at the highest end empty_cache saw (140), not
+  // at the highest live end (30).
+  ProgramBuilder pb;
+  pb.alloc(30 * MiB);
+  const auto x = pb.alloc(30 * MiB);
+  const auto c = pb.alloc(80 * MiB);
+  pb.free(x);
+  pb.empty_cache();
+  pb.next_stage();
+  pb.free(c);
+  pb.alloc(80 * MiB);
+  pb.alloc(50 * MiB);
+  const Scenario s = with_allocator(AllocatorMode::caching_expandable);
+  EXPECT_EQ(measured_overhead(s, pb.p), 20 * MiB);
+  EXPECT_GE(overhead_bound(s, pb.p), 20 * MiB);
+}
+
 // ---- async --------------------------------------------------------------------------------------
 
 TEST(OverheadAsync, AnotherStreamsFreeIsNotReusableWithoutAnEdge) {
@@ -393,7 +417,35 @@ TEST(FuzzImport, ACrashInputBecomesAReplayableRepro) {
   test::expect_clean(replay);
   EXPECT_EQ(replay.exit_code, 1) << test::describe(replay);
   EXPECT_NE(replay.out.find("reproduced 1/1"), std::string::npos) << test::describe(replay);
+
+  // The repro carries exact_reserve, which only `exact` knows: under a comfy policy it is dropped
+  // with a warning (the comfy reserve rules), not refused.
+  const test::Proc comfy =
+      test::run_process(VF_CLI, {"run", (dir / "repro" / "repro.json").string(), "--policy", "comfy:dec2025"}, dir, 120);
+  EXPECT_TRUE(comfy.exit_code == 0 || comfy.exit_code == 1) << test::describe(comfy);
+  EXPECT_NE(comfy.err.find("exact_reserve=0 applies to the exact predictor only; dropped"), std::string::npos)
+      << test::describe(comfy);
+  EXPECT_NE(comfy.out.find("reserve 400.00 MiB"), std::string::npos) << test::describe(comfy);
+
+  // A bad --reserve is named by its flag, exit 2.
+  const test::Proc bad = test::run_process(VF_CLI, {"fuzz-import", input.string(), "--reserve", "lots"}, dir, 60);
+  EXPECT_EQ(bad.exit_code, 2) << test::describe(bad);
+  EXPECT_NE(bad.err.find("--reserve: "), std::string::npos) << test::describe(bad);
+  EXPECT_EQ(bad.err.find("exact_reserve"), std::string::npos) << test::describe(bad);
   std::filesystem::remove_all(dir);
+}
+
+TEST(FuzzImport, TheTargetsStepsRunTheSimplestInputClean) {
+  // An empty input draws the simplest choice everywhere: a valid scenario that the target's own
+  // steps (run_pipeline_case, which fuzz-import replays) run to a clean pass.
+  Catalog catalog;
+  FuzzedDataProvider fdp(nullptr, 0);
+  const Scenario s = pipeline_case(fdp, catalog);
+  const PipelineRun run = run_pipeline_case(s);
+  EXPECT_TRUE(run.broken.empty()) << run.broken;
+  EXPECT_TRUE(run.rejected.empty()) << run.rejected;
+  EXPECT_FALSE(run.result.verdict.finding()) << run.result.verdict.message;
+  EXPECT_FALSE(run.result.program.ops.empty());
 }
 #endif
 
