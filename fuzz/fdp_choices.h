@@ -1,5 +1,5 @@
-// The choice-driven generator fed by libFuzzer's FuzzedDataProvider, and the case fuzz target 5
-// (fuzz_pipeline) makes of its input bytes. Header-only so that `vramfuzz fuzz-import` replays
+// The choice-driven generator fed by libFuzzer's FuzzedDataProvider, the case fuzz target 5
+// (fuzz_pipeline) makes of its input bytes, and what it does with that case. Header-only so that `vramfuzz fuzz-import` replays
 // an input through the very same code: the same bytes give the same draws, hence the same
 // scenario, on any build.
 #pragma once
@@ -7,9 +7,13 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
+#include <exception>
+#include <string>
 #include <vector>
 
+#include "harness/campaign.h"
 #include "harness/choices.h"
+#include "harness/core/error.h"
 #include "harness/generate.h"
 #include "harness/overhead.h"
 #include "harness/scenario.h"
@@ -46,6 +50,35 @@ inline Scenario pipeline_case(FuzzedDataProvider& fdp, Catalog& catalog, std::ve
   validate_scenario(s);
   if (choices) *choices = c.recorded();
   return s;
+}
+
+// Fuzz target 5's run of a case, step by step (predict, lower, check_program, sim, judge), shared
+// with `vramfuzz fuzz-import` so that every way the target can fail replays the same way there.
+struct PipelineRun {
+  CaseResult result;       // as far as it got
+  std::string rejected;    // an InputError's message: the target skips the input
+  std::string broken;      // a program check_program refuses, or any other exception: the target traps
+};
+
+inline PipelineRun run_pipeline_case(const Scenario& s) {
+  PipelineRun run;
+  CaseResult& r = run.result;
+  try {
+    r.plan = predict(s);
+    r.program = lower(s, r.plan);
+    if (const std::string why = check_program(r.program); !why.empty()) {
+      run.broken = "check_program: " + why;
+      return run;
+    }
+    SimBackend backend;
+    r.exec = backend.execute(s, r.program, ExecOptions{false});
+    r.verdict = judge(s, r.plan, r.program, r.exec);
+  } catch (const InputError& e) {
+    run.rejected = e.what();
+  } catch (const std::exception& e) {
+    run.broken = std::string("the pipeline threw: ") + e.what();
+  }
+  return run;
 }
 
 }  // namespace vf

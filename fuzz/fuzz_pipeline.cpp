@@ -54,21 +54,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::fprintf(stderr, "fuzz_pipeline: the generator threw: %s\n", e.what());
     __builtin_trap();
   }
-  vf::CaseResult r;
-  try {
-    r.plan = vf::predict(s);
-    r.program = vf::lower(s, r.plan);
-    if (const std::string broken = vf::check_program(r.program); !broken.empty()) {
-      fail(s, nullptr, "check_program: " + broken);
-    }
-    vf::SimBackend backend;
-    r.exec = backend.execute(s, r.program, vf::ExecOptions{false});
-    r.verdict = vf::judge(s, r.plan, r.program, r.exec);
-  } catch (const vf::InputError&) {
-    return 0;
-  } catch (const std::exception& e) {
-    fail(s, nullptr, std::string("the pipeline threw: ") + e.what());
-  }
+  const vf::PipelineRun run = vf::run_pipeline_case(s);
+  if (!run.rejected.empty()) return 0;
+  if (!run.broken.empty()) fail(s, nullptr, run.broken);
+  const vf::CaseResult& r = run.result;
   if (r.verdict.kind == vf::VerdictKind::error) fail(s, &r, "error verdict: " + r.verdict.message);
   if (r.verdict.finding()) fail(s, &r, r.verdict.signature + ": " + r.verdict.message);
   return 0;

@@ -3,8 +3,11 @@
 // its recorded choices are exactly what the target saw; run with the same setup (exact predictor,
 // the allocator mode's overhead bound as the reserve); when it fails, shrunk by the project's
 // shrinker (which keeps the signature, and keeps the scenario on `exact_reserve=bound`) into
-// vramfuzz.repro/1 (repro.json + repro.md). An input that does not fail is said so, exit 0.
+// vramfuzz.repro/1 (repro.json + repro.md). A program check_program refuses or an exception (the
+// target traps on those too) has no verdict to shrink: the case is written as scenario.json. Exit 1
+// either way; an input that does not fail (or that the target skips) is said so, exit 0.
 #include <cstdio>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -42,11 +45,40 @@ int do_fuzz_import(const FuzzImportFlags& f) {
   FuzzedDataProvider fdp(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
   ReproOrigin origin;
   origin.source_file = f.file;
-  Scenario s = pipeline_case(fdp, catalog, &origin.choices);
-  if (!f.reserve.empty()) apply_policy_override(s.policy, "exact_reserve", f.reserve, "--reserve");
+  Scenario s;
+  try {
+    s = pipeline_case(fdp, catalog, &origin.choices);
+  } catch (const InputError& e) {
+    std::fputs(fmt::format("{}: does not fail: the target skips it (its draws make no valid scenario: {})\n", f.file,
+                           e.what())
+                   .c_str(),
+               stdout);
+    return kExitOk;
+  }
+  if (!f.reserve.empty()) {
+    parse_size(f.reserve, "--reserve");  // a bad value is named by its flag
+    apply_policy_override(s.policy, "exact_reserve", f.reserve, "--reserve");
+  }
 
-  SimBackend backend;  // what the target ran: deterministic, so the crash reproduces here
-  const CaseResult r = run_case(s, backend, false);
+  // What the target ran, step by step: deterministic, so the crash reproduces here.
+  const PipelineRun run = run_pipeline_case(s);
+  const std::string dir = f.out.empty() ? f.file + ".repro" : f.out;
+  if (!run.broken.empty()) {
+    // Not a verdict the shrinker can keep: the case itself is the repro.
+    std::filesystem::create_directories(dir);
+    const std::string path = (std::filesystem::path(dir) / "scenario.json").string();
+    write_file_atomic(path, scenario_to_json(s) + "\n");
+    std::fputs(fmt::format("{}: {}\nthe case (not shrunk: no verdict to keep): {}\nreplay: vramfuzz run {}\n", f.file,
+                           run.broken, path, path)
+                   .c_str(),
+               stdout);
+    return kExitFindings;
+  }
+  if (!run.rejected.empty()) {
+    std::fputs(fmt::format("{}: does not fail: the target skips it ({})\n", f.file, run.rejected).c_str(), stdout);
+    return kExitOk;
+  }
+  const CaseResult& r = run.result;
   const std::string bound = overhead_breakdown(s, r.program).summary();
   if (r.verdict.kind == VerdictKind::error) throw InfraError(fmt::format("{}: error verdict: {}", f.file, r.verdict.message));
   if (!r.verdict.finding()) {
@@ -58,11 +90,11 @@ int do_fuzz_import(const FuzzImportFlags& f) {
     return kExitOk;
   }
 
+  SimBackend backend;
   ShrinkOptions opt;
   opt.max_execs = f.execs;
   if (!f.time.empty()) opt.max_seconds = parse_duration(f.time, "--shrink-time");
   const ShrinkResult sr = shrink(s, backend, opt);
-  const std::string dir = f.out.empty() ? f.file + ".repro" : f.out;
   const std::string path = write_repro(dir, sr, origin);
   std::fputs(fmt::format("{}: {} ({})\n{}\n{}\nshrunk {} models / {} modules / {} -> {} / {} / {} in {} executions; "
                          "overshoot {}\nrepro: {}\nreplay: vramfuzz replay {}\n",

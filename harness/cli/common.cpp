@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "harness/cli/commands.h"
 #include "harness/core/error.h"
@@ -22,7 +23,15 @@ void PolicyFlags::apply(Scenario& s) const {
   if (!policy.empty()) {
     const auto overrides = s.policy.overrides;
     s.policy = parse_policy(policy, "--policy");
-    for (const auto& [k, v] : overrides) apply_policy_override(s.policy, k, v, "--policy");
+    for (const auto& [k, v] : overrides) {
+      // exact_reserve means something to `exact` only (a fuzz-import repro carries `bound`):
+      // under another predictor the file's own reserve rules, as `reserve` does.
+      if (k == "exact_reserve" && s.policy.predictor != PredictorKind::exact) {
+        spdlog::warn("--policy {}: the scenario's exact_reserve={} applies to the exact predictor only; dropped", policy, v);
+        continue;
+      }
+      apply_policy_override(s.policy, k, v, "--policy");
+    }
   }
   if (!reserve.empty()) {
     (void)parse_size(reserve, "--reserve");  // a bad value is reported as "--reserve: ...", not "--reserve.reserve"
