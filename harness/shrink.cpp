@@ -302,39 +302,70 @@ class Shrinker {
     c.models[m].spec = std::move(copy);
   }
 
-  // Bisection over the module list: remove halves, then quarters, ... Each chunk is tried
-  // as is, and with the device shrunk by the removed bytes (so the remaining modules keep the
-  // same memory pressure: most removed modules were resident ballast).
+  // Bisection over the modules: remove halves, then quarters, ... Each chunk is tried as is, and
+  // with the device shrunk by the removed bytes (so the remaining modules keep the same memory
+  // pressure: most removed modules were resident ballast). Two orders: the module list (a block's
+  // modules together), then the loader's walk order from its end (the modules it moves last, the
+  // smallest: an overshoot summed over many small modules keeps failing without the ones loaded
+  // after the failure, which the list order scatters over every block), when the list is stuck.
   bool bisect_modules(std::size_t m) {
+    std::vector<std::uint32_t> list(best_.models[m].spec->modules.size());
+    for (std::uint32_t i = 0; i < list.size(); ++i) list[i] = i;
+    // The walk-order sweep only when the list order is stuck: a local minimum of the list order
+    // is where it helps, and elsewhere it would spend the budget the other passes need.
+    if (bisect_in_order(m, std::move(list), false)) return true;
+    std::vector<std::uint32_t> walk;
+    const Plan plan = predict(best_);
+    for (const LoadPlan& lp : plan.loads) {
+      if (lp.model == m) {
+        walk = lp.sorted;
+        break;
+      }
+    }
+    return walk.size() > 1 && bisect_in_order(m, std::move(walk), true);
+  }
+
+  // Bisection over `order` (module indices of model m; chunks are ranges of positions in it).
+  bool bisect_in_order(std::size_t m, std::vector<std::uint32_t> order, bool walk) {
     constexpr std::size_t kMaxChunksPerLevel = 32;  // frugal: no sweep finer than n/32
     bool any = false;
-    std::size_t n = best_.models[m].spec->modules.size();
+    std::size_t n = order.size();
     for (std::size_t chunk = std::max<std::size_t>(1, n / 2); chunk >= 1 && n > 1 && within_budget(); chunk /= 2) {
       if (n / chunk > kMaxChunksPerLevel) break;
-      for (std::size_t start = 0; start < n && n - std::min(chunk, n - start) >= 1 && within_budget();) {
-        const std::size_t len = std::min(chunk, n - start);
+      // The walk order is swept from its end: the modules loaded last go first.
+      for (std::size_t done = 0; done < n && n - std::min(chunk, n - done) >= 1 && within_budget();) {
+        const std::size_t len = std::min(chunk, n - done);
+        const std::size_t start = walk ? n - done - len : done;
+        std::vector<std::uint32_t> drop(order.begin() + static_cast<std::ptrdiff_t>(start),
+                                        order.begin() + static_cast<std::ptrdiff_t>(start + len));
+        std::sort(drop.begin(), drop.end());
         Scenario c = best_;
         ModelSpec& spec = editable(c, m);
         Bytes removed = 0;
-        for (std::size_t k = start; k < start + len; ++k) removed += spec.modules[k].bytes;
-        spec.modules.erase(spec.modules.begin() + static_cast<std::ptrdiff_t>(start),
-                           spec.modules.begin() + static_cast<std::ptrdiff_t>(start + len));
+        for (auto it = drop.rbegin(); it != drop.rend(); ++it) {
+          removed += spec.modules[*it].bytes;
+          spec.modules.erase(spec.modules.begin() + static_cast<std::ptrdiff_t>(*it));
+        }
         refinalize(c, m);
-        const std::string what = fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
-        if (accept(c, what)) {
-          any = true;
-          n -= len;
+        const std::string what = walk ? fmt::format("drop walk positions [{}, {}) of {} (of {}; the loader moves them {})",
+                                                    start, start + len, c.models[m].id, n, start + len == n ? "last" : "in order")
+                                      : fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
+        bool taken = accept(c, what);
+        if (!taken && c.device.total > removed + MiB) {
+          c.device.total -= removed;
+          taken = c.device.available() > 0 && accept(c, what + " and their bytes from the device");
+        }
+        if (!taken) {
+          done += len;
           continue;
         }
-        if (c.device.total > removed + MiB) {
-          c.device.total -= removed;
-          if (c.device.available() > 0 && accept(c, what + " and their bytes from the device")) {
-            any = true;
-            n -= len;
-            continue;
-          }
+        any = true;
+        // The remaining positions, renumbered to the modules' new indices.
+        order.erase(order.begin() + static_cast<std::ptrdiff_t>(start), order.begin() + static_cast<std::ptrdiff_t>(start + len));
+        for (std::uint32_t& i : order) {
+          i -= static_cast<std::uint32_t>(std::lower_bound(drop.begin(), drop.end(), i) - drop.begin());
         }
-        start += len;
+        n -= len;
       }
       if (chunk == 1) break;
     }
