@@ -99,7 +99,7 @@ Bytes CalibrationResult::verified_need(AllocatorMode m) const {
   for (const CalibVerify& v : verify) {
     if (v.mode == m) last = &v;
   }
-  if (!last) return 0;
+  if (!last || !last->finished) return 0;
   // The last round's reserve when it held; else what its worst case needed at that reserve.
   return last->violations == 0 ? last->reserve
                                : std::max(last->reserve, static_cast<Bytes>(std::max<std::int64_t>(0, last->max_delta)));
@@ -148,9 +148,12 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Re-runs the mode's sampled cases with the reserve overridden, raising it until none violates
-// or the rounds run out.
+// or the rounds run out. `cut` says the run must end now (a stop or the end of the time budget):
+// the round in progress is recorded unfinished, so the reports say the mode was not verified
+// instead of showing a partial round as the answer.
 void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backend, AllocatorMode mode,
-                 const std::vector<std::uint64_t>& indices, Bytes need, CalibrationResult& out) {
+                 const std::vector<std::uint64_t>& indices, Bytes need, const std::function<bool()>& cut,
+                 CalibrationResult& out) {
   Bytes reserve = need;
   for (std::uint32_t round = 1; round <= cfg.verify_rounds; ++round) {
     CalibrationConfig at = cfg;
@@ -160,7 +163,13 @@ void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backen
     v.round = round;
     v.reserve = reserve;
     for (std::uint64_t i : indices) {
-      if (cfg.should_stop && cfg.should_stop()) return;
+      if (cut()) {
+        v.finished = false;
+        out.verify.push_back(v);
+        spdlog::warn("calibrate: {} verify round {} cut short after {} of {} cases: {} not verified", allocator_mode_name(mode),
+                     round, v.cases, indices.size(), allocator_mode_name(mode));
+        return;
+      }
       const Scenario s = calibration_case(at, catalog, i, mode);
       const CaseResult r = run_case(s, backend, false);
       if (r.verdict.expected_oom || r.verdict.kind == VerdictKind::error) continue;
@@ -225,6 +234,12 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
     if (cfg.on_case) cfg.on_case(out.cases, since(t0));
   }
 
+  // Verification ends with the budget, and a stop (here or while sampling) ends it for every mode
+  // still to come: each then gets an unfinished round, never a claim it did not check.
+  const auto cut = [&] {
+    if (!out.stopped && cfg.should_stop && cfg.should_stop()) out.stopped = true;
+    return out.stopped || (cfg.seconds > 0 && since(t0) >= cfg.seconds);
+  };
   for (AllocatorMode mode : cfg.modes) {
     std::vector<CalibSample> mine;
     for (const CalibSample& s : out.samples) {
@@ -232,7 +247,7 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
     }
     if (mine.empty()) continue;
     const CalibStats st = calib_stats(mine, {}, cfg.margin);
-    if (cfg.verify_rounds > 0 && !out.stopped) verify_mode(cfg, catalog, backend, mode, indices[mode], st.need, out);
+    if (cfg.verify_rounds > 0) verify_mode(cfg, catalog, backend, mode, indices[mode], st.need, cut, out);
 
     // The worst case: the largest delta (the first such case on ties).
     const CalibSample* worst = &mine.front();

@@ -100,6 +100,9 @@ struct CalibVerify {
   std::uint64_t violations = 0;   // P1 violations at that reserve (measured peak over predicted + reserve)
   std::uint64_t ooms = 0;         // P2: unpredicted OOMs at that reserve (no measured peak; reported, not chased)
   std::int64_t max_delta = 0;     // the largest measured - predicted at that reserve, OOMs aside
+  // false: a stop or the end of --time cut the round short (or kept it from starting, cases 0):
+  // its counts cover only part of the sample, so the mode is not verified.
+  bool finished = true;
 };
 
 struct CalibrationConfig {
@@ -115,6 +118,7 @@ struct CalibrationConfig {
   // P1 (the reserve moves the plan, so the need at the current reserve is only a first estimate).
   // OOMs at the new reserve are counted but do not raise it: an OOM's overshoot is a lower bound
   // that often grows with the reserve (a fragmentation OOM stays an OOM), so chasing it diverges.
+  // With a time budget the rounds stop at its end; a round cut there is recorded unfinished.
   std::uint32_t verify_rounds = 3;
   std::string out_dir;          // empty: no worst-case files
   bool shrink = true;
@@ -136,7 +140,8 @@ struct CalibrationResult {
   std::string environment;
   double seconds = 0;
   bool stopped = false;
-  // The need a mode's verification settled on (0 when not verified): at least its sample's need.
+  // The need a mode's verification settled on (0 when not verified, or when its last round did not
+  // finish): at least its sample's need.
   Bytes verified_need(AllocatorMode m) const;
 };
 

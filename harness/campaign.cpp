@@ -134,6 +134,9 @@ std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog,
 CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend& backend) {
   CampaignResult out;
   std::set<std::string> known;
+  // The clock starts before the corpus replay: a --time budget covers the whole run, replay
+  // included (a corpus that alone outlasts it leaves no time for new cases).
+  const auto start = std::chrono::steady_clock::now();
   if (!cfg.corpus_dir.empty()) {
     out.corpus = replay_corpus(cfg.corpus_dir, catalog, backend);
     for (const CorpusEntry& c : out.corpus) {
@@ -141,7 +144,6 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       spdlog::info("corpus: {} {} ({})", c.still_fails ? "still fails" : "FIXED", c.file, c.verdict);
     }
   }
-  const auto start = std::chrono::steady_clock::now();
   const std::function<double()> elapsed = [start] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
@@ -192,7 +194,10 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     if (!r.verdict.finding()) continue;
     ++out.findings;
     CellCount::Finding& cf = cell.findings[r.verdict.signature];
-    if (++cf.count == 1) cf.first_case_seed = seed;
+    if (++cf.count == 1) {
+      cf.first_case_seed = seed;
+      cf.first_case_index = i;
+    }
     if (cf.count == 1 || r.verdict.overshoot > cf.worst_overshoot) cf.worst_overshoot = r.verdict.overshoot;
     SignatureCount& sc = out.signatures[r.verdict.signature];
     ++sc.count;

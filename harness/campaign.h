@@ -79,6 +79,7 @@ struct CellCount {
     std::uint64_t count = 0;
     std::int64_t worst_overshoot = 0;
     std::uint64_t first_case_seed = 0;
+    std::uint64_t first_case_index = 0;  // merges keep the earliest case of the cell by it
   };
   std::map<std::string, Finding> findings;  // by signature
 };

@@ -26,7 +26,9 @@ std::string verdict_line(const Json& doc) {
     std::string out = "reserve needed:";
     bool first = true;
     for (const Json& m : get_arr(doc["calibrate"], "modes")) {
-      out += fmt::format("{} {} {}", first ? "" : ",", get_str(m, "allocator"), mib1(get_u64(m, "recommended") - std::min(get_u64(m, "recommended"), get_u64(doc["calibrate"], "margin"))));
+      out += fmt::format("{} {} {}{}", first ? "" : ",", get_str(m, "allocator"),
+                         mib1(get_u64(m, "recommended") - std::min(get_u64(m, "recommended"), get_u64(doc["calibrate"], "margin"))),
+                         get_str(m, "verification") == "not verified" ? " (not verified)" : "");
       first = false;
     }
     return out + fmt::format(" (+{} margin recommended)", mib1(get_u64(doc["calibrate"], "margin")));

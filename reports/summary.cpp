@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -48,10 +49,10 @@ RunInfo run_info(std::string command, std::string command_line, std::string back
 
 std::string relocate(const std::string& path, const std::string& recorded_out_dir, const std::string& summary_dir) {
   if (path.empty() || recorded_out_dir.empty()) return path;
-  const fs::path p = fs::path(path).lexically_normal();
-  const fs::path base = fs::path(recorded_out_dir).lexically_normal();
-  const fs::path rest = p.lexically_relative(base);
-  if (rest.empty() || *rest.begin() == "..") return path;  // not under the recorded --out
+  // From the recorded --out to the file: under it for a fuzz or calibrate run, `../SHARD/...` for a
+  // merge (its files stay in the shard directories), so a tree moved as a whole keeps its links.
+  const fs::path rest = fs::path(path).lexically_normal().lexically_relative(fs::path(recorded_out_dir).lexically_normal());
+  if (rest.empty()) return path;  // one absolute, the other relative: no way from one to the other
   return (fs::path(summary_dir) / rest).lexically_normal().string();
 }
 
@@ -218,7 +219,7 @@ Json cells_json(const std::map<std::pair<std::string, std::string>, CellCount>& 
     Json f = Json::array();
     for (const auto& [sig, x] : c.findings) {
       f.push_back({{"signature", sig}, {"count", x.count}, {"worst_overshoot", x.worst_overshoot},
-                   {"first_case_seed", x.first_case_seed}});
+                   {"first_case_seed", x.first_case_seed}, {"first_case_index", x.first_case_index}});
     }
     out.push_back({{"policy", key.first},
                    {"allocator", key.second},
@@ -403,15 +404,21 @@ Json calibrate_section(const std::vector<CalibSample>& samples, const std::vecto
     Json row = {{"allocator", mode}};
     const Json sj = stats_json(st);
     for (auto it = sj.begin(); it != sj.end(); ++it) row[it.key()] = it.value();
-    // Verification: the last round of each shard that verified this mode.
+    // Verification: the last round of each shard that verified this mode. One shard whose last
+    // round did not finish (stopped, out of time) leaves the mode not verified: the others'
+    // rounds did not see its cases.
     Bytes verified = 0;
     std::uint64_t verify_ooms = 0;
-    bool holds = false, any = false;
+    bool holds = false, any = false, unfinished = false;
     std::map<std::string, const Json*> last_by_shard;
     for (const Json& v : verify) {
       if (get_str(v, "allocator") == mode) last_by_shard[get_str(v, "shard")] = &v;
     }
     for (const auto& [shard, v] : last_by_shard) {
+      if (!v->value("finished", true)) {
+        unfinished = true;
+        continue;
+      }
       const bool ok = get_u64(*v, "violations") == 0;
       const Bytes need = ok ? get_u64(*v, "reserve") : std::max<Bytes>(get_u64(*v, "reserve"), static_cast<Bytes>(std::max<std::int64_t>(0, get_i64(*v, "max_delta"))));
       verified = std::max(verified, need);
@@ -419,10 +426,13 @@ Json calibrate_section(const std::vector<CalibSample>& samples, const std::vecto
       holds = any ? holds && ok : ok;
       any = true;
     }
-    const Bytes need = std::max(st.need, verified);
-    row["verified_need"] = any ? Json(verified) : Json(nullptr);
-    row["verified"] = any && holds;
-    row["verify_ooms"] = verify_ooms;
+    // Not verified: the recommendation is the sample's need plus the margin, a first estimate
+    // (`verification` says so; the reports mark it).
+    const Bytes need = unfinished ? st.need : std::max(st.need, verified);
+    row["verified_need"] = any && !unfinished ? Json(verified) : Json(nullptr);
+    row["verified"] = any && holds && !unfinished;
+    row["verification"] = unfinished ? "not verified" : !any ? "off" : holds ? "held" : "not held";
+    row["verify_ooms"] = unfinished ? 0 : verify_ooms;
     row["recommended"] = need + margin;
     row["histogram"] = histogram(mine, need + margin);
     if (worst.contains(mode)) row["worst"] = worst[mode];
@@ -508,14 +518,22 @@ void calibration_findings(const std::vector<CalibSample>& samples, const std::ve
     if (s.signature.empty()) continue;
     ++findings;
     const std::int64_t over = s.delta - static_cast<std::int64_t>(s.reserve);
+    // First: the smallest case index (a merge pools its shards' samples shard after shard).
     CellCount::Finding& cf = cell.findings[s.signature];
-    if (++cf.count == 1) cf.first_case_seed = s.case_seed;
+    if (++cf.count == 1 || s.case_index < cf.first_case_index) {
+      cf.first_case_seed = s.case_seed;
+      cf.first_case_index = s.case_index;
+    }
     if (cf.count == 1 || over > cf.worst_overshoot) cf.worst_overshoot = over;
     Json& f = sigs[s.signature];
     if (f.is_null()) {
       f = {{"signature", s.signature}, {"count", 0}, {"worst_overshoot", over}, {"first_case_seed", s.case_seed},
            {"known", false}, {"repro", ""}, {"repro_modules", 0}, {"shrink_executions", 0}, {"flaky", false},
            {"file", ""}, {"first_case_index", s.case_index}, {"kind", kind_of(s.signature)}, {"replay", ""}};
+    }
+    if (s.case_index < get_u64(f, "first_case_index")) {
+      f["first_case_seed"] = s.case_seed;
+      f["first_case_index"] = s.case_index;
     }
     f["count"] = f["count"].get<std::uint64_t>() + 1;
     f["worst_overshoot"] = std::max(f["worst_overshoot"].get<std::int64_t>(), over);
@@ -602,7 +620,7 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
   for (const CalibVerify& v : r.verify) {
     verify.push_back({{"allocator", allocator_mode_name(v.mode)}, {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
                       {"round", v.round}, {"reserve", v.reserve}, {"cases", v.cases}, {"violations", v.violations},
-                      {"ooms", v.ooms}, {"max_delta", v.max_delta}});
+                      {"ooms", v.ooms}, {"max_delta", v.max_delta}, {"finished", v.finished}});
   }
   Json worst = Json::object();
   for (const CalibWorst& w : r.worst) {
@@ -619,23 +637,85 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
 
 // ---- merge --------------------------------------------------------------------------------------
 
+namespace {
+
+// The merged run's config: a field the inputs agree on keeps its value; allocators are the union of
+// the inputs' modes, other disagreements `mixed`. `cases` adds up over campaigns (shards of one
+// campaign share its count), and `shard` says the document is a merge (`shards` lists the inputs).
+Json merged_config(const std::vector<Json>& docs) {
+  Json config = docs.front().value("config", Json::object());
+  for (const Json& d : docs) {
+    const Json c = d.value("config", Json::object());
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      if (!config.contains(it.key()) || config[it.key()] != it.value()) config[it.key()] = "mixed";
+    }
+  }
+  std::set<std::string> modes;
+  std::set<std::string> campaigns;
+  std::uint64_t cases = 0;
+  for (const Json& d : docs) {
+    const Json c = d.value("config", Json::object());
+    const std::string alloc = get_str(c, "allocator");
+    for (std::size_t b = 0; b <= alloc.size();) {
+      const std::size_t e = std::min(alloc.find(',', b), alloc.size());
+      modes.insert(alloc.substr(b, e - b));
+      b = e + 1;
+    }
+    const std::string campaign = c.value("seed", Json()).dump() + " " + get_str(c, "policy") + " " + alloc;
+    if (campaigns.insert(campaign).second) cases += get_u64(c, "cases");
+  }
+  std::string allocator;
+  if (modes.count("all") || modes.count("drawn")) {
+    // Every mode (calibrate's `all`, a campaign's draws): more than any list could add.
+    allocator = modes.count("all") ? "all" : "drawn";
+  } else {
+    for (AllocatorMode m : kAllAllocatorModes) {
+      if (modes.count(std::string(allocator_mode_name(m)))) allocator += (allocator.empty() ? "" : ",") + std::string(allocator_mode_name(m));
+    }
+  }
+  config["allocator"] = allocator;
+  config["cases"] = cases;
+  config["shard"] = "merged";
+  return config;
+}
+
+}  // namespace
+
 Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::string>& dirs, const RunInfo& info) {
   if (docs.empty()) throw InputError("merge", "nothing to merge");
+  // A campaign's findings are counted from its cases, a calibration's recomputed from its samples:
+  // one document cannot be both, so a mixed merge is bad input rather than half of either.
+  for (std::size_t i = 1; i < docs.size(); ++i) {
+    if (docs[i].contains("calibrate") != docs.front().contains("calibrate")) {
+      throw InputError(dirs[i], fmt::format("{} is a {} and {} a {}: merge fuzz outputs and calibrate outputs separately", dirs[i],
+                                            docs[i].contains("calibrate") ? "calibration" : "campaign", dirs.front(),
+                                            docs.front().contains("calibrate") ? "calibration" : "campaign"));
+    }
+  }
   Json out;
   out["schema"] = kSummarySchema;
   out["tool"] = tool_version();
   out["command"] = info.command_line;
-  Json config = docs.front().value("config", Json::object());
+  // Paths valid from here are written as the way from the merged --out to the file, joined to it:
+  // `report` and later merges relocate them from --out, so the merged directory moved together
+  // with the shard directories keeps its links. Going through absolute paths makes that way well
+  // defined when --out starts with `..`.
+  const fs::path out_abs = info.out_dir.empty() ? fs::path() : fs::absolute(info.out_dir).lexically_normal();
+  auto via_out = [&](const std::string& here) {
+    if (here.empty() || info.out_dir.empty()) return here;
+    return (fs::path(info.out_dir) / fs::absolute(here).lexically_normal().lexically_relative(out_abs)).lexically_normal().string();
+  };
+  // The paths of doc i, valid from here.
+  auto fix = [&](std::size_t i, const std::string& p) {
+    return via_out(relocate(p, docs[i].contains("config") ? get_str(docs[i]["config"], "out") : "", dirs[i]));
+  };
+
+  Json config = merged_config(docs);
   Json from = Json::array();
-  for (const std::string& d : dirs) from.push_back(d);
+  for (const std::string& d : dirs) from.push_back(via_out(d));
   config["merged_from"] = from;
   config["out"] = info.out_dir;
   out["config"] = config;
-
-  // Rewrites the paths of doc i so they are valid from here.
-  auto fix = [&](std::size_t i, const std::string& p) {
-    return relocate(p, docs[i].contains("config") ? get_str(docs[i]["config"], "out") : "", dirs[i]);
-  };
 
   std::uint64_t cases = 0, findings_n = 0, expected = 0, errors = 0;
   double seconds = 0;
@@ -652,7 +732,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
     errors += get_u64(c, "errors");
     seconds = std::max(seconds, c.value("seconds", 0.0));
     for (const Json& s : d.value("seeds", Json::array())) seeds.insert(s.get<std::uint64_t>());
-    shards.push_back({{"dir", dirs[i]}, {"shard", d.contains("config") ? d["config"].value("shard", "0/1") : "0/1"}});
+    shards.push_back({{"dir", via_out(dirs[i])}, {"shard", d.contains("config") ? d["config"].value("shard", "0/1") : "0/1"}});
     if (d.contains("environment")) devices.insert(get_str(d["environment"], "device"));
     if (d.contains("run")) interrupted |= d["run"].value("interrupted", false);
   }
@@ -697,8 +777,14 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
   // The matrix: cells summed.
   std::vector<std::string> policies, allocators;
   std::map<std::pair<std::string, std::string>, Json> cells;
+  // The campaign seed each kept first case came from (cell, signature): case indices compare
+  // within one campaign only.
+  std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> first_from;
   for (const Json& d : docs) {
     if (!d.contains("matrix")) continue;
+    const std::uint64_t campaign = d.contains("config") && d["config"].contains("seed") && d["config"]["seed"].is_number_unsigned()
+                                       ? d["config"]["seed"].get<std::uint64_t>()
+                                       : 0;
     for (const Json& p : d["matrix"]["policies"]) {
       if (std::find(policies.begin(), policies.end(), p.get<std::string>()) == policies.end()) policies.push_back(p.get<std::string>());
     }
@@ -706,21 +792,34 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       if (std::find(allocators.begin(), allocators.end(), a.get<std::string>()) == allocators.end()) allocators.push_back(a.get<std::string>());
     }
     for (const Json& c : d["matrix"]["cells"]) {
-      Json& m = cells[{get_str(c, "policy"), get_str(c, "allocator")}];
+      const std::string policy = get_str(c, "policy"), alloc = get_str(c, "allocator");
+      Json& m = cells[{policy, alloc}];
       if (m.is_null()) {
         m = c;
+        for (const Json& f : c["findings"]) first_from[{policy, alloc, get_str(f, "signature")}] = campaign;
         continue;
       }
       for (const char* k : {"cases", "expected_ooms", "errors"}) m[k] = get_u64(m, k) + get_u64(c, k);
       for (const Json& f : c["findings"]) {
+        const std::string sig = get_str(f, "signature");
         bool merged = false;
         for (Json& g : m["findings"]) {
-          if (get_str(g, "signature") != get_str(f, "signature")) continue;
+          if (get_str(g, "signature") != sig) continue;
           g["count"] = get_u64(g, "count") + get_u64(f, "count");
           g["worst_overshoot"] = std::max(get_i64(g, "worst_overshoot"), get_i64(f, "worst_overshoot"));
+          // The first case is the earliest of the campaign (what one unsharded run reports next
+          // to its repro); across campaigns, the first given.
+          if (first_from[{policy, alloc, sig}] == campaign && f.contains("first_case_index") &&
+              get_u64(f, "first_case_index") < get_u64(g, "first_case_index")) {
+            g["first_case_seed"] = f["first_case_seed"];
+            g["first_case_index"] = f["first_case_index"];
+          }
           merged = true;
         }
-        if (!merged) m["findings"].push_back(f);
+        if (!merged) {
+          m["findings"].push_back(f);
+          first_from[{policy, alloc, sig}] = campaign;
+        }
       }
     }
   }
@@ -849,6 +948,14 @@ Json relocated(const Json& doc, const std::string& summary_dir) {
       if (m["worst"].contains("case")) m["worst"]["case"]["replay"] = replay_for(get_str(m["worst"], "file"), "");
     }
   }
+  if (out["config"].contains("merged_from")) {
+    for (Json& d : out["config"]["merged_from"]) {
+      if (d.is_string()) d = relocate(d.get<std::string>(), recorded, summary_dir);
+    }
+  }
+  if (out.contains("shards") && out["shards"].is_array()) {
+    for (Json& sh : out["shards"]) fix(sh, "dir");
+  }
   out["config"]["out"] = summary_dir;
   return out;
 }
@@ -868,6 +975,9 @@ Json load_summary(const std::string& dir) {
 std::string dump_summary(const Json& doc) { return dump_rows(doc) + "\n"; }
 
 int summary_exit_code(const Json& doc) {
+  // A calibration is a measurement: it succeeded whatever its numbers say, merged or not (its
+  // findings fail their JUnit testcases; `calibrate` itself exits 0 too).
+  if (doc.contains("calibrate")) return kExitOk;
   const Json c = doc.value("counts", Json::object());
   if (get_u64(c, "new_signatures") > 0) return kExitFindings;
   if (get_u64(c, "errors") > 0 && get_u64(c, "findings") == 0) return kExitInfra;

@@ -56,8 +56,10 @@ std::vector<CalibExcluded> excluded_from_json(const Json& section);
 
 // Merges summaries: findings deduplicated by signature (counts summed, worst overshoot the max,
 // the repro of the earliest case kept), matrices and counts summed, corpus results joined,
-// calibration samples pooled and their tables recomputed. `dirs[i]` is where docs[i] was read
-// from: paths inside it are rewritten to stay valid from the current directory.
+// calibration samples pooled and their tables recomputed; `config` keeps what the inputs agree on
+// (`merged_config` in summary.cpp). `dirs[i]` is where docs[i] was read from: paths inside it are
+// rewritten to stay valid from the current directory, by way of `info.out_dir` (relocate() then
+// works from there). Campaigns and calibrations do not mix: InputError.
 Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::string>& dirs, const RunInfo& info);
 
 // Reads DIR/summary.json (InputError naming the file when it is missing or not a summary).
@@ -66,14 +68,16 @@ Json load_summary(const std::string& dir);
 std::string dump_summary(const Json& doc);
 
 // A path recorded in a summary, as seen from the current directory when the summary now lives in
-// `summary_dir` (its run wrote it under `recorded_out_dir`).
+// `summary_dir` (its run wrote it with --out `recorded_out_dir`): the way from the recorded --out
+// to the file (under it, or `../` into a shard directory for a merge) is kept.
 std::string relocate(const std::string& path, const std::string& recorded_out_dir, const std::string& summary_dir);
 
 // The summary with its paths rewritten for where it lives now (`report OUT` after OUT moved,
 // e.g. CI artifacts downloaded elsewhere).
 Json relocated(const Json& doc, const std::string& summary_dir);
 
-// Exit code a summary stands for: 1 with new signatures, 3 when only errors, else 0.
+// Exit code a summary stands for: 1 with new signatures, 3 when only errors, else 0; always 0 for
+// a calibration (a measurement).
 int summary_exit_code(const Json& doc);
 
 }  // namespace vf::report

@@ -145,13 +145,16 @@ Table calibrate_mode_table(const Json& doc) {
   if (!doc.contains("calibrate")) return t;
   for (const Json& m : get_arr(doc["calibrate"], "modes")) {
     std::string verified = "-";
+    const bool unverified = get_str(m, "verification") == "not verified";
+    if (unverified) verified = "not verified";
     if (m.contains("verified_need") && !m["verified_need"].is_null()) {
       verified = mib1(get_u64(m, "verified_need")) + (get_bool(m, "verified") ? "" : " (not held)");
       if (get_u64(m, "verify_ooms") > 0) verified += fmt::format(" ({} OOM)", get_u64(m, "verify_ooms"));
     }
     t.rows.push_back({get_str(m, "allocator"), std::to_string(get_u64(m, "cases")), std::to_string(get_u64(m, "ooms")),
                       signed_mib1(get_i64(m, "p50")), signed_mib1(get_i64(m, "p90")), signed_mib1(get_i64(m, "p99")),
-                      signed_mib1(get_i64(m, "max")), mib1(get_u64(m, "need")), verified, mib1(get_u64(m, "recommended")),
+                      signed_mib1(get_i64(m, "max")), mib1(get_u64(m, "need")), verified,
+                      mib1(get_u64(m, "recommended")) + (unverified ? " (unverified)" : ""),
                       mib1(get_u64(m, "reserve")), std::to_string(get_u64(m, "violations")),
                       signed_mib1(get_i64(m, "slack_median")), pct(get_num(m, "slack_share"))});
   }

@@ -1,14 +1,18 @@
 // Calibration: the statistics (nearest-rank percentiles, OOMs as lower bounds, slack), the
 // workload classes, and the claim a developer relies on: the recommended reserve makes P1 hold on
 // the calibration sample and on a fresh sample drawn with another seed, while 10% less does not.
-// Merged shards give the same sample, so the same percentiles, as one run.
+// Merged shards give the same sample, so the same percentiles, as one run. A verification cut
+// short (a stop, the end of --time) is reported as not verified, never as a result.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "harness/calibrate.h"
 #include "reports/json_util.h"
+#include "reports/render.h"
 #include "reports/summary.h"
 
 namespace vf {
@@ -201,6 +205,85 @@ TEST(Calibrate, MergedShardsGiveTheSamePercentilesAsOneRun) {
   // Percentiles are recomputed from the pooled samples, not averaged: the shards' own p90s differ
   // from the merged one in general, and the merged one equals the single run's.
   EXPECT_EQ(report::samples_from_json(merged["calibrate"]).size(), report::samples_from_json(all["calibrate"]).size());
+}
+
+// Every mode row of a summary says "not verified": no verified need, the recommendation is the
+// sample's need plus the margin, and the tables and the verdict line say so.
+void expect_not_verified(const report::Json& summary, Bytes margin) {
+  ASSERT_FALSE(summary["calibrate"]["modes"].empty());
+  for (const report::Json& m : summary["calibrate"]["modes"]) {
+    SCOPED_TRACE(m["allocator"].get<std::string>());
+    EXPECT_EQ(m["verification"], "not verified");
+    EXPECT_TRUE(m["verified_need"].is_null());
+    EXPECT_FALSE(m["verified"].get<bool>());
+    EXPECT_EQ(m["recommended"].get<Bytes>(), m["need"].get<Bytes>() + margin);
+  }
+  const std::string text = report::terminal_calibrate(summary);
+  EXPECT_NE(text.find("not verified"), std::string::npos) << text;
+  EXPECT_NE(text.find("(unverified)"), std::string::npos) << text;
+  EXPECT_NE(report::markdown_summary(summary, ".").find("(not verified)"), std::string::npos);
+}
+
+TEST(Calibrate, StopDuringVerificationLeavesEveryRemainingModeNotVerified) {
+  // 10 case seeds: sampling asks should_stop 10 times; the stop comes on the 4th case of the first
+  // mode's first verify round, so raw is cut mid-round and async never starts.
+  Catalog catalog;
+  SimBackend sim;
+  CalibrationConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = 10;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.modes = {AllocatorMode::raw, AllocatorMode::async};
+  int asked = 0;
+  cfg.should_stop = [&asked] { return ++asked > 13; };
+  const CalibrationResult r = run_calibration(cfg, catalog, sim);
+  EXPECT_EQ(r.cases, 10u) << "sampling finished before the stop";
+  EXPECT_TRUE(r.stopped);
+  std::map<AllocatorMode, std::vector<CalibVerify>> rounds;
+  for (const CalibVerify& v : r.verify) rounds[v.mode].push_back(v);
+  ASSERT_EQ(rounds[AllocatorMode::raw].size(), 1u);
+  EXPECT_FALSE(rounds[AllocatorMode::raw][0].finished);
+  EXPECT_EQ(rounds[AllocatorMode::raw][0].cases, 3u) << "3 cases re-run before the stop (none excluded on these seeds)";
+  ASSERT_EQ(rounds[AllocatorMode::async].size(), 1u);
+  EXPECT_FALSE(rounds[AllocatorMode::async][0].finished);
+  EXPECT_EQ(rounds[AllocatorMode::async][0].cases, 0u);
+  EXPECT_EQ(r.verified_need(AllocatorMode::raw), 0u);
+  EXPECT_EQ(r.verified_need(AllocatorMode::async), 0u);
+
+  const report::Json s = report::summary_from_calibration(cfg, r, report::run_info("calibrate", "test", "sim", ""));
+  EXPECT_TRUE(s["run"]["interrupted"].get<bool>());
+  expect_not_verified(s, cfg.margin);
+  // A merge with a shard that did verify stays not verified: the stopped shard's cases were not.
+  CalibrationConfig whole = cfg;
+  whole.should_stop = nullptr;
+  const report::Json done = report::summary_from_calibration(whole, run_calibration(whole, catalog, sim),
+                                                             report::run_info("calibrate", "test", "sim", ""));
+  for (const report::Json& m : done["calibrate"]["modes"]) EXPECT_NE(m["verification"], "not verified");
+  const report::Json merged = report::merge_summaries({done, s}, {"a", "b"}, report::run_info("merge", "test", "sim", ""));
+  expect_not_verified(merged, cfg.margin);
+}
+
+TEST(Calibrate, TimeBudgetEndingBeforeVerificationLeavesModesNotVerified) {
+  // A 0.2 s budget: sampling gets half, and the first case's callback sleeps past all of it, so
+  // verification starts after the budget's end (deterministically, whatever the machine's speed).
+  Catalog catalog;
+  SimBackend sim;
+  CalibrationConfig cfg;
+  cfg.seed = 1;
+  cfg.seconds = 0.2;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.on_case = [](std::uint64_t, double) { std::this_thread::sleep_for(std::chrono::milliseconds(250)); };
+  const CalibrationResult r = run_calibration(cfg, catalog, sim);
+  EXPECT_EQ(r.cases, 1u);
+  EXPECT_FALSE(r.stopped) << "out of time is not a stop";
+  ASSERT_FALSE(r.verify.empty());
+  for (const CalibVerify& v : r.verify) {
+    EXPECT_FALSE(v.finished) << allocator_mode_name(v.mode);
+    EXPECT_EQ(v.cases, 0u);
+  }
+  const report::Json s = report::summary_from_calibration(cfg, r, report::run_info("calibrate", "test", "sim", ""));
+  EXPECT_FALSE(s["run"]["interrupted"].get<bool>());
+  expect_not_verified(s, cfg.margin);
 }
 
 }  // namespace

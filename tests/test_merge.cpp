@@ -1,6 +1,7 @@
 // Running vramfuzz for real, as a process: shards and `merge` (the union of shards is one run),
 // `--devices` worker processes, SIGTERM mid-campaign (reports complete, findings on disk), the
-// `--time` budget with shrinking, the progress line, and `report` re-rendering from summary.json.
+// `--time` budget with shrinking (the corpus replay inside it), the progress line, and `report`
+// re-rendering from summary.json, also after the merged tree moved.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -86,6 +88,149 @@ TEST_F(Merge, MergeOfShardsEqualsOneRunOverTheUnion) {
   }
   EXPECT_EQ(first_m, first_a);
   for (const char* f : {"report.html", "junit.xml", "summary.md"}) EXPECT_TRUE(fs::exists(dir_ / "merged" / f)) << f;
+  // The merged config is the campaign's, not its first shard's.
+  EXPECT_EQ(merged["config"]["shard"], "merged");
+  EXPECT_EQ(merged["config"]["cases"], 120) << "two shards of one 120-case campaign";
+  EXPECT_EQ(merged["config"]["policy"], "comfy:dec2025");
+  EXPECT_NE(read_file(dir_ / "merged" / "junit.xml").find("<property name=\"shard\" value=\"merged\"/>"), std::string::npos);
+}
+
+// signature x count: overshoot, seed: each JUnit failure or skip line without its replay path.
+std::multiset<std::string> junit_seeds(const std::string& xml) {
+  static const std::regex line(R"(([a-z]+:[^ ;"]+) x(\d+): overshoot ([^,]+), seed (0x[0-9a-f]+))");
+  std::multiset<std::string> out;
+  for (auto it = std::sregex_iterator(xml.begin(), xml.end(), line); it != std::sregex_iterator(); ++it) out.insert(it->str());
+  return out;
+}
+
+TEST_F(Merge, MergedJunitShowsTheSeedOfTheEarliestCaseWhateverTheShardOrder) {
+  const Proc all = run(with(kCampaign, {"--out", "all"}));
+  const Proc s0 = run(with(kCampaign, {"--shard", "0/2", "--out", "s0"}));
+  const Proc s1 = run(with(kCampaign, {"--shard", "1/2", "--out", "s1"}));
+  for (const Proc* p : {&all, &s0, &s1}) ASSERT_TRUE(p->exit_code == 0 || p->exit_code == 1) << describe(*p);
+  // Shard 1 first: the first shard given must not decide.
+  const Proc m = run({"merge", "s1", "s0", "--out", "merged"});
+  ASSERT_TRUE(m.exit_code == 0 || m.exit_code == 1) << describe(m);
+  const std::multiset<std::string> a = junit_seeds(read_file(dir_ / "all" / "junit.xml"));
+  ASSERT_FALSE(a.empty()) << "the campaign must find something";
+  EXPECT_EQ(junit_seeds(read_file(dir_ / "merged" / "junit.xml")), a);
+  // Next to each seed, the repro of that same case.
+  for (const json& f : summary("merged")["findings"]) {
+    if (f["repro"].get<std::string>().empty()) continue;
+    const json repro = json::parse(read_file(dir_ / f["repro"].get<std::string>()));
+    EXPECT_NE(repro.dump().find(std::to_string(f["first_case_seed"].get<std::uint64_t>())), std::string::npos) << f["repro"];
+  }
+}
+
+TEST_F(Merge, MergedConfigNamesEveryAllocatorAndSumsCampaigns) {
+  for (const char* mode : {"raw", "async"}) {
+    const Proc p = run({"fuzz", "--cases", "20", "--no-shrink", "--allocator", mode, "--policy", "comfy:dec2025", "--out", mode});
+    ASSERT_TRUE(p.exit_code == 0 || p.exit_code == 1) << describe(p);
+  }
+  const Proc m = run({"merge", "raw", "async", "--out", "m"});
+  ASSERT_TRUE(m.exit_code == 0 || m.exit_code == 1) << describe(m);
+  const json c = summary("m")["config"];
+  EXPECT_EQ(c["allocator"], "raw,async");
+  EXPECT_EQ(c["cases"], 40) << "two campaigns of 20";
+  EXPECT_EQ(c["shard"], "merged");
+  EXPECT_NE(read_file(dir_ / "m" / "summary.md").find("allocator raw,async"), std::string::npos);
+  EXPECT_NE(read_file(dir_ / "m" / "report.html").find("allocator raw,async"), std::string::npos);
+}
+
+// Every href of an HTML file that names a file (not an anchor or a data: URI).
+std::vector<std::string> file_links(const std::string& html) {
+  static const std::regex href(R"re(href="([^"#][^"]*)")re");
+  std::vector<std::string> out;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), href); it != std::sregex_iterator(); ++it) {
+    const std::string h = (*it)[1].str();
+    if (h.rfind("data:", 0) != 0 && h.find("://") == std::string::npos) out.push_back(h);
+  }
+  return out;
+}
+
+TEST_F(Merge, ReportOfAMovedMergedTreeLinksToExistingFiles) {
+  // A nightly's layout: shard directories and the merged one side by side, then the whole tree
+  // downloaded somewhere else (here: renamed) and re-rendered with `report`.
+  fs::create_directories(dir_ / "night");
+  for (const char* shard : {"0/2", "1/2"}) {
+    const std::string out = std::string("night/s") + shard[0];
+    const Proc p = run(with(kCampaign, {"--shard", shard, "--out", out}));
+    ASSERT_TRUE(p.exit_code == 0 || p.exit_code == 1) << describe(p);
+  }
+  // Seed 3: 3 of these 40 raw cases violate P1, so the calibration has findings and a repro.
+  const std::vector<std::string> calib{"calibrate", "--cases", "40", "--allocator", "raw", "--seed", "3", "--shrink-execs", "20"};
+  ASSERT_EQ(run(with(calib, {"--shard", "0/2", "--out", "night/c0"})).exit_code, 0);
+  ASSERT_EQ(run(with(calib, {"--shard", "1/2", "--out", "night/c1"})).exit_code, 0);
+  const Proc m = run({"merge", "night/s0", "night/s1", "--out", "night/merged"});
+  ASSERT_TRUE(m.exit_code == 0 || m.exit_code == 1) << describe(m);
+  const Proc cm = run({"merge", "night/c0", "night/c1", "--out", "night/cmerged"});
+  EXPECT_EQ(cm.exit_code, 0) << "calibrations with findings still merge to exit 0, as calibrate exits\n" << describe(cm);
+  EXPECT_EQ(summary("night/cmerged")["counts"]["findings"], 3);
+  fs::rename(dir_ / "night", dir_ / "downloaded");
+
+  for (const char* merged : {"merged", "cmerged"}) {
+    SCOPED_TRACE(merged);
+    const fs::path here = dir_ / "downloaded" / merged;
+    const Proc r = run({"report", (fs::path("downloaded") / merged).string()});
+    expect_clean(r);
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    std::size_t files = 0;
+    for (const char* page : {"report.html", "summary.md"}) {
+      const std::string text = read_file(here / page);
+      std::vector<std::string> links = file_links(text);
+      if (std::string(page) == "summary.md") {
+        static const std::regex md(R"(\]\(([^)#][^)]*)\))");
+        links.clear();
+        for (auto it = std::sregex_iterator(text.begin(), text.end(), md); it != std::sregex_iterator(); ++it) links.push_back((*it)[1]);
+      }
+      for (const std::string& l : links) {
+        EXPECT_TRUE(fs::exists(here / l)) << page << ": " << l;
+        ++files;
+      }
+    }
+    EXPECT_GT(files, 0u) << "the reports link to the repros";
+    // JUnit names repros and finding files from the current directory.
+    const std::string junit = read_file(here / "junit.xml");
+    static const std::regex named(R"((?:repro|finding|replay): (?:vramfuzz (?:replay|run) )?([^ \n;<"(]+\.json))");
+    std::size_t named_files = 0;
+    for (auto it = std::sregex_iterator(junit.begin(), junit.end(), named); it != std::sregex_iterator(); ++it) {
+      EXPECT_TRUE(fs::exists(dir_ / (*it)[1].str())) << "junit.xml: " << (*it)[1];
+      ++named_files;
+    }
+    EXPECT_GT(named_files, 0u);
+    // summary.json keeps the paths as merge wrote them: from its recorded --out they reach the files.
+    const json s = summary((fs::path("downloaded") / merged).string());
+    const fs::path recorded = s["config"]["out"].get<std::string>();
+    std::size_t paths = 0;
+    auto check = [&](const std::string& p) {
+      if (p.empty()) return;
+      EXPECT_TRUE(fs::exists(here / fs::path(p).lexically_relative(recorded))) << "summary.json: " << p;
+      ++paths;
+    };
+    for (const json& f : s["findings"]) {
+      check(f["repro"]);
+      check(f["file"]);
+    }
+    if (s.contains("calibrate")) {
+      for (const json& mode : s["calibrate"]["modes"]) {
+        if (mode.contains("worst")) check(mode["worst"]["file"]);
+      }
+    }
+    for (const json& d : s["config"]["merged_from"]) check(d);
+    EXPECT_GT(paths, 2u);
+  }
+}
+
+TEST_F(Merge, CorpusReplayCountsAgainstTheTimeBudget) {
+  // A budget far shorter than replaying the regression corpus: the replay runs (it is the point
+  // of --corpus), and no case of the campaign does.
+  const fs::path corpus = fs::path(VF_SOURCE_DIR) / "fuzz" / "corpus" / "regressions";
+  const Proc p = run({"fuzz", "--time", "0.000001s", "--corpus", corpus.string(), "--no-shrink", "--out", "out"});
+  expect_clean(p);
+  ASSERT_TRUE(p.exit_code == 0 || p.exit_code == 1) << describe(p);
+  const json s = summary("out");
+  EXPECT_GT(s["corpus"]["replayed"].get<int>(), 0);
+  EXPECT_EQ(s["counts"]["cases"], 0);
 }
 
 TEST_F(Merge, DevicesRunsOneWorkerPerDeviceAndMerges) {
@@ -226,7 +371,16 @@ TEST_F(Merge, CalibrateWritesTablesAndMergesShards) {
   ASSERT_EQ(b.exit_code, 0) << describe(b);
   const Proc m = run({"merge", "c0", "c1", "--out", "cm"});
   expect_clean(m);
+  EXPECT_EQ(m.exit_code, 0) << "a calibration is a measurement, merged or not\n" << describe(m);
   const json merged = summary("cm");
+  EXPECT_EQ(merged["config"]["cases"], 40) << "two shards of one 40-case calibration";
+  // A campaign and a calibration do not merge: bad input, nothing written.
+  const Proc f = run({"fuzz", "--cases", "10", "--no-shrink", "--out", "f"});
+  ASSERT_TRUE(f.exit_code == 0 || f.exit_code == 1) << describe(f);
+  const Proc mixed = run({"merge", "c0", "f", "--out", "mixed"});
+  EXPECT_EQ(mixed.exit_code, 2) << describe(mixed);
+  EXPECT_NE(mixed.err.find("merge fuzz outputs and calibrate outputs separately"), std::string::npos) << mixed.err;
+  EXPECT_FALSE(fs::exists(dir_ / "mixed" / "summary.json"));
   for (const char* k : {"cases", "p50", "p90", "p99", "max", "need"}) {
     EXPECT_EQ(merged["calibrate"]["modes"][0][k], c["calibrate"]["modes"][0][k]) << k;
   }

@@ -63,15 +63,20 @@ int run_device_workers(const std::vector<std::string>& devices, const std::strin
   std::vector<report::Json> docs;
   std::vector<std::string> dirs;
   int worst = kExitOk;
+  std::vector<std::size_t> failed;  // workers that exited 3 (or died) or left no summary
   for (std::size_t k = 0; k < run.dirs.size(); ++k) {
     if (run.exit_codes[k] == kExitBadInput) return kExitBadInput;  // every worker had the same flags
-    if (run.exit_codes[k] > kExitFindings) worst = kExitInfra;
+    if (run.exit_codes[k] > kExitFindings) {
+      worst = kExitInfra;
+      failed.push_back(k);
+    }
     try {
       docs.push_back(report::load_summary(run.dirs[k]));
       dirs.push_back(run.dirs[k]);
     } catch (const InputError& e) {
       spdlog::error("devices: worker {} left no summary (exit {}): {}", k, run.exit_codes[k], e.what());
       worst = kExitInfra;
+      if (failed.empty() || failed.back() != k) failed.push_back(k);
     }
   }
   if (docs.empty()) return kExitInfra;
@@ -80,7 +85,14 @@ int run_device_workers(const std::vector<std::string>& devices, const std::strin
   std::fputs(report::terminal_findings(merged).c_str(), stdout);
   const report::ReportFiles files = report::write_reports(out, merged);
   print_report_files(files);
-  return worst != kExitOk ? worst : report::summary_exit_code(merged);
+  const int found = report::summary_exit_code(merged);
+  // One exit code cannot say both: 3 wins (a shard's cases went unchecked), and the log says what
+  // the other workers found.
+  if (worst != kExitOk && found != kExitOk) {
+    spdlog::error("devices: exit {}: worker(s) {} failed (exit 3), and the workers found {} new signature(s) (exit {}): see {}",
+                  worst, fmt::join(failed, ","), merged["counts"].value("new_signatures", std::uint64_t{0}), found, files.html);
+  }
+  return worst != kExitOk ? worst : found;
 }
 
 int do_fuzz(const FuzzFlags& f) {

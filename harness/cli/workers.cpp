@@ -98,11 +98,22 @@ WorkerRun run_workers(const std::vector<std::string>& devices, const std::string
   const unsigned n = static_cast<unsigned>(devices.size());
   WorkerRun run;
   std::vector<pid_t> pids;
+  // A worker that cannot be started ends the run: the ones already running are stopped and
+  // reaped before the error goes up, so none is left behind (or a zombie).
+  const auto abandon = [&pids](const std::string& why) {
+    for (pid_t pid : pids) ::kill(pid, SIGTERM);
+    for (pid_t pid : pids) {
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    return InfraError(why);
+  };
+  const pid_t parent = ::getpid();
   for (unsigned k = 0; k < n; ++k) {
     const std::string dir = (std::filesystem::path(out_dir) / fmt::format("shard-{}", k)).string();
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    if (ec) throw InfraError(fmt::format("cannot create {}: {}", dir, ec.message()));
+    if (ec) throw abandon(fmt::format("cannot create {}: {}", dir, ec.message()));
     run.dirs.push_back(dir);
     // Everything the child needs is prepared here: between fork and exec only async-signal-safe calls.
     std::vector<std::string> args = worker_args(argv, out_dir, k, n);
@@ -119,14 +130,20 @@ WorkerRun run_workers(const std::vector<std::string>& devices, const std::string
     cenv.push_back(nullptr);
     const std::string log = dir + "/stdout.log";
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw InfraError(fmt::format("cannot write {}: {}", log, std::strerror(errno)));
+    if (fd < 0) throw abandon(fmt::format("cannot write {}: {}", log, std::strerror(errno)));
     spdlog::info("devices: worker {} on device {}: {}", k, devices[k], fmt::join(args, " "));
     const pid_t pid = ::fork();
-    if (pid < 0) throw InfraError(fmt::format("fork failed: {}", std::strerror(errno)));
+    if (pid < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw abandon(fmt::format("fork failed for worker {}: {}", k, std::strerror(err)));
+    }
     if (pid == 0) {
       // Own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once.
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      // The parent may have died before prctl: then no signal will come, and nobody waits for us.
+      if (::getppid() != parent) ::_exit(kExitInfra);
       ::dup2(fd, STDOUT_FILENO);
       ::execve("/proc/self/exe", cargs.data(), cenv.data());
       ::_exit(127);
