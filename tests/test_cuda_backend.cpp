@@ -457,6 +457,25 @@ TEST_F(CudaBackendTest, NoGpuIsOneLineAndExitThree) {
   EXPECT_EQ(run.exit_code, 3) << run.output;
 }
 
+TEST_F(CudaBackendTest, BallastFollowsADriverThatChargesMoreThanItIsAsked) {
+  // Every cudaMalloc charges 3 MiB more than asked: sizing chunks from the sizes alone would end
+  // 3 MiB per chunk below the target (a smaller card than the scenario's: false OOMs). The fit
+  // measures after each chunk: never below the target, and within a step plus the extra charge.
+  FakeConfig cfg;
+  cfg.malloc_overcharge = 3 * MiB;
+  FakeRuntime fake(cfg);
+  CudaBackend backend(fake, quiet());
+  Scenario s = example();
+  s.device.total = 24 * GiB;
+  s.device.context_overhead = 512 * MiB;
+  const CaseResult r = run_case(s, backend, false);
+  ASSERT_TRUE(r.exec.device);
+  const Bytes target = 24 * GiB - 512 * MiB;
+  EXPECT_GE(r.exec.device->free_before, target);
+  EXPECT_LT(r.exec.device->free_before - target, kBallastStep + 3 * MiB);
+  EXPECT_NE(r.verdict.kind, VerdictKind::error) << r.verdict.message;
+}
+
 // ---- the device layer -------------------------------------------------------------------------
 
 TEST(CudaDeviceLayer, PagesAreMappedOnePerModelPageAndGiveBackEverything) {
@@ -494,8 +513,31 @@ TEST(CudaDeviceLayer, PagesAreMappedOnePerModelPageAndGiveBackEverything) {
   EXPECT_TRUE(tiny.last_error().ok());
 }
 
+TEST(CudaDeviceLayer, AFailedSetAccessLeavesNothingMappedAndTheRangeFreeable) {
+  // The second page's cuMemSetAccess fails after its cuMemMap worked: that page must be unmapped
+  // too (its memory would stay charged, and cuMemAddressFree refuses a range still mapped), and
+  // the first page rolled back.
+  FakeConfig cfg;
+  cfg.set_access_fault = 2;
+  FakeRuntime fake(cfg);
+  ASSERT_TRUE(fake.init_device(0));
+  const Bytes before = fake.charged();
+  DeviceSpec spec;
+  spec.total = 24 * GiB;
+  CudaDeviceLayer layer(fake, spec);
+  const auto va = layer.reserve_va(200 * MiB, 2 * MiB);
+  EXPECT_THROW((void)layer.map_pages(va, 60 * MiB, 20 * MiB), CudaFault);
+  EXPECT_EQ(fake.charged(), before);
+  EXPECT_EQ(fake.last_error().err, Err::invalid);  // not sticky: cleared by reading it
+  EXPECT_TRUE(fake.last_error().ok());
+  EXPECT_NO_THROW(layer.release_va(va, 200 * MiB));
+}
+
 TEST(FakeRuntime, SpecsParseAndRejectTypos) {
-  const FakeConfig c = parse_fake_spec("fake:total=80GiB,context=300MiB,sticky_launch=4,leak_on_trim=2MiB", "--backend");
+  const FakeConfig c = parse_fake_spec(
+      "fake:total=80GiB,context=300MiB,sticky_launch=4,leak_on_trim=2MiB,set_access_fault=3,overcharge=1MiB", "--backend");
+  EXPECT_EQ(c.set_access_fault, 3u);
+  EXPECT_EQ(c.malloc_overcharge, 1 * MiB);
   EXPECT_EQ(c.total, 80 * GiB);
   EXPECT_EQ(c.context_cost, 300 * MiB);
   EXPECT_EQ(c.sticky_at_launch, 4u);

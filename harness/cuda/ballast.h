@@ -26,7 +26,9 @@ class Ballast {
   Ballast(const Ballast&) = delete;
   Ballast& operator=(const Ballast&) = delete;
 
-  // Grows or shrinks the ballast until free memory is in [target, target + kBallastStep).
+  // Grows or shrinks the ballast until free memory is in [target, target + kBallastStep), or, when
+  // the driver charges a chunk more than its size, as close above the target as whole steps get
+  // (within a step plus that extra charge). Never below the target.
   // `free_at_start` gets the free memory before, `free_now` after. An error when the device
   // cannot leave that much free at all (the emulated card is larger than what is free).
   Status fit(Bytes target, Bytes& free_at_start, Bytes& free_now);

@@ -67,12 +67,14 @@ FakeConfig parse_fake_spec(std::string_view spec, std::string_view what) {
     else if (key == "sticky_launch") c.sticky_at_launch = parse_count(v, field);
     else if (key == "abort_launch") c.abort_at_launch = parse_count(v, field);
     else if (key == "leak_on_trim") c.leak_on_trim = parse_size(v, field);
+    else if (key == "set_access_fault") c.set_access_fault = parse_count(v, field);
+    else if (key == "overcharge") c.malloc_overcharge = parse_size(v, field);
     else if (key == "backing") c.backing_limit = parse_size(v, field);
     else if (key == "nvml") c.nvml = parse_count(v, field) != 0;
     else if (key == "devices") c.device_count = static_cast<int>(std::min<std::uint64_t>(parse_count(v, field), 16));
     else {
       throw InputError(field, "unknown key (known: total, others, context, module, oom_alloc, sticky_launch, "
-                              "abort_launch, leak_on_trim, backing, nvml, devices)");
+                              "abort_launch, leak_on_trim, set_access_fault, overcharge, backing, nvml, devices)");
     }
   }
   if (c.total < GiB) throw InputError(fmt::format("{}.total", what), "a fake device needs at least 1 GiB");
@@ -239,6 +241,14 @@ Status FakeRuntime::malloc(DevPtr& p, Bytes n) {
   if (alloc_fault()) return fail(Err::out_of_memory, kCodeOom, where, "out of memory (injected)");
   const auto a = dev_.cuda_malloc(n);
   if (!a) return fail(Err::out_of_memory, kCodeOom, where, "out of memory");
+  if (cfg_.malloc_overcharge > 0) {
+    const auto extra = dev_.cuda_malloc(cfg_.malloc_overcharge);
+    if (!extra) {
+      dev_.cuda_free(*a);
+      return fail(Err::out_of_memory, kCodeOom, where, "out of memory");
+    }
+    overcharged_[a->addr] = *extra;
+  }
   p = a->addr;
   raw_[p] = *a;
   add_backing(p, n);
@@ -253,6 +263,10 @@ Status FakeRuntime::free(DevPtr p) {
   if (it == raw_.end()) return fail(Err::invalid, kCodeInvalid, "cudaFree", fmt::format("{:#x} is not a cudaMalloc pointer", p));
   dev_.cuda_free(it->second);
   raw_.erase(it);
+  if (const auto extra = overcharged_.find(p); extra != overcharged_.end()) {
+    dev_.cuda_free(extra->second);
+    overcharged_.erase(extra);
+  }
   drop_backing(p);
   ++counters_.frees;
   return ok_status();
@@ -649,6 +663,7 @@ Status FakeRuntime::vmm_set_access(DevPtr p, Bytes n) {
   std::lock_guard lock(m_);
   if (Status st = check_alive("cuMemSetAccess"); !st) return st;
   if (!whole_mappings(p, n)) return fail(Err::invalid, kCodeInvalid, "cuMemSetAccess", "range not fully mapped");
+  if (++set_access_calls_ == cfg_.set_access_fault) return fail(Err::invalid, kCodeInvalid, "cuMemSetAccess", "injected");
   for (auto it = mappings_.find(p); it != mappings_.end() && it->first < p + n; ++it) it->second.access = true;
   return ok_status();
 }

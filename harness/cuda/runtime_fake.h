@@ -44,6 +44,9 @@ struct FakeConfig {
   std::uint64_t sticky_at_launch = 0;  // the Nth kernel launch hits an illegal address (sticky)
   std::uint64_t abort_at_launch = 0;   // the Nth kernel launch aborts the process (a crashing child)
   Bytes leak_on_trim = 0;              // every cudaMemPoolTrimTo leaks this much device memory
+  // Not counted from a case (the device layer and the ballast run outside cases too):
+  std::uint64_t set_access_fault = 0;  // the Nth cuMemSetAccess fails (invalid value, not sticky)
+  Bytes malloc_overcharge = 0;         // every cudaMalloc charges this much more than it was asked
   // Allocations up to `backing_limit` bytes get host memory behind them (0: none), as long as
   // all backed allocations together stay under `backing_budget`.
   Bytes backing_limit = 0;
@@ -56,8 +59,8 @@ struct FakeConfig {
 };
 
 // "fake", "fake:sticky_launch=3,leak_on_trim=4MiB,total=80GiB". Keys: total, others, context,
-// module, oom_alloc, sticky_launch, abort_launch, leak_on_trim, backing, nvml (0/1),
-// devices. Throws InputError(what) on a bad key or value.
+// module, oom_alloc, sticky_launch, abort_launch, leak_on_trim, set_access_fault, overcharge,
+// backing, nvml (0/1), devices. Throws InputError(what) on a bad key or value.
 FakeConfig parse_fake_spec(std::string_view spec, std::string_view what);
 bool is_fake_spec(std::string_view name);
 
@@ -216,6 +219,8 @@ class FakeRuntime final : public Runtime {
   std::uint64_t sticky_at_ = 0;  // absolute launch number
   std::uint64_t abort_at_ = 0;
   std::map<DevPtr, sim::DeviceAlloc> raw_;
+  std::map<DevPtr, sim::DeviceAlloc> overcharged_;  // malloc_overcharge's hidden part, per pointer
+  std::uint64_t set_access_calls_ = 0;
   std::map<std::uint64_t, PoolState> pools_;
   std::uint64_t next_pool_ = 1;
   std::map<DevPtr, AsyncAlloc> async_;
