@@ -130,9 +130,14 @@ std::string junit_xml(const Json& doc) {
     double time = 0;
     std::string body;
     for (const Testcase& tc : cases) {
-      failures += tc.failure_message.empty() ? 0 : 1;
-      errors += tc.error_message.empty() ? 0 : 1;
-      skipped += tc.skipped_message.empty() || !tc.failure_message.empty() ? 0 : 1;
+      // One outcome element per testcase (failure, else error, else skipped): CI reporters read
+      // the first child and compute passed = tests - failures - errors - skipped, so a testcase
+      // carrying two would be counted twice. Backend errors next to a failure go into its text.
+      const bool failed = !tc.failure_message.empty();
+      const bool errored = !failed && !tc.error_message.empty();
+      failures += failed ? 1 : 0;
+      errors += errored ? 1 : 0;
+      skipped += !failed && !errored && !tc.skipped_message.empty() ? 1 : 0;
       time += tc.time;
       body += fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{}\"", xml_escape(tc.classname), xml_escape(tc.name),
                           fmt_time(tc.time));
@@ -141,14 +146,14 @@ std::string junit_xml(const Json& doc) {
         continue;
       }
       body += ">\n";
-      if (!tc.failure_message.empty()) {
+      if (failed) {
+        const std::string text = tc.error_message.empty() ? tc.failure_body : tc.failure_body + "\nalso: " + tc.error_message;
         body += fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n", xml_escape(tc.failure_message),
-                            xml_escape(tc.failure_type), xml_escape(tc.failure_body));
-      } else if (!tc.skipped_message.empty()) {
-        body += fmt::format("      <skipped message=\"{}\"/>\n", xml_escape(tc.skipped_message));
-      }
-      if (!tc.error_message.empty()) {
+                            xml_escape(tc.failure_type), xml_escape(text));
+      } else if (errored) {
         body += fmt::format("      <error message=\"{}\" type=\"backend-error\"/>\n", xml_escape(tc.error_message));
+      } else {
+        body += fmt::format("      <skipped message=\"{}\"/>\n", xml_escape(tc.skipped_message));
       }
       body += "    </testcase>\n";
     }

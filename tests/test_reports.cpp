@@ -13,6 +13,8 @@
 #include <regex>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "harness/campaign.h"
 #include "harness/core/json_in.h"
 #include "reports/json_util.h"
@@ -147,6 +149,35 @@ TEST_F(Reports, JunitIsValidAgainstTheSchemaWithATestcasePerPropertyModeAndPolic
   std::smatch m;
   ASSERT_TRUE(std::regex_search(xml, m, suites)) << xml.substr(0, 300);
   EXPECT_EQ(std::stoul(m[1]), failures);
+}
+
+TEST_F(Reports, EachTestcaseHasOneOutcomeEvenWithBackendErrors) {
+  // A cell with both a new finding and backend errors: CI reporters read a testcase's first child
+  // and compute passed = tests - failures - errors - skipped, so a testcase must carry one outcome
+  // (failure first; its errors go into the failure's text) and the totals must add up.
+  Json doc2 = doc();
+  for (Json& c : doc2["matrix"]["cells"]) c["errors"] = 2;
+  const std::string xml = report::junit_xml(doc2);
+  const std::regex testcase(R"re(<testcase [^>]*?(/>|>([\s\S]*?)</testcase>))re");
+  std::size_t n = 0, failures = 0, errors = 0, skipped = 0;
+  for (auto it = std::sregex_iterator(xml.begin(), xml.end(), testcase); it != std::sregex_iterator(); ++it) {
+    ++n;
+    const std::string inner = (*it)[2];
+    const std::size_t f = count(inner, "<failure "), e = count(inner, "<error "), k = count(inner, "<skipped ");
+    EXPECT_EQ(f + e + k, 1u) << inner;  // every cell has errors now: no testcase passes
+    if (f == 1) {
+      EXPECT_NE(inner.find("also: 2 of "), std::string::npos) << inner;
+    }
+    failures += f;
+    errors += e;
+    skipped += k;
+  }
+  EXPECT_EQ(n, 8u);
+  EXPECT_GE(failures, 2u);
+  EXPECT_EQ(failures + errors + skipped, n);
+  EXPECT_NE(xml.find(fmt::format("<testsuites name=\"vramfuzz\" tests=\"8\" failures=\"{}\" errors=\"{}\"", failures, errors)),
+            std::string::npos)
+      << xml.substr(0, 300);
 }
 
 TEST_F(Reports, SchemaRejectsAFailureWithoutMessage) {
