@@ -270,6 +270,13 @@ TEST_F(Cli, BadFlagsExit2) {
   // A negative count must not wrap into 2^64 - 5 cases.
   expect_bad_input({"fuzz", "--cases", "-5"}, "--cases");
   expect_bad_input({"fuzz", "--cases", "abc"}, "--cases");
+  // Zero is not "the default": it is refused wherever a count must be at least 1.
+  expect_bad_input({"fuzz", "--cases", "0"}, "--cases: must be a whole number of at least 1, got 0");
+  expect_bad_input({"calibrate", "--cases", "0"}, "--cases: must be a whole number of at least 1, got 0");
+  expect_bad_input({"calibrate", "--cases", "-5"}, "--cases: must be a whole number of at least 1, got -5");
+  expect_bad_input({"fuzz", "--cases", "1", "--shrink-execs", "0"}, "--shrink-execs: must be a whole number of at least 1");
+  expect_bad_input({"fuzz", "--cases", "1", "--out", "o", "--devices", "a,b"}, "--devices: \"a\" is not a device");
+  expect_bad_input({"fuzz", "--cases", "1", "--out", "o", "--devices", "0,0"}, "--devices: device 0 is listed twice");
   // CLI11's own parse errors are bad input too.
   expect_bad_input({"run"}, "scenario is required");
   expect_bad_input({}, "A subcommand is required");

@@ -111,7 +111,8 @@ void add_calibrate(CLI::App& app, Action& action) {
   cmd->add_option("--reserve", f->reserve, "the current reserve to judge (default: the policy's)");
   cmd->add_option("--set", f->sets, "override a policy constant: key=value (repeatable)");
   cmd->add_option("--allocator", f->allocator, "raw | caching | caching-expandable | async | all")->capture_default_str();
-  cmd->add_option("--cases", f->cases, "case seeds, each run under every mode (default 500 when --time is not given)");
+  cmd->add_option("--cases", f->cases, "case seeds, each run under every mode (default 500 when --time is not given)")
+      ->check(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h (half samples, half re-checks the recommendation)");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
   cmd->add_option("--seed", f->seed, "seed (case seeds derive from it as in fuzz)")->capture_default_str();

@@ -101,7 +101,7 @@ void add_gpu_check(CLI::App& app, Action& action) {
                   "calibration | kernels | agreement | fuzz | report (repeatable; default: all four, then the report)");
   cmd->add_option("--fake", f->fake, "run on the fake runtime: 1 or a fake spec (fake:key=value,...)");
   cmd->add_flag("--quick", f->quick, "small sizes and short time boxes (the CI test of the check itself)");
-  cmd->add_option("--cases", f->cases, "agreement: scenarios per allocator mode")->capture_default_str();
+  cmd->add_option("--cases", f->cases, "agreement: scenarios per allocator mode")->capture_default_str()->check(kPositiveCount);
   cmd->add_option("--fuzz-time", f->fuzz_time, "fuzz: the campaign's time budget, shrinking included")->capture_default_str();
   cmd->add_option("--seed", f->seed, "seed of the generated scenarios")->capture_default_str();
   cmd->add_option("--vram", f->vram, "emulated card for agreement and fuzz")->capture_default_str();

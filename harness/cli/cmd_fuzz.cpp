@@ -20,13 +20,6 @@
 namespace vf::cli {
 namespace {
 
-// CLI11 (2.1) reads "-5" into an unsigned option as 2^64 - 5: refuse a sign before it converts.
-const CLI::Validator kNonNegative(
-    [](std::string& v) {
-      const auto first = v.find_first_not_of(" \t");
-      return first != std::string::npos && v[first] == '-' ? std::string("must not be negative, got " + v) : std::string();
-    },
-    "NONNEGATIVE");
 
 struct FuzzFlags {
   std::uint64_t seed = 1;
@@ -194,7 +187,7 @@ void add_fuzz(CLI::App& app, Action& action) {
   auto f = std::make_shared<FuzzFlags>();
   CLI::App* cmd = app.add_subcommand("fuzz", "run a campaign of random scenarios and write every finding");
   cmd->add_option("--seed", f->seed, "campaign seed (each case's seed derives from it)")->capture_default_str()->check(kNonNegative);
-  cmd->add_option("--cases", f->cases, "number of cases (default 1000 when --time is not given)")->check(kNonNegative);
+  cmd->add_option("--cases", f->cases, "number of cases (default 1000 when --time is not given)")->check(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
   cmd->add_option("--out", f->out, "output directory for findings and summary.json");
@@ -205,7 +198,7 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_flag("--isolate", f->isolate, "run each case in a child process (a crash is that case's error, not the campaign's)");
   cmd->add_option("--keep", f->keep, "finding files kept per signature")->capture_default_str()->check(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
-  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kNonNegative);
+  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->check(kNonNegative);
   cmd->add_option("--corpus", f->corpus, "replay every repro under DIR first; their signatures count as known");

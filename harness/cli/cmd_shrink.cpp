@@ -91,7 +91,7 @@ void add_shrink(CLI::App& app, Action& action) {
   cmd->add_option("finding", f->file, "a finding file (vramfuzz.finding/1), a repro, or a scenario that fails")->required();
   cmd->add_option("--out", f->out, "directory for repro.json and repro.md (default: next to the finding)");
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
-  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->check(kPositiveCount);
   cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");
   cmd->add_option("--runs", f->runs, "re-runs of the final case for the reliability figure (default 1 on sim, 5 on cuda)");
   cmd->callback([f, &action] { action = [f] { return do_shrink(*f); }; });

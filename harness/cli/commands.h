@@ -26,6 +26,10 @@ struct PolicyFlags {
   void apply(Scenario& s) const;
 };
 
+// Validators for unsigned options (common.cpp): no sign (kNonNegative); at least 1 (kPositiveCount).
+extern const CLI::Validator kNonNegative;
+extern const CLI::Validator kPositiveCount;
+
 void add_run(CLI::App& app, Action& action);
 void add_plan(CLI::App& app, Action& action);
 void add_fuzz(CLI::App& app, Action& action);

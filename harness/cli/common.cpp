@@ -9,6 +9,23 @@
 
 namespace vf::cli {
 
+// CLI11 (2.1) reads "-5" into an unsigned option as 2^64 - 5: refuse a sign before it converts.
+const CLI::Validator kNonNegative(
+    [](std::string& v) {
+      const auto first = v.find_first_not_of(" \t");
+      return first != std::string::npos && v[first] == '-' ? std::string("must not be negative, got " + v) : std::string();
+    },
+    "NONNEGATIVE");
+
+// A count that must be at least 1 (0 would otherwise mean "the default" somewhere downstream).
+const CLI::Validator kPositiveCount(
+    [](std::string& v) {
+      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+      return digits && v.find_first_not_of('0') != std::string::npos ? std::string()
+                                                                       : std::string("must be a whole number of at least 1, got " + v);
+    },
+    "COUNT");
+
 void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
   app.add_option("--policy", policy, "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | exact[:PRESET]");
   app.add_option("--reserve", reserve, "override the reserve (e.g. 600MiB)");

@@ -75,6 +75,13 @@ std::vector<std::string> parse_device_list(const std::string& text, const std::s
     const std::size_t comma = text.find(',', start);
     std::string id = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (id.empty()) throw InputError(flag, fmt::format("expected device ids separated by commas (0,1,2), got \"{}\"", text));
+    // What CUDA_VISIBLE_DEVICES takes: an index, or a GPU / MIG UUID as nvidia-smi -L prints it.
+    const bool index = id.find_first_not_of("0123456789") == std::string::npos;
+    if (!index && id.rfind("GPU-", 0) != 0 && id.rfind("MIG-", 0) != 0) {
+      throw InputError(flag, fmt::format("\"{}\" is not a device: use indices (0,1) or UUIDs (GPU-..., MIG-...) as "
+                                         "nvidia-smi -L prints them",
+                                         id));
+    }
     if (!seen.insert(id).second) throw InputError(flag, fmt::format("device {} is listed twice", id));
     out.push_back(std::move(id));
     if (comma == std::string::npos) break;
