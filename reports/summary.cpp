@@ -969,6 +969,32 @@ Json load_summary(const std::string& dir) {
   if (!raw.is_object() || raw.value("schema", "") != kSummarySchema) {
     throw InputError(path, fmt::format("not a {} file", kSummarySchema));
   }
+  // The reports read these with defaults for what is absent; a present field of the wrong type is
+  // a damaged file, and rendering it would print "nothing found" where something was.
+  using Type = nlohmann::json::value_t;
+  const auto expect = [&](const nlohmann::json& j, const std::string& where, const char* key, bool is_array, bool required) {
+    if (!j.contains(key)) {
+      if (required) throw InputError(fmt::format("{}.{}", where, key), "missing");
+      return;
+    }
+    const nlohmann::json& v = j[key];
+    if (is_array ? !v.is_array() : v.type() != Type::object) {
+      throw InputError(fmt::format("{}.{}", where, key), is_array ? "expected an array" : "expected an object");
+    }
+  };
+  for (const char* key : {"config", "counts", "environment", "run", "matrix"}) expect(raw, path, key, false, true);
+  expect(raw, path, "findings", true, true);
+  expect(raw, path, "seeds", true, false);
+  expect(raw, path, "calibrate", false, false);
+  expect(raw, path, "corpus", false, false);
+  expect(raw, path, "shards", true, false);
+  for (std::size_t i = 0; i < raw["findings"].size(); ++i) {
+    const nlohmann::json& f = raw["findings"][i];
+    const std::string where = fmt::format("{}.findings[{}]", path, i);
+    if (!f.is_object()) throw InputError(where, "expected an object");
+    if (!f.contains("signature") || !f["signature"].is_string()) throw InputError(where + ".signature", "expected a string");
+  }
+  expect(raw["matrix"], path + ".matrix", "cells", true, false);
   return Json::parse(text);  // again, keeping the order of the fields
 }
 

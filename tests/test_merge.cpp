@@ -103,6 +103,29 @@ std::multiset<std::string> junit_seeds(const std::string& xml) {
   return out;
 }
 
+TEST_F(Merge, ADamagedSummaryIsBadInputNamingTheField) {
+  // A summary.json whose findings are not a list would render as "nothing found": refused instead,
+  // exit 2, naming the field; report and merge alike.
+  const Proc ok = run({"fuzz", "--cases", "20", "--seed", "3", "--no-shrink", "--out", "ok"});
+  ASSERT_TRUE(ok.exit_code == 0 || ok.exit_code == 1) << describe(ok);
+  json doc = summary("ok");
+  doc["findings"] = "x";
+  fs::create_directories(dir_ / "dmg");
+  std::ofstream(dir_ / "dmg" / "summary.json") << doc.dump();
+  const Proc rep = run({"report", "dmg"});
+  EXPECT_EQ(rep.exit_code, 2) << describe(rep);
+  EXPECT_NE(rep.err.find("dmg/summary.json.findings: expected an array"), std::string::npos) << describe(rep);
+  const Proc mer = run({"merge", "ok", "dmg", "--out", "m"});
+  EXPECT_EQ(mer.exit_code, 2) << describe(mer);
+  EXPECT_NE(mer.err.find("findings: expected an array"), std::string::npos) << describe(mer);
+  doc = summary("ok");
+  doc["findings"] = json::array({json{{"count", 1}}});
+  std::ofstream(dir_ / "dmg" / "summary.json") << doc.dump();
+  const Proc sig = run({"report", "dmg"});
+  EXPECT_EQ(sig.exit_code, 2) << describe(sig);
+  EXPECT_NE(sig.err.find("findings[0].signature: expected a string"), std::string::npos) << describe(sig);
+}
+
 TEST_F(Merge, MergedJunitShowsTheSeedOfTheEarliestCaseWhateverTheShardOrder) {
   const Proc all = run(with(kCampaign, {"--out", "all"}));
   const Proc s0 = run(with(kCampaign, {"--shard", "0/2", "--out", "s0"}));
