@@ -131,6 +131,46 @@ class Cursor {
     ++pos_;
   }
 
+  // The members of a JSON object whose '{' was just consumed: `member(key, key_offset)` runs with
+  // the cursor after the ':' and consumes the value. Then ',' or the closing '}'.
+  template <class Member>
+  void members(std::string_view key_what, std::string_view after_key, std::string_view close_where, Member&& member) {
+    if (next_is('}')) {
+      ++pos_;
+      return;
+    }
+    while (true) {
+      ws();
+      const std::uint64_t key_at = offset();
+      std::string key = string(key_what);
+      expect(':', after_key);
+      member(std::move(key), key_at);
+      if (next_is(',')) {
+        ++pos_;
+        continue;
+      }
+      expect('}', close_where);
+      return;
+    }
+  }
+  // The elements of a JSON array whose '[' was just consumed: `element()` consumes each.
+  template <class Element>
+  void elements(std::string_view close_where, Element&& element) {
+    if (next_is(']')) {
+      ++pos_;
+      return;
+    }
+    while (true) {
+      element();
+      if (next_is(',')) {
+        ++pos_;
+        continue;
+      }
+      expect(']', close_where);
+      return;
+    }
+  }
+
   std::string describe_here() const {
     if (pos_ >= t_.size()) return "the end of the header";
     const auto u = static_cast<unsigned char>(t_[pos_]);
@@ -211,36 +251,10 @@ class Cursor {
       (void)string(what);
     } else if (c == '{') {
       ++pos_;
-      if (next_is('}')) {
-        ++pos_;
-        return;
-      }
-      while (true) {
-        (void)string(what);
-        expect(':', "after an object key");
-        skip_value(what, depth + 1);
-        if (next_is(',')) {
-          ++pos_;
-          continue;
-        }
-        expect('}', "to close an object");
-        return;
-      }
+      members(what, "after an object key", "to close an object", [&](std::string, std::uint64_t) { skip_value(what, depth + 1); });
     } else if (c == '[') {
       ++pos_;
-      if (next_is(']')) {
-        ++pos_;
-        return;
-      }
-      while (true) {
-        skip_value(what, depth + 1);
-        if (next_is(',')) {
-          ++pos_;
-          continue;
-        }
-        expect(']', "to close an array");
-        return;
-      }
+      elements("to close an array", [&] { skip_value(what, depth + 1); });
     } else if (c == '-' || (c >= '0' && c <= '9')) {
       skip_number(what);
     } else if (t_.substr(pos_, 4) == "true" || t_.substr(pos_, 4) == "null") {
@@ -355,64 +369,40 @@ StTensor parse_tensor_entry(Cursor& c, std::string name, std::uint64_t name_offs
   c.expect('{', fmt::format("for {}", what));
   bool have_dtype = false, have_shape = false, have_offsets = false;
   std::set<std::string> seen;
-  if (c.next_is('}')) {
-    c.expect('}', "");
-  } else {
-    while (true) {
-      c.ws();
-      const std::uint64_t key_at = c.offset();
-      const std::string key = c.string(fmt::format("a member of {}", what));
-      if (!seen.insert(key).second) c.fail_at(key_at, fmt::format("{}: duplicate member {}", what, quoted(key)));
-      c.expect(':', "after an object key");
-      c.ws();
-      if (key == "dtype") {
-        const std::uint64_t at = c.offset();
-        const std::string d = c.string(fmt::format("the dtype of {}", what));
-        const auto parsed = parse_st_dtype(d);
-        if (!parsed) {
-          c.fail_at(at, fmt::format("{}: unknown dtype {} (safetensors dtypes: BOOL, U8, I8, I16, U16, F16, BF16, I32, U32, F32, "
-                                    "F64, I64, U64, C64, F8_E4M3, F8_E5M2, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, F4, F6_E2M3, F6_E3M2)",
-                                    what, quoted(d)));
-        }
-        t.dtype = *parsed;
-        have_dtype = true;
-      } else if (key == "shape") {
-        where.shape = c.offset();
-        c.expect('[', fmt::format("for the shape of {}", what));
-        if (c.next_is(']')) {
-          c.expect(']', "");
-        } else {
-          while (true) {
-            t.shape.push_back(c.u64(fmt::format("a dimension of {}", what)));
-            if (c.next_is(',')) {
-              c.expect(',', "");
-              continue;
-            }
-            c.expect(']', fmt::format("to close the shape of {}", what));
-            break;
-          }
-        }
-        have_shape = true;
-      } else if (key == "data_offsets") {
-        where.offsets = c.offset();
-        c.expect('[', fmt::format("for the data_offsets of {}", what));
-        t.begin = c.u64(fmt::format("the data_offsets of {}", what));
-        c.expect(',', fmt::format("in the data_offsets of {} (two numbers: [begin, end])", what));
-        t.end = c.u64(fmt::format("the data_offsets of {}", what));
-        c.expect(']', fmt::format("after the two data_offsets of {}", what));
-        have_offsets = true;
-      } else {
-        // The reference reader ignores members it does not know; so do we.
-        c.skip_value(fmt::format("member {} of {}", quoted(key), what));
+  const auto read_member = [&](const std::string& key, std::uint64_t key_at) {
+    if (!seen.insert(key).second) c.fail_at(key_at, fmt::format("{}: duplicate member {}", what, quoted(key)));
+    c.ws();
+    if (key == "dtype") {
+      const std::uint64_t at = c.offset();
+      const std::string d = c.string(fmt::format("the dtype of {}", what));
+      const auto parsed = parse_st_dtype(d);
+      if (!parsed) {
+        c.fail_at(at, fmt::format("{}: unknown dtype {} (safetensors dtypes: BOOL, U8, I8, I16, U16, F16, BF16, I32, U32, F32, "
+                                  "F64, I64, U64, C64, F8_E4M3, F8_E5M2, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, F4, F6_E2M3, F6_E3M2)",
+                                  what, quoted(d)));
       }
-      if (c.next_is(',')) {
-        c.expect(',', "");
-        continue;
-      }
-      c.expect('}', fmt::format("to close {}", what));
-      break;
+      t.dtype = *parsed;
+      have_dtype = true;
+    } else if (key == "shape") {
+      where.shape = c.offset();
+      c.expect('[', fmt::format("for the shape of {}", what));
+      c.elements(fmt::format("to close the shape of {}", what),
+                 [&] { t.shape.push_back(c.u64(fmt::format("a dimension of {}", what))); });
+      have_shape = true;
+    } else if (key == "data_offsets") {
+      where.offsets = c.offset();
+      c.expect('[', fmt::format("for the data_offsets of {}", what));
+      t.begin = c.u64(fmt::format("the data_offsets of {}", what));
+      c.expect(',', fmt::format("in the data_offsets of {} (two numbers: [begin, end])", what));
+      t.end = c.u64(fmt::format("the data_offsets of {}", what));
+      c.expect(']', fmt::format("after the two data_offsets of {}", what));
+      have_offsets = true;
+    } else {
+      // The reference reader ignores members it does not know; so do we.
+      c.skip_value(fmt::format("member {} of {}", quoted(key), what));
     }
-  }
+  };
+  c.members(fmt::format("a member of {}", what), "after an object key", fmt::format("to close {}", what), read_member);
   for (auto [have, member] : {std::pair{have_dtype, "dtype"}, std::pair{have_shape, "shape"}, std::pair{have_offsets, "data_offsets"}}) {
     if (!have) c.fail_at(open, fmt::format("{} has no \"{}\"", what, member));
   }
@@ -423,29 +413,15 @@ void parse_metadata(Cursor& c, StHeader& h) {
   c.ws();
   h.metadata_offset = c.offset();
   c.expect('{', "for __metadata__ (an object of string: string)");
-  if (c.next_is('}')) {
-    c.expect('}', "");
-    return;
-  }
   std::set<std::string> seen;
-  while (true) {
-    c.ws();
-    const std::uint64_t key_at = c.offset();
-    std::string key = c.string("a __metadata__ key");
+  c.members("a __metadata__ key", "after an object key", "to close __metadata__", [&](std::string key, std::uint64_t key_at) {
     if (!seen.insert(key).second) c.fail_at(key_at, fmt::format("__metadata__: duplicate key {}", quoted(key)));
-    c.expect(':', "after an object key");
     c.ws();
     if (!c.next_is('"')) c.fail(fmt::format("__metadata__ {}: values must be strings, found {}", quoted(key), c.describe_here()));
     h.metadata_value_offsets.push_back(c.offset());
     std::string value = c.string("a __metadata__ value");
     h.metadata.emplace_back(std::move(key), std::move(value));
-    if (c.next_is(',')) {
-      c.expect(',', "");
-      continue;
-    }
-    c.expect('}', "to close __metadata__");
-    return;
-  }
+  });
 }
 
 // The reference reader's checks on the parsed entries: shape x element size without overflow,
@@ -571,33 +547,19 @@ StHeader parse_safetensors_header(std::span<const std::uint8_t> prefix, std::uin
   std::set<std::string, std::less<>> names;
   std::vector<EntryOffsets> offsets;
   bool have_metadata = false;
-  if (c.next_is('}')) {
-    c.expect('}', "");
-  } else {
-    while (true) {
-      c.ws();
-      const std::uint64_t name_at = c.offset();
-      std::string name = c.string("a tensor name");
-      c.expect(':', "after a tensor name");
-      if (name == "__metadata__") {
-        if (have_metadata) c.fail_at(name_at, "duplicate key \"__metadata__\"");
-        have_metadata = true;
-        parse_metadata(c, h);
-      } else {
-        if (names.count(name) != 0) c.fail_at(name_at, fmt::format("duplicate tensor name {}", quoted(name)));
-        names.insert(name);
-        EntryOffsets eo;
-        h.tensors.push_back(parse_tensor_entry(c, std::move(name), name_at, eo));
-        offsets.push_back(eo);
-      }
-      if (c.next_is(',')) {
-        c.expect(',', "");
-        continue;
-      }
-      c.expect('}', "to close the header object");
-      break;
+  c.members("a tensor name", "after a tensor name", "to close the header object", [&](std::string name, std::uint64_t name_at) {
+    if (name == "__metadata__") {
+      if (have_metadata) c.fail_at(name_at, "duplicate key \"__metadata__\"");
+      have_metadata = true;
+      parse_metadata(c, h);
+    } else {
+      if (names.count(name) != 0) c.fail_at(name_at, fmt::format("duplicate tensor name {}", quoted(name)));
+      names.insert(name);
+      EntryOffsets eo;
+      h.tensors.push_back(parse_tensor_entry(c, std::move(name), name_at, eo));
+      offsets.push_back(eo);
     }
-  }
+  });
   c.ws();
   if (!c.at_end()) c.fail(fmt::format("unexpected {} after the header object", c.describe_here()));
   validate(c, h, offsets);
@@ -626,77 +588,35 @@ StIndex parse_safetensors_index(std::string_view text, std::string_view origin) 
   bool have_map = false;
   c.expect('{', "at the start of the index");
   std::set<std::string> top;
-  if (c.next_is('}')) {
-    c.expect('}', "");
-  } else {
-    while (true) {
-      c.ws();
-      const std::uint64_t key_at = c.offset();
-      const std::string key = c.string("a key of the index");
-      if (!top.insert(key).second) c.fail_at(key_at, fmt::format("duplicate key {}", quoted(key)));
-      c.expect(':', "after an object key");
-      if (key == "weight_map") {
-        have_map = true;
-        c.expect('{', "for weight_map (an object of tensor name: shard file)");
-        std::set<std::string> names;
-        if (c.next_is('}')) {
-          c.expect('}', "");
-        } else {
-          while (true) {
-            c.ws();
-            const std::uint64_t at = c.offset();
-            std::string name = c.string("a tensor name in weight_map");
-            if (!names.insert(name).second) c.fail_at(at, fmt::format("weight_map: duplicate tensor name {}", quoted(name)));
-            c.expect(':', "after an object key");
-            c.ws();
-            const std::uint64_t file_at = c.offset();
-            std::string file = c.string(fmt::format("the shard of {}", quoted(name)));
-            if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-              c.fail_at(file_at, fmt::format("weight_map {}: shard {} must be a plain file name next to the index", quoted(name), quoted(file)));
-            }
-            idx.weight_map.emplace_back(std::move(name), std::move(file));
-            idx.offsets.push_back(at);
-            if (c.next_is(',')) {
-              c.expect(',', "");
-              continue;
-            }
-            c.expect('}', "to close weight_map");
-            break;
-          }
+  c.members("a key of the index", "after an object key", "to close the index object", [&](const std::string& key, std::uint64_t key_at) {
+    if (!top.insert(key).second) c.fail_at(key_at, fmt::format("duplicate key {}", quoted(key)));
+    if (key == "weight_map") {
+      have_map = true;
+      c.expect('{', "for weight_map (an object of tensor name: shard file)");
+      std::set<std::string> names;
+      c.members("a tensor name in weight_map", "after an object key", "to close weight_map", [&](std::string name, std::uint64_t at) {
+        if (!names.insert(name).second) c.fail_at(at, fmt::format("weight_map: duplicate tensor name {}", quoted(name)));
+        c.ws();
+        const std::uint64_t file_at = c.offset();
+        std::string file = c.string(fmt::format("the shard of {}", quoted(name)));
+        if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
+          c.fail_at(file_at, fmt::format("weight_map {}: shard {} must be a plain file name next to the index", quoted(name), quoted(file)));
         }
-      } else if (key == "metadata") {
-        c.expect('{', "for metadata");
-        std::set<std::string> keys;
-        if (c.next_is('}')) {
-          c.expect('}', "");
-        } else {
-          while (true) {
-            c.ws();
-            const std::uint64_t at = c.offset();
-            const std::string mk = c.string("a metadata key");
-            if (!keys.insert(mk).second) c.fail_at(at, fmt::format("metadata: duplicate key {}", quoted(mk)));
-            c.expect(':', "after an object key");
-            if (mk == "total_size" && c.next_is_number()) idx.total_size = c.number_as_u64("metadata.total_size");
-            else c.skip_value(fmt::format("metadata {}", quoted(mk)));
-            if (c.next_is(',')) {
-              c.expect(',', "");
-              continue;
-            }
-            c.expect('}', "to close metadata");
-            break;
-          }
-        }
-      } else {
-        c.skip_value(fmt::format("member {}", quoted(key)));
-      }
-      if (c.next_is(',')) {
-        c.expect(',', "");
-        continue;
-      }
-      c.expect('}', "to close the index object");
-      break;
+        idx.weight_map.emplace_back(std::move(name), std::move(file));
+        idx.offsets.push_back(at);
+      });
+    } else if (key == "metadata") {
+      c.expect('{', "for metadata");
+      std::set<std::string> keys;
+      c.members("a metadata key", "after an object key", "to close metadata", [&](const std::string& mk, std::uint64_t at) {
+        if (!keys.insert(mk).second) c.fail_at(at, fmt::format("metadata: duplicate key {}", quoted(mk)));
+        if (mk == "total_size" && c.next_is_number()) idx.total_size = c.number_as_u64("metadata.total_size");
+        else c.skip_value(fmt::format("metadata {}", quoted(mk)));
+      });
+    } else {
+      c.skip_value(fmt::format("member {}", quoted(key)));
     }
-  }
+  });
   c.ws();
   if (!c.at_end()) c.fail(fmt::format("unexpected {} after the index object", c.describe_here()));
   if (!have_map) throw InputError(std::string(origin), at_byte(0, "the index has no \"weight_map\""));
