@@ -44,6 +44,10 @@ struct AllocStats {
   std::uint64_t num_ooms = 0;
   std::uint64_t num_device_alloc = 0;  // cudaMalloc / cuMemMap / pool growth calls
   std::uint64_t num_device_free = 0;
+  // reset_peak_memory_stats: every peak becomes its current value (counters are kept).
+  void reset_peaks() {
+    for (Stat* st : {&requested, &allocated, &active, &reserved, &inactive_split}) st->reset_peak();
+  }
 };
 
 // A live block as the property tests see it: [addr, addr + size) must not overlap another.

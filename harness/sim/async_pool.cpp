@@ -472,11 +472,7 @@ void AsyncPoolAllocator::record_oom(Bytes size, Bytes rounded, StreamId stream, 
 
 void AsyncPoolAllocator::reset_peak_stats() {
   // reset_peak_memory_stats writes 0 to UsedMemHigh / ReservedMemHigh: the peak becomes current.
-  stats_.requested.reset_peak();
-  stats_.allocated.reset_peak();
-  stats_.active.reset_peak();
-  stats_.reserved.reset_peak();
-  stats_.inactive_split.reset_peak();
+  stats_.reset_peaks();
 }
 
 std::optional<DeviceAddr> AsyncPoolAllocator::address(BlockKey key) const {

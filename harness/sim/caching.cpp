@@ -307,6 +307,11 @@ void CachingAllocator::free_block(Index bi) {
 Bytes CachingAllocator::try_merge(Index dst, Index src) {
   if (src == kNone || blocks_[src].state != State::free) return 0;
   erase_free(src);
+  return absorb(dst, src);
+}
+
+// Splices neighbour `src` (already out of its pool's set) into `dst`: dst takes its address range.
+Bytes CachingAllocator::absorb(Index dst, Index src) {
   Block& d = blocks_[dst];
   const Block& s = blocks_[src];
   if (d.prev == src) {
@@ -520,11 +525,7 @@ void CachingAllocator::record_oom(Bytes size, Bytes rounded, Bytes alloc_size, S
 }
 
 void CachingAllocator::reset_peak_stats() {
-  stats_.requested.reset_peak();
-  stats_.allocated.reset_peak();
-  stats_.active.reset_peak();
-  stats_.reserved.reset_peak();
-  stats_.inactive_split.reset_peak();
+  stats_.reset_peaks();
 }
 
 void CachingAllocator::live_blocks(std::vector<BlockView>& out) const {

@@ -188,6 +188,7 @@ class CachingAllocator final : public Allocator {
   Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key);
   void free_block(Index b);
   Bytes try_merge(Index dst, Index src);
+  Bytes absorb(Index dst, Index src);  // the splice both merges share
   void process_events();
   void synchronize_and_free_events();
   void record_oom(Bytes size, Bytes rounded, Bytes alloc_size, StreamId stream);

@@ -191,18 +191,7 @@ void CachingAllocator::unmap_block(Index bi) {
 void CachingAllocator::merge_unmapped(Index dst, Index src) {
   if (src == kNone || blocks_[src].state != State::unmapped) return;
   erase_unmapped(src);
-  Block& d = blocks_[dst];
-  const Block& s = blocks_[src];
-  if (d.prev == src) {
-    d.addr = s.addr;
-    d.prev = s.prev;
-    if (d.prev != kNone) blocks_[d.prev].next = dst;
-  } else {
-    d.next = s.next;
-    if (d.next != kNone) blocks_[d.next].prev = dst;
-  }
-  d.size += s.size;
-  recycle_block(src);
+  (void)absorb(dst, src);
 }
 
 // empty_cache / OOM ladder: unmap every free page (after the device sync the caller did), and

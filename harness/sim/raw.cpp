@@ -49,11 +49,7 @@ void RawAllocator::free(BlockKey key) {
 }
 
 void RawAllocator::reset_peak_stats() {
-  stats_.requested.reset_peak();
-  stats_.allocated.reset_peak();
-  stats_.active.reset_peak();
-  stats_.reserved.reset_peak();
-  stats_.inactive_split.reset_peak();
+  stats_.reset_peaks();
 }
 
 void RawAllocator::live_blocks(std::vector<BlockView>& out) const {
