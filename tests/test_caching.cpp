@@ -6,26 +6,13 @@
 #include "harness/core/error.h"
 #include "harness/sim/alloc_options.h"
 #include "harness/sim/caching.h"
+#include "tests/sim_test_util.h"
 
 namespace vf::sim {
 namespace {
 
-DeviceSpec spec_of(Bytes total) {
-  DeviceSpec s;
-  s.total = total;
-  s.context_overhead = 0;
-  return s;
-}
-
-DeviceAddr addr_of(const Allocator& a, BlockKey key) {
-  std::vector<BlockView> live;
-  a.live_blocks(live);
-  for (const BlockView& b : live) {
-    if (b.key == key) return b.addr;
-  }
-  ADD_FAILURE() << "key " << key << " is not live";
-  return 0;
-}
+using test::spec_of;
+using test::addr_of;
 
 RoundupDivisions all(std::uint32_t d) {
   RoundupDivisions t{};

@@ -3,16 +3,12 @@
 
 #include "harness/core/error.h"
 #include "harness/sim/raw.h"
+#include "tests/sim_test_util.h"
 
 namespace vf::sim {
 namespace {
 
-DeviceSpec spec_of(Bytes total) {
-  DeviceSpec s;
-  s.total = total;
-  s.context_overhead = 0;
-  return s;
-}
+using test::spec_of;
 
 TEST(RawAllocator, OneByteReservesAPage) {
   SimDevice d(spec_of(1 * GiB));

@@ -9,16 +9,12 @@
 
 #include "harness/core/error.h"
 #include "harness/sim/replay.h"
+#include "tests/sim_test_util.h"
 
 namespace vf::sim {
 namespace {
 
-DeviceSpec spec_of(Bytes total) {
-  DeviceSpec s;
-  s.total = total;
-  s.context_overhead = 0;
-  return s;
-}
+using test::spec_of;
 
 AllocatorConfig config(AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options = {}) {
   AllocatorConfig c;
