@@ -129,6 +129,21 @@ struct Counted {
   std::uint64_t calls_at_first_failure = 0;
   std::optional<Scenario> first_failure;
   std::optional<Scenario> last_failure;  // RapidCheck's final counterexample is its last failure
+
+  // Runs one case of the property, remembering the first and the last failing one.
+  bool fails(const Scenario& s) {
+    ++calls;
+    SimBackend backend;
+    const bool failed = run_case(s, backend, false).verdict.finding();
+    if (failed) {
+      if (!first_failure) {
+        first_failure = s;
+        calls_at_first_failure = calls;
+      }
+      last_failure = s;
+    }
+    return failed;
+  }
 };
 
 // "P1 and P2 hold" for comfy:oct2025 on the fp8 -> fp32 offload class (the origin class).
@@ -145,17 +160,7 @@ rc::detail::TestResult check_oct2025_class(std::uint64_t seed, Counted& counted)
         cfg.dtypes = std::make_pair(Dtype::fp8_e4m3fn, Dtype::fp32);
         RapidCheckChoices choices;
         const Scenario s = generate_scenario(choices, cfg, shared_catalog());
-        ++counted.calls;
-        SimBackend backend;
-        const CaseResult r = run_case(s, backend, false);
-        if (r.verdict.finding()) {
-          if (!counted.first_failure) {
-            counted.first_failure = s;
-            counted.calls_at_first_failure = counted.calls;
-          }
-          counted.last_failure = s;
-        }
-        RC_ASSERT(!r.verdict.finding());
+        RC_ASSERT(!counted.fails(s));
       },
       meta, params);
 }
@@ -227,17 +232,7 @@ std::optional<Comparison> compare_on_seed(std::uint64_t seed) {
             rc::gen::pair(rc::gen::inRange<std::uint32_t>(1, 129), rc::gen::inRange<std::uint32_t>(1, 129)));
         RC_PRE(!layers.empty());
         const Scenario s = layers_scenario(layers, device_gib);
-        ++counted.calls;
-        SimBackend backend;
-        const CaseResult r = run_case(s, backend, false);
-        if (r.verdict.finding()) {
-          if (!counted.first_failure) {
-            counted.first_failure = s;
-            counted.calls_at_first_failure = counted.calls;
-          }
-          counted.last_failure = s;
-        }
-        RC_ASSERT(!r.verdict.finding());
+        RC_ASSERT(!counted.fails(s));
       },
       meta, params);
   if (!counted.first_failure) return std::nullopt;
