@@ -275,6 +275,9 @@ TEST_F(Cli, BadFlagsExit2) {
   expect_bad_input({"calibrate", "--cases", "0"}, "--cases: must be a whole number of at least 1, got 0");
   expect_bad_input({"calibrate", "--cases", "-5"}, "--cases: must be a whole number of at least 1, got -5");
   expect_bad_input({"fuzz", "--cases", "1", "--shrink-execs", "0"}, "--shrink-execs: must be a whole number of at least 1");
+  expect_bad_input({"fuzz", "--cases", "1", "--runs", "0"}, "--runs: must be a whole number of at least 1, got 0");
+  expect_bad_input({"calibrate", "--cases", "1", "--seed", "-1"}, "--seed: must not be negative, got -1");
+  expect_bad_input({"calibrate", "--cases", "1", "--shrink-execs", "0"}, "--shrink-execs: must be a whole number of at least 1");
   expect_bad_input({"fuzz", "--cases", "1", "--out", "o", "--devices", "a,b"}, "--devices: \"a\" is not a device");
   expect_bad_input({"fuzz", "--cases", "1", "--out", "o", "--devices", "0,0"}, "--devices: device 0 is listed twice");
   // CLI11's own parse errors are bad input too.

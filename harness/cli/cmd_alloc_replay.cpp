@@ -56,7 +56,7 @@ void add_alloc_replay(CLI::App& app, Action& action) {
   cmd->add_option("--device", f->device, "device total")->capture_default_str();
   cmd->add_option("--used-by-others", f->used_by_others, "memory other processes hold")->capture_default_str();
   cmd->add_option("--context", f->context, "CUDA context of the process")->capture_default_str();
-  cmd->add_option("--seed", f->seed, "seed of allocator-side choices (async opportunistic reuse)")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "seed of allocator-side choices (async opportunistic reuse)")->capture_default_str()->check(kNonNegative);
   cmd->add_flag("--table", f->table, "a column table instead of the DEBUG lines");
   cmd->callback([f, &action] { action = [f] { return do_alloc_replay(*f); }; });
 }

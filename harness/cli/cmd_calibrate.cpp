@@ -115,14 +115,16 @@ void add_calibrate(CLI::App& app, Action& action) {
       ->check(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h (half samples, half re-checks the recommendation)");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
-  cmd->add_option("--seed", f->seed, "seed (case seeds derive from it as in fuzz)")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "seed (case seeds derive from it as in fuzz)")->capture_default_str()->check(kNonNegative);
   cmd->add_option("--out", f->out, "write summary.json, report.html, junit.xml, summary.md and the worst cases here");
   cmd->add_option("--margin", f->margin, "added to the need for the recommendation")->capture_default_str();
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
   cmd->add_option("--shard", f->shard, "I/N: only the case seeds i with i mod N == I (merge shards with `vramfuzz merge`)");
-  cmd->add_option("--verify-rounds", f->verify_rounds, "re-runs of the sample at the recommended reserve (0: none)")->capture_default_str();
+  cmd->add_option("--verify-rounds", f->verify_rounds, "re-runs of the sample at the recommended reserve (0: none)")
+      ->capture_default_str()
+      ->check(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write the worst cases without shrinking them");
-  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str();
+  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--progress", f->progress, "auto | tty | plain | off")->capture_default_str();
   cmd->callback([f, &action] { action = [f] { return do_calibrate(*f); }; });

@@ -103,7 +103,7 @@ void add_gpu_check(CLI::App& app, Action& action) {
   cmd->add_flag("--quick", f->quick, "small sizes and short time boxes (the CI test of the check itself)");
   cmd->add_option("--cases", f->cases, "agreement: scenarios per allocator mode")->capture_default_str()->check(kPositiveCount);
   cmd->add_option("--fuzz-time", f->fuzz_time, "fuzz: the campaign's time budget, shrinking included")->capture_default_str();
-  cmd->add_option("--seed", f->seed, "seed of the generated scenarios")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "seed of the generated scenarios")->capture_default_str()->check(kNonNegative);
   cmd->add_option("--vram", f->vram, "emulated card for agreement and fuzz")->capture_default_str();
   cmd->add_option("--record", f->records, "KEY=VALUE stored under \"script\" in gpu-check.json (repeatable)");
   cmd->callback([f, &action] { action = [f] { return do_gpu_check(*f); }; });

@@ -200,7 +200,7 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
-  cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->check(kNonNegative);
+  cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->check(kPositiveCount);
   cmd->add_option("--corpus", f->corpus, "replay every repro under DIR first; their signatures count as known");
   cmd->add_option("--shard", f->shard, "I/N: run only the cases i with i mod N == I (seeds unchanged; shards merge with `vramfuzz merge`)");
   cmd->add_option("--devices", f->devices, "0,1,...: one worker process per device (CUDA_VISIBLE_DEVICES), merged into --out");
