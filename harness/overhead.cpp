@@ -592,6 +592,10 @@ std::span<const AllocatorOptionSet> bound_option_sets(AllocatorMode mode) {
        {"reuse_allow_internal_dependencies", "False"}},
       {{"pool_granularity", "6MiB"}, {"release_threshold", "20MiB"}, {"opportunistic_probability", "0.9"}},
       {{"opportunistic_probability", "0"}},
+      // CUDA's own default threshold (trim at every synchronize) at the default growth step.
+      {{"release_threshold", "0"}},
+      {{"release_threshold", "0"}, {"reuse_follow_event_dependencies", "False"},
+       {"reuse_allow_opportunistic", "False"}, {"reuse_allow_internal_dependencies", "False"}},
   };
   static const std::vector<AllocatorOptionSet> none = {{}};
   switch (mode) {
