@@ -7,7 +7,10 @@
 // run end to end on the fake with its JSON schema validated.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -20,6 +23,7 @@
 #include "harness/core/error.h"
 #include "harness/cuda/backend.h"
 #include "harness/cuda/device_layer.h"
+#include "harness/cuda/gpu_check.h"
 #include "harness/cuda/isolate.h"
 #include "harness/cuda/runtime_fake.h"
 #include "harness/generate.h"
@@ -568,9 +572,18 @@ TEST(GpuCheck, RunsEverySectionOnTheFakeAndWritesTheSchema) {
   }
   const auto& cal = doc["sections"]["calibration"];
   EXPECT_EQ(cal["context"]["context_overhead"], 512 * MiB + 2 * MiB);  // the fake's context + module
+  EXPECT_EQ(cal["suggested"]["context_overhead"], 512 * MiB + 2 * MiB);
+  EXPECT_EQ(cal["context"]["own_buffers_model_charge"], 4 * MiB);  // a 512 B tensor's page + the 2 MiB scratch
+  EXPECT_EQ(cal["context"]["own_buffers_measured_charge"], 4 * MiB);
+  EXPECT_EQ(cal["context"]["other_processes_before_context"]["processes"], 0);
+  EXPECT_FALSE(cal.contains("errors"));
   EXPECT_EQ(cal["cudamalloc"][0]["charged"], 2 * MiB);                  // 1 B costs a page
   EXPECT_EQ(cal["async_pool"].size(), 3u);
   EXPECT_EQ(cal["suggested"]["pool_granularity"], 2 * MiB);
+  for (const auto& p : cal["async_pool"]) {
+    EXPECT_EQ(p["fit"]["step"], 2 * MiB) << p["fit"].dump();  // the fake's pool is the sim's at 2 MiB
+    EXPECT_GE(p["fit"]["steps_compared"].get<int>(), 50);
+  }
   EXPECT_EQ(cal["vmm_granularity"]["minimum"], 2 * MiB);
   EXPECT_TRUE(cal["nvml"].contains("latency_running_processes"));
   const auto& ker = doc["sections"]["kernels"];
@@ -597,6 +610,121 @@ TEST(GpuCheck, RunsEverySectionOnTheFakeAndWritesTheSchema) {
   EXPECT_TRUE(doc2["sections"].contains("fuzz"));
   EXPECT_EQ(run_cli({"gpu-check", "--out", dir.string(), "--section", "report"}).exit_code, 0);
   std::filesystem::remove_all(dir);
+}
+
+// Memory another process holds is in every device-wide reading: the check measures it but does
+// not suggest a context overhead that would carry it into the simulator's defaults.
+TEST(GpuCheck, DoesNotSuggestAContextOverheadWhileAnotherProcessHoldsMemory) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("vf-gpu-check-others-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  const CliRun run = run_cli({"gpu-check", "--out", dir.string(), "--fake", "fake:others=3GiB", "--quick", "--section", "calibration"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(dir / "gpu-check.json");
+  const nlohmann::json cal = nlohmann::json::parse(in)["sections"]["calibration"];
+  EXPECT_EQ(cal["context"]["other_processes_before_context"]["used"], 3 * GiB);
+  EXPECT_EQ(cal["context"]["context_overhead"], 3 * GiB + 512 * MiB + 2 * MiB);  // device-wide: others included
+  EXPECT_TRUE(cal["suggested"]["context_overhead"].is_null());
+  EXPECT_NE(cal["suggested"]["context_overhead_note"].get<std::string>().find("1 other process(es) held 3221225472 B"),
+            std::string::npos);
+  EXPECT_EQ(cal["suggested"]["pool_granularity"], 2 * MiB);  // the pool sweep is not device-wide
+  std::filesystem::remove_all(dir);
+}
+
+// ci/gpu-check.sh's hard limit sends SIGTERM (then SIGKILL 10 s later): the running section stops
+// at its next check and writes what it measured, marked partial and stopped by the signal.
+TEST(GpuCheck, SigtermStopsTheSectionAndKeepsWhatItMeasured) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("vf-gpu-check-term-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string cmd = fmt::format("timeout -s TERM 3 '{}' gpu-check --out '{}' --fake 1 --section agreement --cases 100000 "
+                                      ">/dev/null 2>&1",
+                                      VF_CLI, dir.string());
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 124);  // timeout's "the time limit was reached"
+  std::ifstream in(dir / "gpu-check.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json agr = nlohmann::json::parse(in)["sections"]["agreement"];
+  EXPECT_EQ(agr["status"], "partial");
+  EXPECT_NE(agr.value("stopped_by", "").find("SIGTERM"), std::string::npos) << agr.dump().substr(0, 400);
+  ASSERT_TRUE(agr["modes"].contains("raw"));
+  EXPECT_GE(agr["modes"]["raw"]["cases"].get<int>(), 1);
+  EXPECT_EQ(agr["modes"]["raw"]["rows"].size(), agr["modes"]["raw"]["cases"].get<std::size_t>());
+  EXPECT_TRUE(agr["modes"]["raw"]["stopped_by_time_box"].get<bool>());
+  std::filesystem::remove_all(dir);
+}
+
+// ---- fit_pool_step: the growth step that reproduces a pool sweep --------------------------------
+
+using Json = nlohmann::ordered_json;
+
+const std::vector<Bytes> kSweepSizes = {512, 4 * KiB, 1 * MiB, 1 * MiB, 1 * MiB, 1 * MiB, 2 * MiB, 3 * MiB, 17 * MiB, 33 * MiB, 100 * MiB,
+                                        1 * MiB, 1 * MiB, 1 * MiB, 1 * MiB};
+
+Json sweep_of(const std::vector<Bytes>& reserved, const Json& threshold = "UINT64_MAX") {
+  Json steps = Json::array();
+  for (std::size_t i = 0; i < reserved.size(); ++i) steps.push_back({{"size", kSweepSizes[i]}, {"reserved", reserved[i]}});
+  return {{"release_threshold", threshold}, {"reserved_at_start", 0}, {"steps", steps}};
+}
+
+// A driver growing the pool like the simulator with 32 MiB chunks: 32 MiB for the first 512 B,
+// then every request is served from the open chunk or grows by whole chunks (a request straddles
+// the free tail and new chunks).
+TEST(FitPoolStep, FindsTheStepThatReproducesEveryRequest) {
+  std::vector<Bytes> reserved;
+  Bytes used = 0;
+  Bytes res = 0;
+  for (Bytes size : kSweepSizes) {
+    used += round_up(size, 512);
+    res = std::max(res, round_up(used, 32 * MiB));
+    reserved.push_back(res);
+  }
+  ASSERT_EQ(reserved[0], 32 * MiB);
+  ASSERT_EQ(reserved[10], 160 * MiB);  // 159 MiB + 4.5 KiB used after the 100 MiB request
+  const Json fit = fit_pool_step(sweep_of(reserved));
+  EXPECT_EQ(fit["steps_compared"], kSweepSizes.size());
+  EXPECT_EQ(fit["candidates"], 64);  // 2 MiB .. 128 MiB
+  EXPECT_EQ(fit["matches"], Json::array({32 * MiB}));
+  EXPECT_EQ(fit["step"], 32 * MiB);
+}
+
+// The review's counter-example to the gcd of the growths: small requests grow the pool by 32 MiB,
+// a request that does not fit grows it by its own size rounded to 2 MiB. The growths (32, 34,
+// 100 MiB) have a gcd of 2 MiB, which would have "confirmed" the placeholder; no step reproduces
+// the sweep, so none is suggested and the closest candidate shows where the model parts.
+TEST(FitPoolStep, SuggestsNothingWhenNoStepReproducesTheSweep) {
+  std::vector<Bytes> reserved;
+  Bytes used = 0;
+  Bytes res = 0;
+  for (Bytes size : kSweepSizes) {
+    const Bytes r = round_up(size, 512);
+    if (used + r > res) res += size < 32 * MiB ? 32 * MiB : round_up(r, 2 * MiB);
+    used += r;
+    reserved.push_back(res);
+  }
+  ASSERT_EQ(reserved[8], 32 * MiB);   // 24.5 MiB used: still the first chunk
+  ASSERT_EQ(reserved[9], 66 * MiB);   // 33 MiB: its own 34 MiB
+  ASSERT_EQ(reserved[10], 166 * MiB); // 100 MiB: its own 100 MiB
+  const Json fit = fit_pool_step(sweep_of(reserved));
+  EXPECT_TRUE(fit["matches"].empty());
+  EXPECT_TRUE(fit["step"].is_null());
+  ASSERT_TRUE(fit["closest"].is_object());
+  EXPECT_EQ(fit["closest"]["step"], 32 * MiB);
+  EXPECT_EQ(fit["closest"]["matched_requests"], 9);
+  EXPECT_EQ(fit["closest"]["first_mismatch"]["device_reserved"], 66 * MiB);
+  EXPECT_EQ(fit["closest"]["first_mismatch"]["model_reserved"], 64 * MiB);
+}
+
+// A request that failed on the device ends the comparison there; a sweep with nothing to compare
+// suggests nothing.
+TEST(FitPoolStep, StopsAtAFailedRequest) {
+  Json sweep = sweep_of({2 * MiB, 2 * MiB, 2 * MiB}, 0);
+  sweep["steps"].push_back({{"size", 64 * GiB}, {"error", "cudaErrorMemoryAllocation"}});
+  const Json fit = fit_pool_step(sweep);
+  EXPECT_EQ(fit["steps_compared"], 3);
+  EXPECT_EQ(fit["step"], 2 * MiB);
+  const Json none = fit_pool_step(Json{{"release_threshold", "UINT64_MAX"}, {"steps", Json::array()}});
+  EXPECT_TRUE(none["step"].is_null());
+  EXPECT_EQ(none["note"], "no request of the sweep succeeded");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -74,6 +75,21 @@ void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
     double sum_abs = 0;
     Json worst = nullptr;
     std::uint32_t i = 0;
+    // The mode's entry after `n` cases (a checkpoint after every case, the final one at the end).
+    auto entry = [&](std::uint32_t n) {
+      // Cases that ended in an error have no peak to compare: the mean is over the others.
+      const std::uint32_t compared = n - errors;
+      return Json{{"cases", n},
+                  {"stopped_by_time_box", n < c.cfg.agreement_cases},
+                  {"exact", exact},
+                  {"verdicts_agree", agree},
+                  {"errors", errors},
+                  {"warnings", warnings},
+                  {"max_abs_diff_mib", max_abs},
+                  {"mean_abs_diff_mib", compared > 0 ? Json(sum_abs / compared) : Json(nullptr)},
+                  {"worst", worst},
+                  {"rows", rows}};
+    };
     for (; i < c.cfg.agreement_cases && !mode_dl.passed(); ++i) {
       const std::uint64_t seed = case_seed(c.cfg.seed + 0x9e3779b9ull * (k + 1), i);
       PrngChoices choices(seed);
@@ -100,7 +116,7 @@ void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
       errors += real.error ? 1 : 0;
       warnings += static_cast<std::uint32_t>(real.warnings.size());
       const double abs_mib = std::abs(signed_mib(real.error ? 0 : std::max(std::llabs(diff), std::llabs(stage_diff))));
-      sum_abs += abs_mib;
+      if (!real.error) sum_abs += abs_mib;
       Json row = {{"seed", seed},
                   {"name", s.name},
                   {"ops", simr.program.ops.size()},
@@ -121,22 +137,14 @@ void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
                  {"scenario", Json::parse(scenario_to_json(s, -1))}};
       }
       rows.push_back(std::move(row));
+      modes[std::string(allocator_mode_name(mode))] = entry(i + 1);
+      out["modes"] = modes;
+      c.checkpoint(out);
       if (real.fatal) {
-        modes[std::string(allocator_mode_name(mode))] = {{"cases", i + 1}, {"rows", rows}};
-        out["modes"] = modes;
         throw SectionFailure(fmt::format("sticky CUDA error in mode {}: {}", allocator_mode_name(mode), real.error.value_or("")));
       }
     }
-    const double n = std::max<double>(1, static_cast<double>(i));
-    modes[std::string(allocator_mode_name(mode))] = {{"cases", i},
-                                                     {"exact", exact},
-                                                     {"verdicts_agree", agree},
-                                                     {"errors", errors},
-                                                     {"warnings", warnings},
-                                                     {"max_abs_diff_mib", max_abs},
-                                                     {"mean_abs_diff_mib", sum_abs / n},
-                                                     {"worst", worst},
-                                                     {"rows", rows}};
+    modes[std::string(allocator_mode_name(mode))] = entry(i);
     out["modes"] = modes;  // partial results survive a later failure
     ++k;
   }
@@ -235,6 +243,30 @@ void write_doc(const std::string& dir, Json& doc) {
   write_file_atomic((std::filesystem::path(dir) / "gpu-check.md").string(), gpu_check_markdown(doc));
 }
 
+// While gpu-check runs, SIGTERM / SIGINT stop the running section at its next check instead of
+// killing the process, so its results are written (detail::g_stop_requested).
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    detail::g_stop_requested.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { detail::g_stop_requested.store(true); };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~StopOnSignal() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_int_ {};
+};
+
 }  // namespace
 
 std::string gpu_check_markdown(const nlohmann::ordered_json& doc) {
@@ -262,15 +294,13 @@ std::string gpu_check_markdown(const nlohmann::ordered_json& doc) {
     const Json& s = secs[key];
     std::string head;
     if (name == "calibration" && s.contains("context")) {
-      const Json& pools = s.value("async_pool", Json::array());
-      std::string growth = "n/a";
-      for (const Json& p : pools) {
-        if (p.value("pool", "") == "dedicated" && p.value("release_threshold", Json()) == "UINT64_MAX") growth = mib(p["growth_gcd"]);
-      }
+      const Json& sg = s.value("suggested", Json::object());
+      const Json& step = sg.value("pool_granularity", Json());
+      const std::string growth = step.is_number() ? mib(step) : "no single step fits";
       std::string charge = "n/a";
       const Json& sweep = s.value("cudamalloc", Json::array());
       if (!sweep.empty()) charge = mib(sweep[0]["charged"]);
-      head = fmt::format("context {}; cudaMalloc(1 B) charges {}; async growth step {} (threshold UINT64_MAX); VMM granularity {}",
+      head = fmt::format("context {}; cudaMalloc(1 B) charges {}; async growth step {} (default pool); VMM granularity {}",
                          mib(s["context"].value("context_overhead", Json())), charge, growth,
                          s.contains("vmm_granularity") ? mib(s["vmm_granularity"]["minimum"]) : "n/a");
     } else if (name == "kernels" && s.contains("correctness_summary")) {
@@ -306,6 +336,9 @@ std::string gpu_check_markdown(const nlohmann::ordered_json& doc) {
                       mib(sg.value("context_overhead", Json())));
     md += fmt::format("| kDefaultPoolGranularity | harness/sim/async_pool.h | {} | {} |\n", mib(Json(sim::kDefaultPoolGranularity)),
                       mib(sg.value("pool_granularity", Json())));
+    for (const char* note : {"context_overhead_note", "pool_granularity_note"}) {
+      if (sg.contains(note)) md += fmt::format("\n{}: {}\n", note, sg[note].get<std::string>());
+    }
   }
   if (secs.contains("agreement") && secs["agreement"].contains("modes")) {
     md += "\n## Agreement: allocator reserved peak, device - sim\n\n"
@@ -316,8 +349,10 @@ std::string gpu_check_markdown(const nlohmann::ordered_json& doc) {
       const std::string worst = w.is_object() ? fmt::format("{} (seed {}, {:+.2f} MiB)", w.value("name", "?"), w.value("seed", std::uint64_t{0}),
                                                             w.value("diff_mib", 0.0))
                                               : "-";
-      md += fmt::format("| {} | {} | {} | {} | {:.2f} | {:.2f} | {} |\n", mode, m.value("cases", 0), m.value("exact", 0),
-                        m.value("verdicts_agree", 0), m.value("max_abs_diff_mib", 0.0), m.value("mean_abs_diff_mib", 0.0), worst);
+      const Json& mean = m.value("mean_abs_diff_mib", Json());
+      md += fmt::format("| {} | {}{} | {} | {} | {:.2f} | {} | {} |\n", mode, m.value("cases", 0),
+                        m.value("stopped_by_time_box", false) ? " (time box)" : "", m.value("exact", 0), m.value("verdicts_agree", 0),
+                        m.value("max_abs_diff_mib", 0.0), mean.is_number() ? fmt::format("{:.2f}", mean.get<double>()) : "n/a", worst);
     }
   }
   if (secs.contains("kernels") && secs["kernels"].contains("bandwidth")) {
@@ -395,6 +430,7 @@ int run_gpu_check(const GpuCheckConfig& cfg) {
                    {"agreement_cases", cfg.agreement_cases},
                    {"fuzz_seconds", cfg.fuzz_seconds}};
   detail::CheckContext ctx{cfg, *rt, static_cast<bool>(cfg.fake)};
+  const StopOnSignal stop_on_signal;
   using SectionFn = void (*)(detail::CheckContext&, const detail::Deadline&, Json&);
   const std::pair<std::string_view, SectionFn> fns[] = {{"calibration", &detail::section_calibration},
                                                         {"kernels", &detail::section_kernels},
@@ -410,6 +446,12 @@ int run_gpu_check(const GpuCheckConfig& cfg) {
     write_doc(cfg.out_dir, doc);
     spdlog::info("gpu-check: {} (time box {:.0f} s)", name, dl.seconds());
     Json data = Json::object();
+    ctx.checkpoint = [&](const Json& so_far) {
+      Json sec = {{"status", "running"}, {"seconds", dl.elapsed()}, {"time_box_seconds", dl.seconds()}};
+      for (const auto& [k, v] : so_far.items()) sec[k] = v;
+      doc["sections"][key] = std::move(sec);
+      write_doc(cfg.out_dir, doc);
+    };
     std::string status = "ok";
     std::string error;
     try {
@@ -421,11 +463,18 @@ int run_gpu_check(const GpuCheckConfig& cfg) {
       failed = true;
       spdlog::error("gpu-check: {}: {}", name, error);
     }
+    ctx.checkpoint = [](const Json&) {};
     Json sec = {{"status", status}, {"seconds", dl.elapsed()}, {"time_box_seconds", dl.seconds()}};
     if (!error.empty()) sec["error"] = error;
+    const bool signalled = detail::g_stop_requested.load();
+    if (signalled) sec["stopped_by"] = "SIGTERM/SIGINT (ci/gpu-check.sh's hard limit, or the user)";
     for (auto& [k, v] : data.items()) sec[k] = v;
     doc["sections"][key] = std::move(sec);
     write_doc(cfg.out_dir, doc);
+    if (signalled) {
+      failed = true;
+      break;
+    }
   }
   spdlog::info("gpu-check: results in {}", json_path);
   return failed ? kExitInfra : kExitOk;

@@ -52,4 +52,15 @@ int run_gpu_check(const GpuCheckConfig& cfg);
 // The Markdown summary of a gpu-check document.
 std::string gpu_check_markdown(const nlohmann::ordered_json& doc);
 
+// The growth step of the simulator's async pool (sim::AsyncOptions::pool_granularity) that
+// reproduces one pool sweep of the calibration section (`sections.calibration.async_pool[i]`:
+// release_threshold, reserved_at_start, steps [{size, reserved}]): the sweep's requests are
+// replayed through sim::AsyncPoolAllocator for every step of 2 MiB .. 128 MiB (and the sweep's
+// smallest growth), and a step fits when the model's reserved equals the device's after every
+// request. Returns {steps_compared, candidates, matches: [...], step: the one match or null,
+// closest (when none matches): {step, matched_requests, first_mismatch {size, device, model}}}.
+// A gcd of the growths is no substitute: a driver that grows small requests by 32 MiB and large
+// ones by their size rounded to 2 MiB has growths whose gcd is 2 MiB.
+nlohmann::ordered_json fit_pool_step(const nlohmann::ordered_json& sweep);
+
 }  // namespace vf::cuda

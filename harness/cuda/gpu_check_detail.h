@@ -2,7 +2,9 @@
 // agreement and fuzz sections, the Markdown; gpu_check_device.cpp: calibration and kernels).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -15,11 +17,17 @@ namespace vf::cuda::detail {
 
 using Json = nlohmann::ordered_json;
 
+// Set by SIGTERM / SIGINT while gpu-check runs (ci/gpu-check.sh's hard limit sends SIGTERM, then
+// SIGKILL 10 s later): every deadline then counts as passed, so a section stops at its next check
+// and its results are written with status "partial".
+inline std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
 class Deadline {
  public:
   explicit Deadline(double seconds) : start_(Clock::now()), seconds_(seconds) {}
   double elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-  double left() const { return seconds_ - elapsed(); }
+  double left() const { return g_stop_requested.load(std::memory_order_relaxed) ? 0.0 : seconds_ - elapsed(); }
   bool passed() const { return left() <= 0; }
   double seconds() const { return seconds_; }
 
@@ -43,6 +51,9 @@ struct CheckContext {
   const GpuCheckConfig& cfg;
   Runtime& rt;
   bool fake = false;
+  // Writes the running section's data so far to the results file (status "running"), so a
+  // process killed mid-section keeps what it measured. Sections call it after each measurement.
+  std::function<void(const Json&)> checkpoint = [](const Json&) {};
 };
 
 // Each section fills `out` as it goes (so a failure keeps the partial results) and may throw.

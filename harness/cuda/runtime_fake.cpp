@@ -767,10 +767,14 @@ Status FakeRuntime::nvml_processes(NvmlProcesses& out) {
   std::lock_guard lock(m_);
   if (!cfg_.nvml) return fail(Err::not_supported, kCodeNotSupported, "nvmlDeviceGetComputeRunningProcesses_v3", "NVML disabled (fake)");
   out = NvmlProcesses{};
+  if (cfg_.used_by_others > 0) {  // `others`: one other process holding that much
+    out.all += cfg_.used_by_others;
+    ++out.count;
+  }
   if (context_) {
     out.self = dev_.charged();
-    out.all = dev_.charged();
-    out.count = 1;
+    out.all += dev_.charged();
+    ++out.count;
   }
   return ok_status();
 }
