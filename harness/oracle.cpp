@@ -59,11 +59,14 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
     }
     v.kind = VerdictKind::oom;
     v.signature = fmt::format("oom:{}:{}:{}", phase_name(op.phase), op_activity(s, p, v.op), mode);
-    v.message = fmt::format("OOM at op {} ({}): {} requested with {} free, {} reserved; the plan said it fits "
+    // The allocator's own account says what it asked of the device (a caching segment, pages, a
+    // pool chunk), which can be far more than the tensor: without it "5 MiB requested with 7 MiB
+    // free" reads as a contradiction.
+    v.message = fmt::format("OOM at op {} ({}): {} requested with {} free, {} reserved{}; the plan said it fits "
                             "(predicted {} + reserve {} <= {} available)",
                             v.op, describe_op(s, p, v.op), format_mib(r.oom->request), format_mib(r.oom->device_free),
-                            format_mib(r.oom->reserved), format_mib(plan.predicted_peak), format_mib(plan.reserve),
-                            format_mib(plan.available));
+                            format_mib(r.oom->reserved), r.oom->detail.empty() ? "" : " (" + r.oom->detail + ")",
+                            format_mib(plan.predicted_peak), format_mib(plan.reserve), format_mib(plan.available));
     return v;
   }
   // P1 per checked stage; the worst overshoot is the verdict.
@@ -93,6 +96,12 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
                             format_mib(v.measured), format_mib(v.predicted), format_mib(v.reserve),
                             format_mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op),
                             cached ? "; all of it held in cache by earlier stages" : "");
+  } else if (!plan.fits) {
+    // Nothing to judge against: the plan said it would not fit, and it ran without an OOM.
+    v.message = fmt::format("pass: no OOM although the plan does not fit (predicted {} + reserve {} > {} available), "
+                            "so the predictor was pessimistic here; measured reserved peak {}",
+                            format_mib(plan.predicted_peak), format_mib(plan.reserve), format_mib(plan.available),
+                            format_mib(r.reserved_peak));
   } else {
     v.message = fmt::format("pass: worst stage {} has {} of headroom", v.stage,
                             format_mib(static_cast<Bytes>(found ? -v.overshoot : 0)));

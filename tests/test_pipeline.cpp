@@ -114,6 +114,22 @@ TEST(Pipeline, GoldenMeasuredPeakByHand) {
   EXPECT_EQ(r.verdict.overshoot, -static_cast<std::int64_t>(78 * MiB));  // 62 - (76 + 64)
 }
 
+// A plan that does not fit and a run without an OOM: nothing failed, but the verdict says the
+// plan was pessimistic instead of quoting a "headroom" against a reserve larger than the card.
+TEST(Pipeline, PassWhereThePlanDoesNotFitSaysSo) {
+  Scenario s = tiny();
+  apply_policy_override(s.policy, "reserve", "1TiB", "--reserve");
+  SimBackend backend;
+  const CaseResult r = run_case(s, backend, false);
+  ASSERT_FALSE(r.plan.fits);
+  EXPECT_FALSE(r.exec.oom.has_value());
+  EXPECT_EQ(r.verdict.kind, VerdictKind::pass);
+  EXPECT_FALSE(r.verdict.expected_oom);
+  EXPECT_NE(r.verdict.message.find("no OOM although the plan does not fit"), std::string::npos) << r.verdict.message;
+  EXPECT_NE(r.verdict.message.find("reserve 1048576.00 MiB"), std::string::npos) << r.verdict.message;
+  EXPECT_EQ(r.verdict.message.find("headroom"), std::string::npos) << r.verdict.message;
+}
+
 TEST(Pipeline, GoldenExactPredictorIsTheLivePeak) {
   const Scenario s = tiny("exact:dec2025");
   const Plan p = predict(s);
