@@ -27,20 +27,7 @@ WorkloadClass workload_class(const Scenario& s, const Plan& plan) {
     if (!big || m.spec->bytes > big->spec->bytes) big = &m;
   }
   if (big) {
-    std::map<Dtype, Bytes> by_dtype;
-    for (const Module& mod : big->spec->modules) {
-      for (const Tensor& t : mod.tensors) {
-        if (t.role == TensorRole::weight) by_dtype[t.dtype] += t.bytes;
-      }
-    }
-    Dtype storage = big->compute;
-    Bytes most = 0;
-    for (const auto& [d, b] : by_dtype) {
-      if (b > most) {
-        most = b;
-        storage = d;
-      }
-    }
+    const Dtype storage = dominant_storage(*big);
     c.dtypes = fmt::format("{}->{}", dtype_name(storage), dtype_name(big->compute));
   }
   for (const LoadPlan& lp : plan.loads) c.offloaded |= lp.offloaded > 0;

@@ -367,7 +367,7 @@ std::string format_plan(const Scenario& s, const Plan& p) {
   for (const LoadPlan& lp : p.loads) {
     const ModelRef& ref = s.models[lp.model];
     out += fmt::format("[stage {}] load {} ({}, {} -> {}, {}): {}\n", lp.stage, ref.id, ref.spec->name,
-                       dtype_name(ref.storage.dtype), dtype_name(ref.compute), format_mib(ref.spec->bytes), lp.log_line);
+                       storage_label(ref), dtype_name(ref.compute), format_mib(ref.spec->bytes), lp.log_line);
     for (const Eviction& ev : lp.evictions) {
       out += fmt::format("           evicted {} modules of {} ({})\n", ev.modules.size(), s.models[ev.model].id, format_mib(ev.bytes));
     }

@@ -24,7 +24,7 @@ std::string describe_models(const Scenario& s) {
     const bool inline_model = m.source == "inline";
     out += fmt::format("{}{} ({}{}, {} modules, {}, compute {}{})", out.empty() ? "" : "; ", m.id,
                        inline_model ? "inline " + std::string(family_name(m.spec->family)) : m.source,
-                       inline_model ? "" : ", stored " + std::string(dtype_name(m.storage.dtype)), m.spec->modules.size(),
+                       ", stored " + storage_label(m), m.spec->modules.size(),
                        format_mib(m.spec->bytes), dtype_name(m.compute), m.lora ? ", LoRA" : "");
   }
   return out;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -284,7 +285,7 @@ AllocatorConfig parse_allocator(const JsonIn& j) {
       }
     }
   }
-  sim::validate_allocator_config(c, j.path());
+  sim::normalize_allocator_config(c, j.path());
   return c;
 }
 
@@ -670,6 +671,44 @@ nlohmann::json model_json(const ModelRef& m) {
 }
 
 }  // namespace
+
+namespace {
+std::map<Dtype, Bytes> weight_bytes_by_dtype(const ModelSpec& spec) {
+  std::map<Dtype, Bytes> by;
+  for (const Module& mod : spec.modules) {
+    for (const Tensor& t : mod.tensors) {
+      if (t.role == TensorRole::weight) by[t.dtype] += t.bytes;
+    }
+  }
+  return by;
+}
+}  // namespace
+
+Dtype dominant_storage(const ModelRef& m) {
+  Dtype d = m.compute;
+  Bytes most = 0;
+  for (const auto& [dtype, b] : weight_bytes_by_dtype(*m.spec)) {
+    if (b > most) {
+      most = b;
+      d = dtype;
+    }
+  }
+  return d;
+}
+
+std::string storage_label(const ModelRef& m) {
+  if (m.source.rfind("catalog:", 0) == 0) return std::string(dtype_name(m.storage.dtype));
+  const std::map<Dtype, Bytes> by = weight_bytes_by_dtype(*m.spec);
+  const Dtype main = dominant_storage(m);
+  if (by.size() <= 1) return std::string(dtype_name(main));
+  Bytes all = 0;
+  for (const auto& [d, b] : by) all += b;
+  std::string out = fmt::format("{} {:.0f}%", dtype_name(main), 100.0 * static_cast<double>(by.at(main)) / static_cast<double>(all));
+  for (const auto& [d, b] : by) {
+    if (d != main) out += fmt::format(" + {}", dtype_name(d));
+  }
+  return out;
+}
 
 std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::ordered_json j;

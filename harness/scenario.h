@@ -154,6 +154,14 @@ Scenario load_case_file(const std::string& path, Catalog& catalog);
 // The same from text (`origin` names it in errors; its directory is where "file:" sources are found).
 Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_view origin);
 std::string scenario_to_json(const Scenario& s, int indent = 2);
+
+// The dtype most of a model's weight bytes are stored in (catalog, inline and imported models
+// alike; the compute dtype when it has no weight tensors).
+Dtype dominant_storage(const ModelRef& m);
+// How a model is stored, for people: a catalog model's storage dtype; for inline and imported
+// models the dtype of most weight bytes, with its share and the others when they mix
+// ("fp8_e4m3fn 97% + fp16").
+std::string storage_label(const ModelRef& m);
 // Re-checks the invariants load enforces (for scenarios built in code: generator, shrinker).
 void validate_scenario(const Scenario& s);
 

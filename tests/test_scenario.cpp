@@ -274,6 +274,19 @@ TEST(Scenario, InlineModelRoundTripsExactly) {
   EXPECT_EQ(a.bytes, spec.bytes);
 }
 
+// PyTorch's expandable_segments:True under the caching mode builds the expandable model; the
+// scenario then says so, so its findings are signed caching-expandable, not caching.
+TEST(Scenario, ExpandableSegmentsOptionNamesTheExpandableMode) {
+  json doc = base_catalog();
+  doc["allocator"] = {{"mode", "caching"}, {"options", {{"expandable_segments", "True"}}}};
+  Catalog catalog;
+  const Scenario s = parse_scenario_json(doc.dump(), catalog, "test.json");
+  EXPECT_EQ(s.allocator.mode, AllocatorMode::caching_expandable);
+  EXPECT_EQ(json::parse(scenario_to_json(s))["allocator"]["mode"], "caching-expandable");
+  doc["allocator"]["options"]["expandable_segments"] = "False";
+  EXPECT_EQ(parse_scenario_json(doc.dump(), catalog, "test.json").allocator.mode, AllocatorMode::caching);
+}
+
 TEST(Scenario, DocumentBuiltInCodeIsRead) {
   // scenario_from_json takes a json value; one built in code holds signed integers (an int
   // literal is number_integer), and a non-negative one is as good as one parsed from text.

@@ -27,7 +27,7 @@ struct RunFlags {
 std::string header(const Scenario& s) {
   std::string models;
   for (const ModelRef& m : s.models) {
-    models += fmt::format("{}{} [{} -> {}{}]", models.empty() ? "" : ", ", m.id, dtype_name(m.storage.dtype),
+    models += fmt::format("{}{} [{} -> {}{}]", models.empty() ? "" : ", ", m.id, storage_label(m),
                           dtype_name(m.compute), m.lora ? ", lora" : "");
   }
   return fmt::format("scenario {}: {} device ({} used by others, {} context), allocator {}, policy {}, offload streams {}\n"

@@ -14,6 +14,10 @@ void validate_allocator_config(const AllocatorConfig& config, std::string_view p
   (void)parse_alloc_options(config, path);
 }
 
+void normalize_allocator_config(AllocatorConfig& config, std::string_view path) {
+  config.mode = parse_alloc_options(config, path).mode;
+}
+
 std::unique_ptr<Allocator> make_allocator(const AllocatorConfig& config, SimDevice& device, std::uint64_t seed) {
   const AllocOptions options = parse_alloc_options(config, "allocator");
   switch (options.mode) {

@@ -101,5 +101,8 @@ std::unique_ptr<Allocator> make_allocator(const AllocatorConfig& config, SimDevi
 
 // Validates the options of `config` without building an allocator (scenario load uses it).
 void validate_allocator_config(const AllocatorConfig& config, std::string_view path);
+// Validates, then names the model the options build: mode caching with expandable_segments True
+// becomes caching-expandable, so signatures, reports and corpus matching say which model ran.
+void normalize_allocator_config(AllocatorConfig& config, std::string_view path);
 
 }  // namespace vf::sim
