@@ -114,6 +114,16 @@ TEST(Pipeline, GoldenMeasuredPeakByHand) {
   EXPECT_EQ(r.verdict.overshoot, -static_cast<std::int64_t>(78 * MiB));  // 62 - (76 + 64)
 }
 
+// How runs, plans and repros show an inline model's storage: the dtype of most weight bytes
+// (b: 32 MiB bf16 against a, c, d: 16 MiB fp8), with the other dtypes, never the unused default.
+TEST(Pipeline, InlineModelStorageIsWhatItsTensorsHold) {
+  const Scenario s = tiny();
+  EXPECT_EQ(dominant_storage(s.models[0]), Dtype::bf16);
+  EXPECT_EQ(storage_label(s.models[0]), "bf16 67% + fp8_e4m3fn");
+  EXPECT_NE(format_plan(s, predict(s)).find("bf16 67% + fp8_e4m3fn -> bf16, 48.00 MiB"), std::string::npos)
+      << format_plan(s, predict(s));
+}
+
 // A plan that does not fit and a run without an OOM: nothing failed, but the verdict says the
 // plan was pessimistic instead of quoting a "headroom" against a reserve larger than the card.
 TEST(Pipeline, PassWhereThePlanDoesNotFitSaysSo) {
