@@ -118,10 +118,12 @@ std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog,
   std::sort(files.begin(), files.end());
   for (const std::string& f : files) {
     const nlohmann::json doc = parse_json_text(read_text_file(f), f);
-    if (!doc.is_object() || !doc.contains("signature") || !doc["signature"].is_string()) continue;  // not a repro
+    // A file without a signature is not a repro; one whose signature is not a string is damaged.
+    const std::string signature = recorded_signature(doc, f + ": ");
+    if (signature.empty()) continue;
     CorpusEntry c;
     c.file = f;
-    c.signature = doc["signature"].get<std::string>();
+    c.signature = signature;
     const Scenario s = load_case_file(f, catalog);
     const CaseResult r = run_case(s, backend, false);
     c.still_fails = r.verdict.signature == c.signature;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/core/error.h"
 #include "harness/core/json_in.h"
 
 namespace vf {
@@ -171,20 +172,41 @@ ReproOrigin read_origin(const std::string& path) {
   const nlohmann::json doc = parse_json_text(read_text_file(path), path);
   if (!doc.is_object()) return o;
   const nlohmann::json* src = &doc;
-  if (doc.contains("origin") && doc["origin"].is_object()) src = &doc["origin"];
+  std::string prefix;
+  if (doc.contains("origin")) {
+    if (!doc["origin"].is_object()) throw InputError("origin", "expected an object");
+    src = &doc["origin"];
+    prefix = "origin.";
+  }
+  // Written by vramfuzz as unsigned integers, left out when unknown: anything else (null, a
+  // string, a negative number) is a damaged file, not an unknown origin.
   auto u64 = [&](const char* key) -> std::optional<std::uint64_t> {
-    if (src->contains(key) && (*src)[key].is_number_unsigned()) return (*src)[key].get<std::uint64_t>();
-    return std::nullopt;
+    if (!src->contains(key)) return std::nullopt;
+    const nlohmann::json& v = (*src)[key];
+    if (!v.is_number_unsigned()) throw InputError(prefix + key, fmt::format("expected a non-negative integer, got {}", v.dump()));
+    return v.get<std::uint64_t>();
   };
   o.campaign_seed = u64("campaign_seed");
   o.case_index = u64("case_index");
   o.case_seed = u64("case_seed");
-  if (src->contains("choices") && (*src)["choices"].is_array()) {
-    for (const auto& c : (*src)["choices"]) {
-      if (c.is_number_unsigned()) o.choices.push_back(c.get<std::uint64_t>());
+  if (src->contains("choices")) {
+    const nlohmann::json& cj = (*src)["choices"];
+    if (!cj.is_array()) throw InputError(prefix + "choices", fmt::format("expected an array, got {}", cj.dump()));
+    for (std::size_t i = 0; i < cj.size(); ++i) {
+      if (!cj[i].is_number_unsigned()) {
+        throw InputError(fmt::format("{}choices[{}]", prefix, i), fmt::format("expected a non-negative integer, got {}", cj[i].dump()));
+      }
+      o.choices.push_back(cj[i].get<std::uint64_t>());
     }
   }
   return o;
+}
+
+std::string recorded_signature(const nlohmann::json& doc, const std::string& prefix) {
+  if (!doc.is_object() || !doc.contains("signature")) return "";
+  const nlohmann::json& v = doc["signature"];
+  if (!v.is_string()) throw InputError(prefix + "signature", fmt::format("expected a string, got {}", v.dump()));
+  return v.get<std::string>();
 }
 
 }  // namespace vf

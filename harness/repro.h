@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "harness/shrink.h"
 
 namespace vf {
@@ -34,6 +36,12 @@ std::string repro_title(const ShrinkResult& r);
 std::string write_repro(const std::string& dir, const ShrinkResult& r, const ReproOrigin& origin);
 
 // Reads the origin block back from a finding / repro file (campaign seed, case seed, choices).
+// Absent fields stay unknown; a present one of the wrong type (null included) is an InputError.
 ReproOrigin read_origin(const std::string& path);
+
+// The signature a finding / repro / result file records: "" when it has none (a plain scenario).
+// Present but not a string (null included) is InputError("<prefix>signature"): `replay` would
+// otherwise take any finding as reproducing it.
+std::string recorded_signature(const nlohmann::json& doc, const std::string& prefix = "");
 
 }  // namespace vf

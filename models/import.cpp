@@ -392,12 +392,20 @@ void check_quant_metadata(const SourceHints& h, const std::string& prefix, const
                           QuantSummary& q) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(h.quant_metadata);
+    doc = parse_json_unique(h.quant_metadata);
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
                                                     fmt::format("__metadata__._quantization_metadata is not valid JSON (at "
                                                                 "character {} of the string)",
                                                                 e.byte)));
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range: a number too large for a double (1e999).
+    throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
+                                                    fmt::format("__metadata__._quantization_metadata is not valid JSON ({})", e.what())));
+  } catch (const JsonDuplicateKey& e) {
+    throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
+                                                    fmt::format("__metadata__._quantization_metadata: {}: key given twice in one object",
+                                                                e.path())));
   }
   auto bad = [&](const std::string& what) {
     throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset, "__metadata__._quantization_metadata: " + what));

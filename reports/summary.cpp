@@ -6,6 +6,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -995,6 +996,25 @@ Json load_summary(const std::string& dir) {
     if (!f.contains("signature") || !f["signature"].is_string()) throw InputError(where + ".signature", "expected a string");
   }
   expect(raw["matrix"], path + ".matrix", "cells", true, false);
+  // null means something in two fields only (docs/formats.md): a finding case's `oom` (the case
+  // did not OOM) and a mode's `verified_need` (not re-checked). Anywhere else it is a damaged
+  // file: the reports would read it as 0 or "" and, for `counts.new_signatures`, exit 0.
+  const std::function<void(const nlohmann::json&, const std::string&)> no_null = [&](const nlohmann::json& j, const std::string& where) {
+    if (j.is_object()) {
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        const std::string child = fmt::format("{}.{}", where, it.key());
+        if (it->is_null() && it.key() != "oom" && it.key() != "verified_need") throw InputError(child, "null is not allowed here");
+        no_null(*it, child);
+      }
+    } else if (j.is_array()) {
+      for (std::size_t i = 0; i < j.size(); ++i) {
+        const std::string child = fmt::format("{}[{}]", where, i);
+        if (j[i].is_null()) throw InputError(child, "null is not allowed here");
+        no_null(j[i], child);
+      }
+    }
+  };
+  no_null(raw, path);
   return Json::parse(text);  // again, keeping the order of the fields
 }
 

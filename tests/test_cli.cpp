@@ -286,6 +286,39 @@ TEST_F(Cli, BadFlagsExit2) {
   expect_bad_input({"models", "list", "--bogus"}, "--bogus");
 }
 
+TEST_F(Cli, NullInAFileIsAnErrorNotTheDefault) {
+  // "allocator": null used to run as raw, and the verdict flipped with it.
+  json d = json::parse(read_file(kExample));
+  for (const char* key : {"allocator", "policy", "seed", "workload"}) {
+    SCOPED_TRACE(key);
+    json n = d;
+    n[key] = nullptr;
+    write("null.json", n.dump());
+    expect_bad_input({"run", "null.json"}, std::string(key) + ": null is not allowed");
+  }
+  // A repro whose signature is null would replay as "any finding reproduces it".
+  json repro = {{"schema", "vramfuzz.repro/1"}, {"signature", nullptr}, {"scenario", d}};
+  write("repro.json", repro.dump());
+  expect_bad_input({"replay", "repro.json"}, "signature: expected a string, got null");
+  // Its origin is read back by shrink: null there is a damaged file, not an unknown seed.
+  json finding = {{"schema", "vramfuzz.finding/1"}, {"signature", "oom:forward:upcast:raw"}, {"case_seed", nullptr}, {"scenario", d}};
+  write("finding.json", finding.dump());
+  expect_bad_input({"shrink", "finding.json", "--shrink-execs", "5", "--out", "r"}, "case_seed: expected a non-negative integer, got null");
+}
+
+TEST_F(Cli, DuplicateKeysInFilesAreErrors) {
+  // In a file: nlohmann would keep the last one (this ran as an 8 GiB device).
+  std::string text = read_file(kExample);
+  const auto at = text.find("\"total\"");
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at, "\"total\": \"24GiB\", ");
+  write("dup.json", text);
+  expect_bad_input({"run", "dup.json"}, "device.total: key given twice in one object (in dup.json");
+  // A JSONL trace line.
+  write("dup.jsonl", "{\"op\":\"alloc\",\"id\":1,\"size\":10,\"size\":20}\n");
+  expect_bad_input({"alloc-replay", "dup.jsonl"}, "dup.jsonl:1: size: key given twice");
+}
+
 TEST_F(Cli, CudaBackendWithoutAGpuExits3) {
   if (fs::exists("/dev/nvidiactl")) GTEST_SKIP() << "a GPU is present; the no-GPU contract is not testable here";
   for (const std::vector<std::string>& args :

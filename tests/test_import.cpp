@@ -913,6 +913,19 @@ TEST_F(Import, QuantizationMetadataWithInt8BlockwiseWeightScales) {
   const ImportedModel f = import_model_file((dir_ / "fp8-qm.safetensors").string(), {.name = "", .family = Family::generic});
   EXPECT_NE(f.quantization.find("float8_e4m3fn 1"), std::string::npos);
   EXPECT_EQ(f.model.modules[0].tensors[1].role, TensorRole::scale);
+  // A layer's format given twice: which one the file means is unknowable, so it is an error
+  // naming the key (a JSON parser would keep the last one), and so is a number beyond a double.
+  const std::string dup_qm = R"({"layers": {"a": {"format": "float8_e4m3fn", "format": "int8_blockwise"}}})";
+  write_st(dir_ / "dup-qm.safetensors", {{"a.weight", "F8_E4M3", {4, 4}}, {"a.weight_scale", "F32", {}}},
+           {{"_quantization_metadata", dup_qm}});
+  const std::string dup_header = st_header({{"a.weight", "F8_E4M3", {4, 4}}, {"a.weight_scale", "F32", {}}},
+                                           {{"_quantization_metadata", dup_qm}}, len);
+  expect_input_error([&] { import_model_file((dir_ / "dup-qm.safetensors").string(), {.name = "", .family = Family::generic}); },
+                     {byte_at(dup_header, "\"{\\\"layers"), "_quantization_metadata: layers.a.format: key given twice"});
+  write_st(dir_ / "huge-qm.safetensors", {{"a.weight", "F8_E4M3", {4, 4}}, {"a.weight_scale", "F32", {}}},
+           {{"_quantization_metadata", R"({"format_version": 1e999})"}});
+  expect_input_error([&] { import_model_file((dir_ / "huge-qm.safetensors").string(), {.name = "", .family = Family::generic}); },
+                     {"_quantization_metadata is not valid JSON"});
 }
 
 // ==== sharded checkpoints =====================================================================

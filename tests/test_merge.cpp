@@ -126,6 +126,33 @@ TEST_F(Merge, ADamagedSummaryIsBadInputNamingTheField) {
   EXPECT_NE(sig.err.find("findings[0].signature: expected a string"), std::string::npos) << describe(sig);
 }
 
+TEST_F(Merge, NullAndDuplicateKeysInASummaryAreBadInput) {
+  // counts.new_signatures: null read as 0: `report` exited 0 ("nothing new") for a run that found
+  // something. null means something only at a case's `oom` and a mode's `verified_need`.
+  const Proc ok = run({"fuzz", "--cases", "20", "--seed", "3", "--no-shrink", "--out", "ok"});
+  ASSERT_TRUE(ok.exit_code == 0 || ok.exit_code == 1) << describe(ok);
+  fs::create_directories(dir_ / "dmg");
+  json doc = summary("ok");
+  doc["counts"]["new_signatures"] = nullptr;
+  std::ofstream(dir_ / "dmg" / "summary.json") << doc.dump();
+  const Proc rep = run({"report", "dmg"});
+  EXPECT_EQ(rep.exit_code, 2) << describe(rep);
+  EXPECT_NE(rep.err.find("dmg/summary.json.counts.new_signatures: null is not allowed"), std::string::npos) << describe(rep);
+  const Proc mer = run({"merge", "ok", "dmg", "--out", "m"});
+  EXPECT_EQ(mer.exit_code, 2) << describe(mer);
+  // A key given twice: the last one would win.
+  std::string text = read_file(dir_ / "ok" / "summary.json");
+  const auto at = text.find("\"counts\": {");
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 400);
+  text.insert(at + 11, "\"new_signatures\": 0, ");
+  std::ofstream(dir_ / "dmg" / "summary.json") << text;
+  const Proc dup = run({"report", "dmg"});
+  EXPECT_EQ(dup.exit_code, 2) << describe(dup);
+  EXPECT_NE(dup.err.find("counts.new_signatures: key given twice"), std::string::npos) << describe(dup);
+  // The two documented nulls load (a case without an OOM is written with "oom": null).
+  EXPECT_EQ(run({"report", "ok"}).exit_code, summary("ok")["counts"]["new_signatures"].get<std::uint64_t>() > 0 ? 1 : 0);
+}
+
 TEST_F(Merge, MergedJunitShowsTheSeedOfTheEarliestCaseWhateverTheShardOrder) {
   const Proc all = run(with(kCampaign, {"--out", "all"}));
   const Proc s0 = run(with(kCampaign, {"--shard", "0/2", "--out", "s0"}));

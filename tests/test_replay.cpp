@@ -80,6 +80,15 @@ TEST(TraceParse, ErrorsNameTheLineAndTheField) {
   EXPECT_EQ(error_of("{\"op\":\"sync\",\"name\":3}"), "t.jsonl:1: name: expected a string, got 3");
 }
 
+TEST(TraceParse, DuplicateKeysAndHugeNumbersAreInputErrors) {
+  // nlohmann would keep the last "size": this line is neither 10 nor 20 bytes, it is an error.
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":10,\"size\":20}"), "t.jsonl:1: size: key given twice on one line (keep one)");
+  EXPECT_EQ(error_of("{\"op\":\"sync\"}\n{\"op\":\"free\",\"op\":\"free\",\"id\":1}"), "t.jsonl:2: op: key given twice on one line (keep one)");
+  // A number too large for a double is nlohmann's out_of_range, not a parse_error: still bad input.
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1e999}").rfind("t.jsonl:1: not valid JSON", 0), 0u);
+  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":null}").rfind("t.jsonl:1: size: expected a non-negative integer, got null", 0), 0u);
+}
+
 TEST(TraceParse, LivenessIsChecked) {
   EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1}\n{\"op\":\"alloc\",\"id\":1,\"size\":1}"),
             "t.jsonl:2: id: id 1 is already live (allocated at line 1)");

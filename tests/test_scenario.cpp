@@ -10,6 +10,8 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -579,6 +581,69 @@ TEST(ScenarioErrors, UnknownAllocatorModeString) {
   expect_error(doc, "allocator", {"unknown allocator mode \"slab\""});
 }
 
+TEST(ScenarioErrors, NullIsNotTheDefault) {
+  // Each of these used to load as if the field were absent: "allocator": null ran as raw.
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {
+      {"allocator", [](json& d) { d["allocator"] = nullptr; }},
+      {"allocator.options", [](json& d) { d["allocator"] = {{"mode", "caching"}, {"options", nullptr}}; }},
+      {"policy", [](json& d) { d["policy"] = nullptr; }},
+      {"policy.overrides", [](json& d) { d["policy"] = {{"name", "comfy:dec2025"}, {"overrides", nullptr}}; }},
+      {"seed", [](json& d) { d["seed"] = nullptr; }},
+      {"name", [](json& d) { d["name"] = nullptr; }},
+      {"schema", [](json& d) { d["schema"] = nullptr; }},
+      {"workload", [](json& d) { d["workload"] = nullptr; }},
+      {"workload.batch", [](json& d) { d["workload"]["batch"] = nullptr; }},
+      {"offload_streams", [](json& d) { d["offload_streams"] = nullptr; }},
+      {"pipeline", [](json& d) { d["pipeline"] = nullptr; }},
+      {"device.name", [](json& d) { d["device"]["name"] = nullptr; }},
+      {"device.context_overhead", [](json& d) { d["device"]["context_overhead"] = nullptr; }},
+      {"models[0].id", [](json& d) { d["models"][0]["id"] = nullptr; }},
+      {"models[0].storage", [](json& d) { d["models"][0]["storage"] = nullptr; }},
+      {"models[0].scaled", [](json& d) { d["models"][0]["scaled"] = nullptr; }},
+      {"models[0].compute", [](json& d) { d["models"][0]["compute"] = nullptr; }},
+      {"models[0].lora", [](json& d) { d["models"][0]["lora"] = nullptr; }},
+      {"models[0].source", [](json& d) { d["models"][0]["source"] = nullptr; }},
+  };
+  for (const auto& [path, edit] : cases) {
+    SCOPED_TRACE(path);
+    json doc = base_catalog();
+    edit(doc);
+    expect_error(doc, path, {"null is not allowed"});
+  }
+  // Inside an inline model, and where a value is required (null is the wrong type there).
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["tensors"][0]["role"] = nullptr;
+  expect_error(doc, "models[0].modules[1].tensors[0].role", {"null is not allowed"});
+  doc = base_inline();
+  doc["models"][0]["arch"]["hidden"] = nullptr;
+  expect_error(doc, "models[0].arch.hidden", {"null is not allowed"});
+  doc = base_catalog();
+  doc["device"]["total"] = nullptr;
+  expect_error(doc, "device.total", {"got null"});
+  doc["device"]["total"] = "12GiB";
+  doc["allocator"] = {{"mode", "caching"}, {"options", {{"max_split_size_mb", nullptr}}}};
+  expect_error(doc, "allocator.options.max_split_size_mb", {"got null"});
+}
+
+TEST(ScenarioErrors, DuplicateKeysAreErrors) {
+  // nlohmann keeps the last value of a key given twice: {"total":"24GiB","total":"8GiB"} ran as an
+  // 8 GiB device. docs/allocators.md: "a key given twice ... is an input error".
+  expect_error_text(R"({"device": {"total": "24GiB", "total": "8GiB"}, "models": [{"source": "catalog:clip-l"}]})",
+                    "device.total", {"key given twice", "test.json"});
+  expect_error_text(R"({"device": {"total": "24GiB"}, "models": [{"source": "catalog:clip-l"}],
+                        "allocator": {"mode": "async", "options": {"pool_granularity": "32MiB", "pool_granularity": "2MiB"}}})",
+                    "allocator.options.pool_granularity", {"key given twice"});
+  expect_error_text(R"({"device": {"total": "24GiB"}, "models": [{"source": "catalog:clip-l"}, {"id": "b", "id": "c", "source": "catalog:t5xxl"}]})",
+                    "models[1].id", {"key given twice"});
+  expect_error_text(R"({"device": {"total": "24GiB"}, "models": [{"source": "catalog:clip-l"}],
+                        "pipeline": [{"op": "load", "model": "clip-l"}, [], {"op": "forward", "op": "unload", "model": "clip-l"}]})",
+                    "pipeline[2].op", {"key given twice"});
+  expect_error_text(R"({"seed": 1, "device": {"total": "24GiB"}, "seed": 2, "models": [{"source": "catalog:clip-l"}]})", "seed",
+                    {"key given twice"});
+  // The same key in different objects is no duplicate.
+  EXPECT_NO_THROW(load_text(R"({"name": "a", "device": {"name": "a", "total": "4GiB"}, "models": [{"source": "catalog:clip-l"}]})"));
+}
+
 TEST(ScenarioErrors, UnknownPolicy) {
   json doc = base_catalog();
   doc["policy"] = "vllm:dec2025";
@@ -810,6 +875,33 @@ TEST_F(ScenarioCaseFile, ErrorsInsideAFindingCarryTheScenarioPrefix) {
     ADD_FAILURE() << "loaded";
   } catch (const InputError& e) {
     EXPECT_EQ(e.path(), "scenario.pipeline[0]") << e.what();
+  }
+}
+
+TEST_F(ScenarioCaseFile, NullsAndDuplicateKeysInsideAFindingCarryTheScenarioPrefix) {
+  Catalog catalog;
+  const std::string dup = write("dup.json", R"({"schema": "vramfuzz.finding/1", "signature": "oom:load:load:raw",
+      "scenario": {"device": {"total": "24GiB", "total": "8GiB"}, "models": [{"source": "catalog:clip-l"}]}})");
+  try {
+    (void)load_case_file(dup, catalog);
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.device.total") << e.what();
+    EXPECT_NE(std::string(e.what()).find(dup), std::string::npos) << "names the file: " << e.what();
+  }
+  json inner = base_catalog();
+  inner["allocator"] = nullptr;
+  try {
+    (void)load_case_file(write("null.json", json{{"schema", "vramfuzz.finding/1"}, {"scenario", inner}}.dump()), catalog);
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.allocator") << e.what();
+  }
+  try {
+    (void)load_case_file(write("null-scenario.json", json{{"schema", "vramfuzz.repro/1"}, {"scenario", nullptr}}.dump()), catalog);
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario") << e.what();
   }
 }
 

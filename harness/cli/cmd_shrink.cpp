@@ -59,7 +59,7 @@ int do_replay(const ReplayFlags& f) {
   std::string expected;
   {
     const auto doc = parse_json_text(read_text_file(f.file), f.file);
-    if (doc.is_object() && doc.contains("signature") && doc["signature"].is_string()) expected = doc["signature"].get<std::string>();
+    expected = recorded_signature(doc);
   }
   auto backend = make_backend(f.backend);
   const std::uint32_t runs = f.runs ? f.runs : default_runs(backend->name());

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -58,7 +61,10 @@ JsonIn JsonIn::at(std::string_view key) const {
 std::optional<JsonIn> JsonIn::opt(std::string_view key) const {
   if (!j_->is_object()) fail("expected an object, got " + type_name());
   auto it = j_->find(key);
-  if (it == j_->end() || it->is_null()) return std::nullopt;
+  if (it == j_->end()) return std::nullopt;
+  // null is not "the default": a generated file with `"allocator": null` would otherwise run as
+  // raw without a word. No field of our formats gives null a meaning on input.
+  if (it->is_null()) throw InputError(child(key), "null is not allowed (leave the field out for its default)");
   return JsonIn(*it, child(key));
 }
 
@@ -141,9 +147,68 @@ std::string JsonIn::scalar_text() const {
   fail("expected a string, number or boolean, got " + type_name());
 }
 
+namespace {
+
+// Follows the parser's events to know the path of each key and the keys each open object has.
+class KeyTracker {
+ public:
+  bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start: push(true); break;
+      case E::array_start: push(false); break;
+      case E::key: {
+        Frame& f = stack_.back();
+        f.key = parsed.get_ref<const std::string&>();
+        if (!f.keys.insert(f.key).second) throw JsonDuplicateKey(join(f.path, f.key));
+        break;
+      }
+      case E::object_end:
+      case E::array_end:
+        stack_.pop_back();
+        next_element();
+        break;
+      case E::value: next_element(); break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    std::string path;
+    std::set<std::string> keys;  // objects: the keys seen so far
+    std::string key;             // objects: the current key
+    std::size_t index = 0;       // arrays: the current element
+  };
+  static std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+  void push(bool object) {
+    std::string path;
+    if (!stack_.empty()) {
+      const Frame& parent = stack_.back();
+      path = parent.object ? join(parent.path, parent.key) : fmt::format("{}[{}]", parent.path, parent.index);
+    }
+    stack_.push_back(Frame{object, std::move(path), {}, {}, 0});
+  }
+  // A value (scalar or closed container) ended: in an array, the next one has the next index.
+  void next_element() {
+    if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
+  }
+  std::vector<Frame> stack_;
+};
+
+}  // namespace
+
+nlohmann::json parse_json_unique(std::string_view text) {
+  KeyTracker tracker;
+  return nlohmann::json::parse(text.begin(), text.end(), std::ref(tracker));
+}
+
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return parse_json_unique(text);
+  } catch (const JsonDuplicateKey& e) {
+    throw InputError(e.path(), fmt::format("key given twice in one object (in {}; keep one)", origin));
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte is 1-based position of the failure; e.what() carries nlohmann's diagnosis.
     std::string what = e.what();

@@ -1,11 +1,13 @@
 // Reading JSON input with the path of every value, so each error names its field the way the
 // user wrote it: `models[0].tensors[3].shape[1]: expected a non-negative integer, got -4`.
-// Unknown keys are errors too (a typo must not silently become a default).
+// Unknown keys are errors too (a typo must not silently become a default), and so is `null`: an
+// optional field is left out for its default, never set to null.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -27,7 +29,7 @@ class JsonIn {
   bool is_object() const { return j_->is_object(); }
   bool has(std::string_view key) const;
   JsonIn at(std::string_view key) const;  // required member
-  std::optional<JsonIn> opt(std::string_view key) const;
+  std::optional<JsonIn> opt(std::string_view key) const;  // absent: nullopt; null: an error
 
   // Arrays.
   void expect_array() const;
@@ -56,7 +58,25 @@ class JsonIn {
   std::string path_;
 };
 
-// Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ...").
+// A key given twice in one JSON object. nlohmann keeps the last value silently; every reader of
+// user JSON refuses it instead. `path` names the key the way JsonIn does ("device.total",
+// "models[0].id").
+class JsonDuplicateKey : public std::runtime_error {
+ public:
+  explicit JsonDuplicateKey(std::string path)
+      : std::runtime_error(path + ": key given twice in one object"), path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Parses JSON text, refusing a duplicate key (JsonDuplicateKey). Syntax errors and numbers too
+// large for a double throw nlohmann's own exceptions (parse_error, out_of_range): for readers that
+// word their errors themselves (the JSONL trace); the others use parse_json_text.
+nlohmann::json parse_json_unique(std::string_view text);
+// Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ..."), a
+// duplicate key InputError(path of the key, "key given twice in one object ...").
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin);
 // Reads a whole file (InputError if it can't be read; the path is the field).
 std::string read_text_file(const std::string& path);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
+#include "harness/core/json_in.h"
 
 namespace vf::sim {
 
@@ -151,8 +152,12 @@ std::vector<TraceEvent> parse_trace_text(std::string_view text, std::string_view
     const LineContext ctx{origin, line_no};
     json obj;
     try {
-      obj = json::parse(line.begin(), line.end());
-    } catch (const json::parse_error& err) {
+      obj = parse_json_unique(line);
+    } catch (const JsonDuplicateKey& err) {
+      // nlohmann would keep the last value: {"op":"alloc","id":1,"size":10,"size":20} is not 20.
+      throw InputError(ctx.at(err.path()), "key given twice on one line (keep one)");
+    } catch (const json::exception& err) {
+      // parse_error, and out_of_range for a number too large for a double (1e999).
       throw InputError(ctx.here(), fmt::format("not valid JSON ({})", err.what()));
     }
     TraceEvent e = parse_event(obj, ctx);
