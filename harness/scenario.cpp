@@ -267,12 +267,7 @@ DeviceSpec parse_device(const JsonIn& j) {
 
 AllocatorConfig parse_allocator(const JsonIn& j) {
   AllocatorConfig c;
-  auto mode_of = [](const JsonIn& v) {
-    const std::string s = v.str();
-    const auto m = parse_allocator_mode(s);
-    if (!m) v.fail(fmt::format("unknown allocator mode \"{}\" (use raw, caching, caching-expandable or async)", s));
-    return *m;
-  };
+  auto mode_of = [](const JsonIn& v) { return parse_allocator_mode_field(v.str(), v.path()); };
   if (j.is_string()) {
     c.mode = mode_of(j);
   } else {

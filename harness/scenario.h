@@ -40,7 +40,14 @@ struct DeviceSpec {
 
 enum class AllocatorMode : std::uint8_t { raw, caching, caching_expandable, async };
 std::string_view allocator_mode_name(AllocatorMode m);
+// The four names, and PyTorch's own backend names (PYTORCH_CUDA_ALLOC_CONF=backend:native |
+// backend:cudaMallocAsync): `native` is caching, `cudaMallocAsync` is async. Case-sensitive.
 std::optional<AllocatorMode> parse_allocator_mode(std::string_view s);
+// What parse_allocator_mode accepts, for error messages: "raw, caching, caching-expandable or
+// async (or PyTorch's backend names: native = caching, cudaMallocAsync = async)".
+std::string allocator_mode_choices();
+// parse_allocator_mode, or InputError(path, "unknown allocator mode ... (use <choices>)").
+AllocatorMode parse_allocator_mode_field(std::string_view s, std::string_view path);
 inline constexpr AllocatorMode kAllAllocatorModes[] = {AllocatorMode::raw, AllocatorMode::caching,
                                                        AllocatorMode::caching_expandable, AllocatorMode::async};
 

@@ -470,11 +470,13 @@ Json calibrate_section(const std::vector<CalibSample>& samples, const std::vecto
 std::vector<CalibSample> samples_from_json(const Json& section) {
   std::vector<CalibSample> out;
   if (!section.contains("samples")) return out;
+  std::size_t i = 0;
   for (const Json& r : section["samples"]["rows"]) {
+    const std::string where = fmt::format("calibrate.samples.rows[{}]", i++);
     CalibSample s;
     s.case_index = r.at(0).get<std::uint64_t>();
     s.case_seed = r.at(1).get<std::uint64_t>();
-    s.mode = parse_allocator_mode(r.at(2).get<std::string>()).value_or(AllocatorMode::raw);
+    s.mode = parse_allocator_mode_field(r.at(2).get<std::string>(), where);
     s.workload = r.at(3).get<std::string>();
     s.delta = r.at(4).get<std::int64_t>();
     s.oom = r.at(5).get<bool>();
@@ -491,11 +493,13 @@ std::vector<CalibSample> samples_from_json(const Json& section) {
 std::vector<CalibExcluded> excluded_from_json(const Json& section) {
   std::vector<CalibExcluded> out;
   if (!section.contains("excluded")) return out;
+  std::size_t i = 0;
   for (const Json& r : section["excluded"]["rows"]) {
+    const std::string where = fmt::format("calibrate.excluded.rows[{}]", i++);
     CalibExcluded e;
     e.case_index = r.at(0).get<std::uint64_t>();
     e.case_seed = r.at(1).get<std::uint64_t>();
-    e.mode = parse_allocator_mode(r.at(2).get<std::string>()).value_or(AllocatorMode::raw);
+    e.mode = parse_allocator_mode_field(r.at(2).get<std::string>(), where);
     e.workload = r.at(3).get<std::string>();
     e.expected_oom = r.at(4).get<bool>();
     e.error = r.at(5).get<bool>();

@@ -319,6 +319,23 @@ TEST_F(Cli, DuplicateKeysInFilesAreErrors) {
   expect_bad_input({"alloc-replay", "dup.jsonl"}, "dup.jsonl:1: size: key given twice");
 }
 
+TEST_F(Cli, AllocatorModeAliasesArePyTorchsBackendNames) {
+  const Proc p = run({"plan", kExample, "--allocator", "cudaMallocAsync"});
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  EXPECT_NE(p.out.find("allocator async"), std::string::npos) << p.out;
+  const Proc q = run({"plan", kExample, "--allocator", "native"});
+  EXPECT_EQ(q.exit_code, 0) << describe(q);
+  EXPECT_NE(q.out.find("allocator caching"), std::string::npos) << q.out;
+  for (const char* bad : {"ASYNC", "expandable"}) {
+    SCOPED_TRACE(bad);
+    const Proc e = expect_bad_input({"run", kExample, "--allocator", bad}, "--allocator: unknown allocator mode");
+    EXPECT_NE(e.err.find("caching-expandable"), std::string::npos) << e.err;
+    EXPECT_NE(e.err.find("native = caching, cudaMallocAsync = async"), std::string::npos) << e.err;
+  }
+  expect_bad_input({"fuzz", "--cases", "1", "--allocator", "ASYNC"}, "cudaMallocAsync");
+  expect_bad_input({"calibrate", "--cases", "1", "--allocator", "ASYNC"}, "cudaMallocAsync");
+}
+
 TEST_F(Cli, CudaBackendWithoutAGpuExits3) {
   if (fs::exists("/dev/nvidiactl")) GTEST_SKIP() << "a GPU is present; the no-GPU contract is not testable here";
   for (const std::vector<std::string>& args :

@@ -581,6 +581,26 @@ TEST(ScenarioErrors, UnknownAllocatorModeString) {
   expect_error(doc, "allocator", {"unknown allocator mode \"slab\""});
 }
 
+TEST(ScenarioErrors, AllocatorModeNamesAndPyTorchBackendNames) {
+  // PyTorch's own backend names (PYTORCH_CUDA_ALLOC_CONF=backend:native | backend:cudaMallocAsync)
+  // are accepted and documented; nothing else.
+  json doc = base_catalog();
+  doc["allocator"] = "native";
+  EXPECT_EQ(load(doc).allocator.mode, AllocatorMode::caching);
+  doc["allocator"] = "cudaMallocAsync";
+  EXPECT_EQ(load(doc).allocator.mode, AllocatorMode::async);
+  doc["allocator"] = {{"mode", "cudaMallocAsync"}, {"options", {{"pool_granularity", "32MiB"}}}};
+  EXPECT_EQ(load(doc).allocator.mode, AllocatorMode::async);
+  // Written back under the project's own name.
+  EXPECT_NE(scenario_to_json(load(doc)).find("\"mode\": \"async\""), std::string::npos);
+  for (const char* undocumented : {"expandable", "caching_expandable", "ASYNC", "Native"}) {
+    SCOPED_TRACE(undocumented);
+    doc["allocator"] = undocumented;
+    // The message lists every accepted name, the PyTorch ones included.
+    expect_error(doc, "allocator", {"unknown allocator mode", "raw, caching, caching-expandable or async", "native", "cudaMallocAsync"});
+  }
+}
+
 TEST(ScenarioErrors, NullIsNotTheDefault) {
   // Each of these used to load as if the field were absent: "allocator": null ran as raw.
   const std::vector<std::pair<std::string, std::function<void(json&)>>> cases = {

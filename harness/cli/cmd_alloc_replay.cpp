@@ -23,9 +23,7 @@ struct AllocReplayFlags {
 
 int do_alloc_replay(const AllocReplayFlags& f) {
   AllocatorConfig config;
-  const auto mode = parse_allocator_mode(f.allocator);
-  if (!mode) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\" (use raw, caching, caching-expandable or async)", f.allocator));
-  config.mode = *mode;
+  config.mode = parse_allocator_mode_field(f.allocator, "--allocator");
   for (const std::string& kv : f.options) config.options.push_back(split_kv(kv, "--option"));
   sim::validate_allocator_config(config, "--option");
   DeviceSpec device;

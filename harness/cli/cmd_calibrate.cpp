@@ -55,7 +55,7 @@ int do_calibrate(const CalibrateFlags& f) {
   }
   if (f.allocator != "all") {
     const auto m = parse_allocator_mode(f.allocator);
-    if (!m) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\" (use raw, caching, caching-expandable, async or all)", f.allocator));
+    if (!m) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\" (use all, {})", f.allocator, allocator_mode_choices()));
     cfg.modes = {*m};
   }
   if (!f.vram.empty()) {

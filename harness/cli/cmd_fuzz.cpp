@@ -100,11 +100,7 @@ int do_fuzz(const FuzzFlags& f) {
     cfg.gen.policy_overrides.emplace_back("reserve", f.policy.reserve);
   }
   for (const std::string& kv : f.policy.sets) cfg.gen.policy_overrides.push_back(split_kv(kv, "--set"));
-  if (!f.policy.allocator.empty()) {
-    const auto m = parse_allocator_mode(f.policy.allocator);
-    if (!m) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\"", f.policy.allocator));
-    cfg.gen.allocator = *m;
-  }
+  if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
   if (!f.vram.empty()) {
     cfg.gen.vram = parse_size(f.vram, "--vram");
     if (*cfg.gen.vram < GiB) throw InputError("--vram", "a device needs at least 1 GiB here");

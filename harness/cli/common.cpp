@@ -59,10 +59,9 @@ void PolicyFlags::apply(Scenario& s) const {
     apply_policy_override(s.policy, k, v, "--set");
   }
   if (!allocator.empty()) {
-    const auto m = parse_allocator_mode(allocator);
-    if (!m) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\" (use raw, caching, caching-expandable or async)", allocator));
-    if (*m != s.allocator.mode) s.allocator.options.clear();
-    s.allocator.mode = *m;
+    const AllocatorMode m = parse_allocator_mode_field(allocator, "--allocator");
+    if (m != s.allocator.mode) s.allocator.options.clear();
+    s.allocator.mode = m;
   }
   for (const std::string& kv : options) {
     auto [k, v] = split_kv(kv, "--option");

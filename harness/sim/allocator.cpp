@@ -47,10 +47,21 @@ std::optional<AllocatorMode> parse_allocator_mode(std::string_view s) {
   for (AllocatorMode m : kAllAllocatorModes) {
     if (s == allocator_mode_name(m)) return m;
   }
+  // PyTorch's PYTORCH_CUDA_ALLOC_CONF backend names. Its expandable segments are an option of
+  // the native backend (expandable_segments:True), not a backend, so it has no name to mirror.
   if (s == "native") return AllocatorMode::caching;
-  if (s == "expandable" || s == "caching_expandable") return AllocatorMode::caching_expandable;
   if (s == "cudaMallocAsync") return AllocatorMode::async;
   return std::nullopt;
+}
+
+std::string allocator_mode_choices() {
+  return "raw, caching, caching-expandable or async (or PyTorch's backend names: native = caching, cudaMallocAsync = async)";
+}
+
+AllocatorMode parse_allocator_mode_field(std::string_view s, std::string_view path) {
+  const auto m = parse_allocator_mode(s);
+  if (!m) throw InputError(std::string(path), fmt::format("unknown allocator mode \"{}\" (use {})", s, allocator_mode_choices()));
+  return *m;
 }
 
 }  // namespace vf
