@@ -415,7 +415,15 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
       ref.storage.dtype = parse_dtype_field(*v);
       ref.storage_given = true;
     }
-    if (auto v = j.opt("scaled")) ref.storage.scaled = v->boolean();
+    if (auto v = j.opt("scaled")) {
+      ref.storage.scaled = v->boolean();
+      // Per-weight scales exist for fp8 and int8 storage only (ComfyUI's fp8_scaled files); true
+      // with bf16 or a GGUF type would describe a file that cannot exist. false there is what
+      // the storage is anyway.
+      if (ref.storage.scaled && !dtype_info(ref.storage.dtype).fp8 && ref.storage.dtype != Dtype::int8) {
+        v->fail(fmt::format("true applies to fp8 and int8 storage only, not {}", dtype_name(ref.storage.dtype)));
+      }
+    }
     ref.id = name;
     ref.spec = catalog.get(name, ref.storage, j.path());
   } else if (ref.source == "inline") {

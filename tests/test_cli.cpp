@@ -497,6 +497,14 @@ TEST_F(Cli, ModelsShowWithAStorageDtype) {
   EXPECT_NE(p.out.find("  q4_k "), std::string::npos) << "the per-dtype breakdown lists q4_k\n" << p.out;
 }
 
+TEST_F(Cli, ModelsShowUnscaledIsForFp8AndInt8StorageOnly) {
+  // --unscaled means something for fp8 / int8 storage only (as a scenario's "scaled").
+  expect_bad_input({"models", "show", "flux1-dev", "--unscaled"}, "--unscaled: applies to fp8 and int8 storage only, not bf16");
+  const Proc fp8 = run({"models", "show", "flux1-dev", "--storage", "fp8_e4m3fn", "--unscaled"});
+  EXPECT_EQ(fp8.exit_code, 0) << describe(fp8);
+  EXPECT_NE(fp8.out.find("(unscaled)"), std::string::npos) << fp8.out;
+}
+
 TEST_F(Cli, ModelsShowUnknownExits2) {
   expect_bad_input({"models", "show", "nosuch"}, "unknown model \"nosuch\"");
   expect_bad_input({"models", "show", "nosuch"}, "flux1-dev");

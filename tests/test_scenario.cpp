@@ -664,6 +664,31 @@ TEST(ScenarioErrors, DuplicateKeysAreErrors) {
   EXPECT_NO_THROW(load_text(R"({"name": "a", "device": {"name": "a", "total": "4GiB"}, "models": [{"source": "catalog:clip-l"}]})"));
 }
 
+TEST(ScenarioErrors, ScaledIsForFp8AndInt8StorageOnly) {
+  // docs/formats.md: `scaled` (fp8/int8 only). true with bf16 or a GGUF type describes no real file.
+  for (const char* storage : {"bf16", "fp16", "q4_0", "q8_0"}) {
+    SCOPED_TRACE(storage);
+    json doc = base_catalog();
+    doc["models"][0]["storage"] = storage;
+    doc["models"][0]["scaled"] = true;
+    expect_error(doc, "models[0].scaled", {"fp8 and int8 storage only", storage});
+    doc["models"][0]["scaled"] = false;  // what such storage is anyway
+    EXPECT_NO_THROW(load(doc));
+  }
+  // The release dtype counts when storage is not given: clip-l is fp16.
+  json doc = base_catalog();
+  doc["models"][0]["scaled"] = true;
+  expect_error(doc, "models[0].scaled", {"fp8 and int8 storage only", "fp16"});
+  for (const char* storage : {"fp8_e4m3fn", "fp8_e5m2", "int8"}) {
+    SCOPED_TRACE(storage);
+    doc["models"][0]["storage"] = storage;
+    doc["models"][0]["scaled"] = true;
+    EXPECT_TRUE(load(doc).models[0].storage.scaled);
+    doc["models"][0]["scaled"] = false;
+    EXPECT_FALSE(load(doc).models[0].storage.scaled);
+  }
+}
+
 TEST(ScenarioErrors, UnknownPolicy) {
   json doc = base_catalog();
   doc["policy"] = "vllm:dec2025";

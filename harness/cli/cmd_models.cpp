@@ -34,6 +34,10 @@ int do_show(const std::string& name, const std::string& storage, bool unscaled, 
     sc.dtype = *d;
   }
   const ModelSpec m = build_catalog_model(name, sc, "models show");
+  // The same rule as a scenario's "scaled": per-weight scales exist for fp8 and int8 only.
+  if (unscaled && !dtype_info(sc.dtype).fp8 && sc.dtype != Dtype::int8) {
+    throw InputError("--unscaled", fmt::format("applies to fp8 and int8 storage only, not {}", dtype_name(sc.dtype)));
+  }
   std::fputs(fmt::format("{} ({}, family {}): {} params, {} modules, {} ({:.2f} GB) stored as {}{}\n", m.name,
                          kind_name(m.kind), family_name(m.family), m.params, m.modules.size(), format_mib(m.bytes),
                          static_cast<double>(m.bytes) / 1e9, dtype_name(sc.dtype),
