@@ -153,7 +153,8 @@ double parse_double_text(std::string_view v, double lo, double hi, const std::st
 }  // namespace
 
 void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what) {
-  const std::string path = fmt::format("{}.{}", what, key);
+  // A field of a file ("policy.overrides.reserve") or a flag and its key ("--set cfg_mult").
+  const std::string path = what.starts_with("--") ? fmt::format("{} {}", what, key) : fmt::format("{}.{}", what, key);
   ComfyConstants& c = p.constants;
   if (key == "reserve") {
     const Bytes r = parse_size(value, path);

@@ -319,6 +319,26 @@ TEST_F(Cli, DuplicateKeysInFilesAreErrors) {
   expect_bad_input({"alloc-replay", "dup.jsonl"}, "dup.jsonl:1: size: key given twice");
 }
 
+TEST_F(Cli, FlagsGivenTwiceWithTheSameKeyAreErrors) {
+  // The same option or constant twice on the command line: the last one used to win.
+  expect_bad_input({"run", kExample, "--allocator", "async", "--option", "pool_granularity=32MiB", "--option", "pool_granularity=2MiB"},
+                   "--option pool_granularity: given twice");
+  const std::string trace = std::string(VF_SOURCE_DIR) + "/tests/data/origin-flux2.jsonl";
+  expect_bad_input({"alloc-replay", trace, "--allocator", "async", "--option", "pool_granularity=32MiB", "--option",
+                    "pool_granularity=2MiB"},
+                   "--option pool_granularity: given twice");
+  expect_bad_input({"run", kExample, "--set", "cfg_mult=2", "--set", "cfg_mult=3"}, "--set cfg_mult: given twice");
+  expect_bad_input({"plan", kExample, "--reserve", "600MiB", "--set", "reserve=1GiB"}, "--set reserve: given twice");
+  expect_bad_input({"fuzz", "--cases", "1", "--set", "cfg_mult=2", "--set", "cfg_mult=3"}, "--set cfg_mult: given twice");
+  expect_bad_input({"calibrate", "--cases", "1", "--set", "cfg_mult=2", "--set", "cfg_mult=3"}, "--set cfg_mult: given twice");
+  // A flag replaces the file's value (that is no duplicate), once.
+  const Proc ok = run({"plan", kExample, "--set", "cfg_mult=3", "--reserve", "600MiB"});
+  EXPECT_EQ(ok.exit_code, 0) << describe(ok);
+  EXPECT_NE(ok.out.find("reserve 600.00 MiB"), std::string::npos) << ok.out;
+  // fuzz draws each case's allocator options: --option there would be ignored, so it is refused.
+  expect_bad_input({"fuzz", "--cases", "1", "--option", "pool_granularity=32MiB"}, "--option");
+}
+
 TEST_F(Cli, AllocatorModeAliasesArePyTorchsBackendNames) {
   const Proc p = run({"plan", kExample, "--allocator", "cudaMallocAsync"});
   EXPECT_EQ(p.exit_code, 0) << describe(p);
@@ -334,6 +354,23 @@ TEST_F(Cli, AllocatorModeAliasesArePyTorchsBackendNames) {
   }
   expect_bad_input({"fuzz", "--cases", "1", "--allocator", "ASYNC"}, "cudaMallocAsync");
   expect_bad_input({"calibrate", "--cases", "1", "--allocator", "ASYNC"}, "cudaMallocAsync");
+}
+
+TEST_F(Cli, ErrorsNameTheFlagTheUserGave) {
+  const Proc p = expect_bad_input({"run", kExample, "--allocator", "caching", "--option", "bogus=1"}, "--option bogus: unknown option");
+  EXPECT_EQ(p.err.find("--option.options"), std::string::npos) << p.err;
+  expect_bad_input({"run", kExample, "--option", "max_split_size_mb=128"}, "--option max_split_size_mb: the raw allocator");
+  expect_bad_input({"run", kExample, "--set", "cfg_mult=99"}, "--set cfg_mult: must be between 1 and 16");
+  const std::string trace = std::string(VF_SOURCE_DIR) + "/tests/data/origin-flux2.jsonl";
+  expect_bad_input({"alloc-replay", trace, "--allocator", "async", "--option", "bogus=1"}, "--option bogus: unknown option");
+  expect_bad_input({"alloc-replay", trace, "--context", "30GiB"}, "--context: 30720.00 MiB on top of 0.00 MiB used by others");
+  expect_bad_input({"alloc-replay", trace, "--used-by-others", "24GiB"}, "--used-by-others: ");
+  // An option from the scenario file is named as the file's field, one from a flag as the flag.
+  json d = json::parse(read_file(kExample));
+  d["allocator"] = {{"mode", "async"}, {"options", {{"opportunistic_probability", 0.3}}}};
+  write("async.json", d.dump());
+  expect_bad_input({"run", "async.json", "--option", "reuse_allow_opportunistic=False"},
+                   "allocator.options.opportunistic_probability: has no effect with reuse_allow_opportunistic False");
 }
 
 TEST_F(Cli, CudaBackendWithoutAGpuExits3) {

@@ -25,13 +25,23 @@ int do_alloc_replay(const AllocReplayFlags& f) {
   AllocatorConfig config;
   config.mode = parse_allocator_mode_field(f.allocator, "--allocator");
   for (const std::string& kv : f.options) config.options.push_back(split_kv(kv, "--option"));
-  sim::validate_allocator_config(config, "--option");
+  // parse_alloc_options refuses a key given twice, naming it as the flag.
+  sim::validate_allocator_config(config, [](std::string_view key) { return fmt::format("--option {}", key); });
   DeviceSpec device;
   device.name = "sim";
   device.total = parse_size(f.device, "--device");
   device.used_by_others = parse_size(f.used_by_others, "--used-by-others");
   device.context_overhead = parse_size(f.context, "--context");
-  if (device.total == 0 || device.available() == 0) throw InputError("--device", "nothing of the device is left for the trace");
+  // The flag that leaves nothing: the others' memory alone, or the context on top of it.
+  if (device.used_by_others >= device.total) {
+    throw InputError("--used-by-others", fmt::format("{} is all of the {} device: nothing is left for the trace",
+                                                     format_mib(device.used_by_others), format_size(device.total)));
+  }
+  if (device.available() == 0) {
+    throw InputError("--context", fmt::format("{} on top of {} used by others is all of the {} device: nothing is left for the trace",
+                                              format_mib(device.context_overhead), format_mib(device.used_by_others),
+                                              format_size(device.total)));
+  }
   const auto events = sim::parse_trace_file(f.trace);
   const sim::ReplayResult r = sim::replay_trace(events, config, device, f.seed);
   std::fputs((f.table ? sim::format_replay_table(r) : sim::format_replay_debug(r)).c_str(), stdout);
@@ -49,8 +59,9 @@ void add_alloc_replay(CLI::App& app, Action& action) {
   auto f = std::make_shared<AllocReplayFlags>();
   CLI::App* cmd = app.add_subcommand("alloc-replay", "replay a JSONL allocation trace through an allocator model");
   cmd->add_option("trace", f->trace, "trace file: one JSON event per line (docs/allocators.md)")->required();
-  cmd->add_option("--allocator", f->allocator, "raw | caching | caching-expandable | async")->capture_default_str();
-  cmd->add_option("--option", f->options, "allocator option key=value (repeatable), e.g. pool_granularity=32MiB");
+  cmd->add_option("--allocator", f->allocator, "raw | caching | caching-expandable | async (or native, cudaMallocAsync)")
+      ->capture_default_str();
+  cmd->add_option("--option", f->options, "allocator option key=value (repeatable, each key once), e.g. pool_granularity=32MiB");
   cmd->add_option("--device", f->device, "device total")->capture_default_str();
   cmd->add_option("--used-by-others", f->used_by_others, "memory other processes hold")->capture_default_str();
   cmd->add_option("--context", f->context, "CUDA context of the process")->capture_default_str();

@@ -44,11 +44,12 @@ int do_calibrate(const CalibrateFlags& f) {
   if (!f.time.empty()) cfg.seconds = parse_duration(f.time, "--time");
   if (cfg.cases == 0 && cfg.seconds <= 0) cfg.cases = 500;
   cfg.gen.policy = parse_policy(f.policy, "--policy").label();
-  if (!f.reserve.empty()) {
-    (void)parse_size(f.reserve, "--reserve");
-    cfg.gen.policy_overrides.emplace_back("reserve", f.reserve);
+  {
+    PolicyFlags flags;  // the same rules as run's --reserve / --set: each constant once
+    flags.reserve = f.reserve;
+    flags.sets = f.sets;
+    cfg.gen.policy_overrides = flags.overrides();
   }
-  for (const std::string& kv : f.sets) cfg.gen.policy_overrides.push_back(split_kv(kv, "--set"));
   {
     Policy probe = parse_policy(*cfg.gen.policy, "--policy");
     for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
@@ -109,7 +110,7 @@ void add_calibrate(CLI::App& app, Action& action) {
   CLI::App* cmd = app.add_subcommand("calibrate", "measure how far each allocator mode overshoots the prediction; recommend a reserve");
   cmd->add_option("--policy", f->policy, "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | exact[:PRESET]")->capture_default_str();
   cmd->add_option("--reserve", f->reserve, "the current reserve to judge (default: the policy's)");
-  cmd->add_option("--set", f->sets, "override a policy constant: key=value (repeatable)");
+  cmd->add_option("--set", f->sets, "override a policy constant: key=value (repeatable, each key once)");
   cmd->add_option("--allocator", f->allocator, "raw | caching | caching-expandable | async | all")->capture_default_str();
   cmd->add_option("--cases", f->cases, "case seeds, each run under every mode (default 500 when --time is not given)")
       ->check(kPositiveCount);

@@ -95,11 +95,7 @@ int do_fuzz(const FuzzFlags& f) {
   if (!f.time.empty()) cfg.seconds = parse_duration(f.time, "--time");
   if (cfg.cases == 0 && cfg.seconds <= 0) cfg.cases = 1000;
   if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy(f.policy.policy, "--policy").label();
-  if (!f.policy.reserve.empty()) {
-    (void)parse_size(f.policy.reserve, "--reserve");  // reported as the flag, not as "--set.reserve"
-    cfg.gen.policy_overrides.emplace_back("reserve", f.policy.reserve);
-  }
-  for (const std::string& kv : f.policy.sets) cfg.gen.policy_overrides.push_back(split_kv(kv, "--set"));
+  cfg.gen.policy_overrides = f.policy.overrides();
   if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
   if (!f.vram.empty()) {
     cfg.gen.vram = parse_size(f.vram, "--vram");
@@ -202,7 +198,8 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--devices", f->devices, "0,1,...: one worker process per device (CUDA_VISIBLE_DEVICES), merged into --out");
   cmd->add_option("--progress", f->progress, "auto | tty | plain | off (auto: a live line on a terminal, a log line every 10 s otherwise)")
       ->capture_default_str();
-  f->policy.add_to(*cmd, true);
+  // No --option: the campaign draws each case's allocator options with its mode.
+  f->policy.add_to(*cmd, true, false);
   cmd->callback([f, &action] { action = [f] { return do_fuzz(*f); }; });
 }
 

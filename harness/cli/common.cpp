@@ -1,4 +1,5 @@
 #include <cmath>
+#include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -26,14 +27,36 @@ const CLI::Validator kPositiveCount(
     },
     "COUNT");
 
-void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
+void PolicyFlags::add_to(CLI::App& app, bool with_allocator, bool with_options) {
   app.add_option("--policy", policy, "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | exact[:PRESET]");
   app.add_option("--reserve", reserve, "override the reserve (e.g. 600MiB)");
-  app.add_option("--set", sets, "override a policy constant: key=value (repeatable)");
+  app.add_option("--set", sets, "override a policy constant: key=value (repeatable, each key once)");
   if (with_allocator) {
-    app.add_option("--allocator", allocator, "allocator mode: raw | caching | caching-expandable | async");
-    app.add_option("--option", options, "allocator option: key=value (repeatable), e.g. max_split_size_mb=128");
+    app.add_option("--allocator", allocator, "allocator mode: raw | caching | caching-expandable | async (or native, cudaMallocAsync)");
   }
+  if (with_allocator && with_options) {
+    app.add_option("--option", options, "allocator option: key=value (repeatable, each key once), e.g. max_split_size_mb=128");
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> PolicyFlags::overrides() const {
+  // Each constant once: `--set reserve=1GiB --set reserve=2GiB` (or --reserve with --set reserve=)
+  // is a contradiction to report, not a last-wins to guess at.
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!reserve.empty()) {
+    (void)parse_size(reserve, "--reserve");  // a bad value is reported as "--reserve: ...", not "--reserve.reserve"
+    out.emplace_back("reserve", reserve);
+  }
+  for (const std::string& kv : sets) {
+    auto [k, v] = split_kv(kv, "--set");
+    for (const auto& [ok, ov] : out) {
+      if (ok != k) continue;
+      throw InputError("--set " + k, fmt::format("given twice (\"{}\" and \"{}\"{}); keep one", ov, v,
+                                                 k == "reserve" && !reserve.empty() ? ", one of them by --reserve" : ""));
+    }
+    out.emplace_back(std::move(k), std::move(v));
+  }
+  return out;
 }
 
 void PolicyFlags::apply(Scenario& s) const {
@@ -50,21 +73,18 @@ void PolicyFlags::apply(Scenario& s) const {
       apply_policy_override(s.policy, k, v, "--policy");
     }
   }
-  if (!reserve.empty()) {
-    (void)parse_size(reserve, "--reserve");  // a bad value is reported as "--reserve: ...", not "--reserve.reserve"
-    apply_policy_override(s.policy, "reserve", reserve, "--reserve");
-  }
-  for (const std::string& kv : sets) {
-    const auto [k, v] = split_kv(kv, "--set");
-    apply_policy_override(s.policy, k, v, "--set");
-  }
+  for (const auto& [k, v] : overrides()) apply_policy_override(s.policy, k, v, k == "reserve" && !reserve.empty() ? "--reserve" : "--set");
   if (!allocator.empty()) {
     const AllocatorMode m = parse_allocator_mode_field(allocator, "--allocator");
     if (m != s.allocator.mode) s.allocator.options.clear();
     s.allocator.mode = m;
   }
+  // A flag replaces the file's value of its option; the same option twice on the command line is
+  // an error (docs/allocators.md: "a key given twice ... is an input error").
+  std::set<std::string> from_flags;
   for (const std::string& kv : options) {
     auto [k, v] = split_kv(kv, "--option");
+    if (!from_flags.insert(k).second) throw InputError("--option " + k, "given twice; keep one value");
     bool replaced = false;
     for (auto& [ok, ov] : s.allocator.options) {
       if (ok == k) {
@@ -74,7 +94,10 @@ void PolicyFlags::apply(Scenario& s) const {
     }
     if (!replaced) s.allocator.options.emplace_back(k, v);
   }
-  sim::validate_allocator_config(s.allocator, "--option");
+  // Errors name the flag for options given as flags, the file's field for the others.
+  sim::validate_allocator_config(s.allocator, [&from_flags](std::string_view key) {
+    return from_flags.contains(std::string(key)) ? fmt::format("--option {}", key) : fmt::format("allocator.options.{}", key);
+  });
 }
 
 std::pair<std::string, std::string> split_kv(const std::string& kv, const std::string& flag) {

@@ -303,9 +303,12 @@ std::span<const AllocOptionInfo> alloc_option_table() {
 }
 
 AllocOptions parse_alloc_options(const AllocatorConfig& config, std::string_view path) {
+  return parse_alloc_options(config, [path](std::string_view key) { return fmt::format("{}.options.{}", path, key); });
+}
+
+AllocOptions parse_alloc_options(const AllocatorConfig& config, const OptionFieldName& field_of) {
   AllocOptions out;
   out.mode = config.mode;
-  auto field_of = [&](std::string_view key) { return fmt::format("{}.options.{}", path, key); };
 
   if (config.mode == AllocatorMode::raw) {
     if (!config.options.empty()) {

@@ -5,7 +5,9 @@
 // docs/allocators.md has the table of every option.
 #pragma once
 
+#include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "harness/scenario.h"
@@ -21,9 +23,15 @@ struct AllocOptions {
   AsyncOptions async;      // async
 };
 
+// Names the field of an option key in errors: "allocator.options.max_split_size_mb" for a
+// scenario, "--option max_split_size_mb" for a flag.
+using OptionFieldName = std::function<std::string(std::string_view key)>;
+
 // Parses and validates `config.options` for `config.mode`. `path` prefixes error paths
 // ("allocator" -> "allocator.options.max_split_size_mb").
 AllocOptions parse_alloc_options(const AllocatorConfig& config, std::string_view path);
+// The same, with each option's field named by `field_of` (options from a file and from flags).
+AllocOptions parse_alloc_options(const AllocatorConfig& config, const OptionFieldName& field_of);
 
 // The value of roundup_power2_divisions: one power of two for every size ("4"), or the list
 // form "[K:d,...,>:d]" (K in MiB, a power of two; d a power of two or 0). Throws InputError(field).

@@ -18,6 +18,14 @@ void normalize_allocator_config(AllocatorConfig& config, std::string_view path) 
   config.mode = parse_alloc_options(config, path).mode;
 }
 
+void validate_allocator_config(const AllocatorConfig& config, const std::function<std::string(std::string_view)>& field_of) {
+  (void)parse_alloc_options(config, field_of);
+}
+
+void normalize_allocator_config(AllocatorConfig& config, const std::function<std::string(std::string_view)>& field_of) {
+  config.mode = parse_alloc_options(config, field_of).mode;
+}
+
 std::unique_ptr<Allocator> make_allocator(const AllocatorConfig& config, SimDevice& device, std::uint64_t seed) {
   const AllocOptions options = parse_alloc_options(config, "allocator");
   switch (options.mode) {

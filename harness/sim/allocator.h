@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,8 +102,11 @@ std::unique_ptr<Allocator> make_allocator(const AllocatorConfig& config, SimDevi
 
 // Validates the options of `config` without building an allocator (scenario load uses it).
 void validate_allocator_config(const AllocatorConfig& config, std::string_view path);
+// The same, naming each option's field with `field_of` (alloc_options.h).
+void validate_allocator_config(const AllocatorConfig& config, const std::function<std::string(std::string_view)>& field_of);
 // Validates, then names the model the options build: mode caching with expandable_segments True
 // becomes caching-expandable, so signatures, reports and corpus matching say which model ran.
 void normalize_allocator_config(AllocatorConfig& config, std::string_view path);
+void normalize_allocator_config(AllocatorConfig& config, const std::function<std::string(std::string_view)>& field_of);
 
 }  // namespace vf::sim
