@@ -209,6 +209,15 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
   else p.overrides.emplace_back(std::string(key), std::string(value));
 }
 
+Bytes parse_device_total(std::string_view text, std::string_view what) {
+  const Bytes b = parse_size(text, what);
+  if (b == 0) throw InputError(std::string(what), "device total must be greater than 0");
+  if (b > kMaxDeviceBytes) {
+    throw InputError(std::string(what), fmt::format("{} is larger than the {} a device can have here", text, format_size(kMaxDeviceBytes)));
+  }
+  return b;
+}
+
 std::vector<Stage> default_stages(std::size_t model_count) {
   std::vector<Stage> stages;
   for (std::size_t i = 0; i < model_count; ++i) {
@@ -222,8 +231,8 @@ std::vector<Stage> default_stages(std::size_t model_count) {
 
 namespace {
 
-// Size limits that keep every later sum far from 2^64 while admitting any real device or model.
-inline constexpr Bytes kMaxDeviceBytes = Bytes{1} << 50;  // 1 PiB
+// Size limits that keep every later sum far from 2^64 while admitting any real device or model
+// (the device's, kMaxDeviceBytes, is in scenario.h: the CLI's --vram applies it too).
 inline constexpr Bytes kMaxModelBytes = Bytes{1} << 48;   // 256 TiB
 inline constexpr std::uint32_t kMaxImageSide = 16384;
 inline constexpr std::uint32_t kMinImageSide = 16;  // one 2x2 patch of an 8x-downsampled latent
@@ -530,6 +539,9 @@ void validate_scenario(const Scenario& s) {
     total = checked_add(total, m.spec->bytes, fmt::format("models[{}]", i));
   }
   if (s.device.total == 0) throw InputError("device.total", "device total must be greater than 0");
+  if (s.device.total > kMaxDeviceBytes) {
+    throw InputError("device.total", fmt::format("larger than the {} a device can have here", format_size(kMaxDeviceBytes)));
+  }
   if (s.device.available() == 0) throw InputError("device", "memory used by others plus the context leave nothing of the device");
   if (s.offload_streams && *s.offload_streams > kMaxOffloadStreams) {
     throw InputError("offload_streams", fmt::format("must be between 0 and {}", kMaxOffloadStreams));

@@ -29,6 +29,13 @@ inline constexpr std::string_view kScenarioSchema = "vramfuzz.scenario/1";
 // how, and this comment then names the results file it came from).
 inline constexpr Bytes kDefaultContextOverhead = 287047680;
 
+// The largest device total a scenario or a flag may give: every later sum stays far from 2^64,
+// and any real device fits.
+inline constexpr Bytes kMaxDeviceBytes = Bytes{1} << 50;  // 1 PiB
+// A device total given as text (`--vram 24GiB`, `--device`): parse_size, then > 0 and <= 1 PiB,
+// the same limits as the scenario's device.total. InputError(what, ...) otherwise.
+Bytes parse_device_total(std::string_view text, std::string_view what);
+
 struct DeviceSpec {
   std::string name = "sim";
   Bytes total = 24 * GiB;

@@ -356,6 +356,36 @@ TEST_F(Cli, AllocatorModeAliasesArePyTorchsBackendNames) {
   expect_bad_input({"calibrate", "--cases", "1", "--allocator", "ASYNC"}, "cudaMallocAsync");
 }
 
+TEST_F(Cli, NumericFlagsAreNeverClampedWrappedOrOctal) {
+  // CLI11 clamped 2^64 to 2^64 - 1 and ran with exit 0.
+  expect_bad_input({"fuzz", "--cases", "1", "--seed", "18446744073709551616"}, "--seed: overflows 64 bits");
+  expect_bad_input({"calibrate", "--cases", "1", "--seed", "99999999999999999999"}, "--seed: overflows 64 bits");
+  expect_bad_input({"alloc-replay", "x.jsonl", "--seed", "18446744073709551616"}, "--seed: overflows 64 bits");
+  expect_bad_input({"fuzz", "--cases", "18446744073709551616"}, "--cases: overflows 64 bits");
+  expect_bad_input({"fuzz", "--cases", "1", "--seed", "0x10"}, "--seed: must be a whole number");
+  expect_bad_input({"fuzz", "--cases", "1", "--keep", "4294967296"}, "--keep");
+  expect_bad_input({"models", "import", "x.safetensors", "--top", "-1"}, "--top");
+  // The largest seed is taken as it is; a leading zero is decimal, not octal.
+  const Proc max = run({"fuzz", "--cases", "1", "--no-shrink", "--seed", "18446744073709551615"});
+  EXPECT_TRUE(max.exit_code == 0 || max.exit_code == 1) << describe(max);
+  EXPECT_NE(max.out.find("seed 18446744073709551615"), std::string::npos) << max.out;
+  const Proc octal = run({"fuzz", "--cases", "1", "--no-shrink", "--seed", "010"});
+  EXPECT_TRUE(octal.exit_code == 0 || octal.exit_code == 1) << describe(octal);
+  EXPECT_NE(octal.out.find(", seed 10\n"), std::string::npos) << octal.out;
+  // Device sizes: the scenario's limit (1 PiB) holds for the flags too.
+  expect_bad_input({"run", kExample, "--vram", "2048TiB"}, "--vram: 2048TiB is larger than the");
+  expect_bad_input({"fuzz", "--cases", "1", "--vram", "2048TiB"}, "--vram: 2048TiB is larger than the");
+  expect_bad_input({"calibrate", "--cases", "1", "--vram", "2048TiB"}, "--vram: 2048TiB is larger than the");
+  expect_bad_input({"run", kExample, "--vram", "0"}, "--vram: device total must be greater than 0");
+  expect_bad_input({"run", kExample, "--vram", "256MiB"}, "--vram: 256MiB: the scenario's memory used by others");
+  expect_bad_input({"calibrate", "--cases", "1", "--margin", "2048TiB"}, "--margin");
+  const std::string trace = std::string(VF_SOURCE_DIR) + "/tests/data/origin-flux2.jsonl";
+  expect_bad_input({"alloc-replay", trace, "--device", "2048TiB"}, "--device: 2048TiB is larger than the");
+  const Proc pib = run({"run", kExample, "--vram", "1024TiB"});
+  expect_clean(pib);
+  EXPECT_TRUE(pib.exit_code == 0 || pib.exit_code == 1) << "1 PiB itself is allowed\n" << describe(pib);
+}
+
 TEST_F(Cli, ErrorsNameTheFlagTheUserGave) {
   const Proc p = expect_bad_input({"run", kExample, "--allocator", "caching", "--option", "bogus=1"}, "--option bogus: unknown option");
   EXPECT_EQ(p.err.find("--option.options"), std::string::npos) << p.err;

@@ -29,7 +29,7 @@ int do_alloc_replay(const AllocReplayFlags& f) {
   sim::validate_allocator_config(config, [](std::string_view key) { return fmt::format("--option {}", key); });
   DeviceSpec device;
   device.name = "sim";
-  device.total = parse_size(f.device, "--device");
+  device.total = parse_device_total(f.device, "--device");
   device.used_by_others = parse_size(f.used_by_others, "--used-by-others");
   device.context_overhead = parse_size(f.context, "--context");
   // The flag that leaves nothing: the others' memory alone, or the context on top of it.
@@ -65,7 +65,7 @@ void add_alloc_replay(CLI::App& app, Action& action) {
   cmd->add_option("--device", f->device, "device total")->capture_default_str();
   cmd->add_option("--used-by-others", f->used_by_others, "memory other processes hold")->capture_default_str();
   cmd->add_option("--context", f->context, "CUDA context of the process")->capture_default_str();
-  cmd->add_option("--seed", f->seed, "seed of allocator-side choices (async opportunistic reuse)")->capture_default_str()->check(kNonNegative);
+  cmd->add_option("--seed", f->seed, "seed of allocator-side choices (async opportunistic reuse)")->capture_default_str()->transform(kNonNegative);
   cmd->add_flag("--table", f->table, "a column table instead of the DEBUG lines");
   cmd->callback([f, &action] { action = [f] { return do_alloc_replay(*f); }; });
 }

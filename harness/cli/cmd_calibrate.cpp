@@ -60,10 +60,13 @@ int do_calibrate(const CalibrateFlags& f) {
     cfg.modes = {*m};
   }
   if (!f.vram.empty()) {
-    cfg.gen.vram = parse_size(f.vram, "--vram");
+    cfg.gen.vram = parse_device_total(f.vram, "--vram");
     if (*cfg.gen.vram < GiB) throw InputError("--vram", "a device needs at least 1 GiB here");
   }
   cfg.margin = parse_size(f.margin, "--margin");
+  if (cfg.margin > kMaxDeviceBytes) {
+    throw InputError("--margin", fmt::format("{} is more than the {} a device can have here", f.margin, format_size(kMaxDeviceBytes)));
+  }
   if (!f.shard.empty()) std::tie(cfg.shard_index, cfg.shard_count) = parse_shard(f.shard, "--shard");
   cfg.verify_rounds = f.verify_rounds;
   cfg.out_dir = f.out;
@@ -113,19 +116,19 @@ void add_calibrate(CLI::App& app, Action& action) {
   cmd->add_option("--set", f->sets, "override a policy constant: key=value (repeatable, each key once)");
   cmd->add_option("--allocator", f->allocator, "raw | caching | caching-expandable | async | all")->capture_default_str();
   cmd->add_option("--cases", f->cases, "case seeds, each run under every mode (default 500 when --time is not given)")
-      ->check(kPositiveCount);
+      ->transform(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h (half samples, half re-checks the recommendation)");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
-  cmd->add_option("--seed", f->seed, "seed (case seeds derive from it as in fuzz)")->capture_default_str()->check(kNonNegative);
+  cmd->add_option("--seed", f->seed, "seed (case seeds derive from it as in fuzz)")->capture_default_str()->transform(kNonNegative);
   cmd->add_option("--out", f->out, "write summary.json, report.html, junit.xml, summary.md and the worst cases here");
   cmd->add_option("--margin", f->margin, "added to the need for the recommendation")->capture_default_str();
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
   cmd->add_option("--shard", f->shard, "I/N: only the case seeds i with i mod N == I (merge shards with `vramfuzz merge`)");
   cmd->add_option("--verify-rounds", f->verify_rounds, "re-runs of the sample at the recommended reserve (0: none)")
       ->capture_default_str()
-      ->check(kNonNegative);
+      ->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write the worst cases without shrinking them");
-  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kPositiveCount);
+  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--progress", f->progress, "auto | tty | plain | off")->capture_default_str();
   cmd->callback([f, &action] { action = [f] { return do_calibrate(*f); }; });

@@ -72,7 +72,7 @@ int do_gpu_check(const GpuCheckFlags& f) {
   cfg.agreement_cases = f.cases;
   cfg.fuzz_seconds = parse_duration(f.fuzz_time, "--fuzz-time");
   cfg.seed = f.seed;
-  cfg.vram = parse_size(f.vram, "--vram");
+  cfg.vram = parse_device_total(f.vram, "--vram");
   for (const std::string& kv : f.records) cfg.records.push_back(split_kv(kv, "--record"));
   return cuda::run_gpu_check(cfg);
 }
@@ -87,7 +87,7 @@ void add_exec_case(CLI::App& app, Action& action) {
   cmd->add_option("--result", f->result, "where the ExecResult JSON goes")->required();
   cmd->add_option("--backend", f->backend, "cuda | sim | fake[:spec]");
   cmd->add_option("--transfer", f->transfer, "copy | skip");
-  cmd->add_option("--ops", f->ops, "op count the parent lowered (checked)");
+  cmd->add_option("--ops", f->ops, "op count the parent lowered (checked)")->transform(kNonNegative);
   cmd->add_flag("--trace", f->trace, "record the per-op trace");
   cmd->callback([f, &action] { action = [f] { return do_exec_case(*f); }; });
 }
@@ -101,9 +101,9 @@ void add_gpu_check(CLI::App& app, Action& action) {
                   "calibration | kernels | agreement | fuzz | report (repeatable; default: all four, then the report)");
   cmd->add_option("--fake", f->fake, "run on the fake runtime: 1 or a fake spec (fake:key=value,...)");
   cmd->add_flag("--quick", f->quick, "small sizes and short time boxes (the CI test of the check itself)");
-  cmd->add_option("--cases", f->cases, "agreement: scenarios per allocator mode")->capture_default_str()->check(kPositiveCount);
+  cmd->add_option("--cases", f->cases, "agreement: scenarios per allocator mode")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--fuzz-time", f->fuzz_time, "fuzz: the campaign's time budget, shrinking included")->capture_default_str();
-  cmd->add_option("--seed", f->seed, "seed of the generated scenarios")->capture_default_str()->check(kNonNegative);
+  cmd->add_option("--seed", f->seed, "seed of the generated scenarios")->capture_default_str()->transform(kNonNegative);
   cmd->add_option("--vram", f->vram, "emulated card for agreement and fuzz")->capture_default_str();
   cmd->add_option("--record", f->records, "KEY=VALUE stored under \"script\" in gpu-check.json (repeatable)");
   cmd->callback([f, &action] { action = [f] { return do_gpu_check(*f); }; });

@@ -98,7 +98,7 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.gen.policy_overrides = f.policy.overrides();
   if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
   if (!f.vram.empty()) {
-    cfg.gen.vram = parse_size(f.vram, "--vram");
+    cfg.gen.vram = parse_device_total(f.vram, "--vram");
     if (*cfg.gen.vram < GiB) throw InputError("--vram", "a device needs at least 1 GiB here");
   }
   // Validate overrides once up front so a typo is exit 2 before any case runs.
@@ -178,8 +178,8 @@ int do_fuzz(const FuzzFlags& f) {
 void add_fuzz(CLI::App& app, Action& action) {
   auto f = std::make_shared<FuzzFlags>();
   CLI::App* cmd = app.add_subcommand("fuzz", "run a campaign of random scenarios and write every finding");
-  cmd->add_option("--seed", f->seed, "campaign seed (each case's seed derives from it)")->capture_default_str()->check(kNonNegative);
-  cmd->add_option("--cases", f->cases, "number of cases (default 1000 when --time is not given)")->check(kPositiveCount);
+  cmd->add_option("--seed", f->seed, "campaign seed (each case's seed derives from it)")->capture_default_str()->transform(kNonNegative);
+  cmd->add_option("--cases", f->cases, "number of cases (default 1000 when --time is not given)")->transform(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
   cmd->add_option("--out", f->out, "output directory for findings and summary.json");
@@ -188,11 +188,11 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--transfer", f->transfer, "cuda: copy (H2D from pinned memory) | skip (memset; allocator-only runs)")
       ->capture_default_str();
   cmd->add_flag("--isolate", f->isolate, "run each case in a child process (a crash is that case's error, not the campaign's)");
-  cmd->add_option("--keep", f->keep, "finding files kept per signature")->capture_default_str()->check(kNonNegative);
+  cmd->add_option("--keep", f->keep, "finding files kept per signature")->capture_default_str()->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
-  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->check(kPositiveCount);
+  cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
-  cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->check(kPositiveCount);
+  cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->transform(kPositiveCount);
   cmd->add_option("--corpus", f->corpus, "replay every repro under DIR first; their signatures count as known");
   cmd->add_option("--shard", f->shard, "I/N: run only the cases i with i mod N == I (seeds unchanged; shards merge with `vramfuzz merge`)");
   cmd->add_option("--devices", f->devices, "0,1,...: one worker process per device (CUDA_VISIBLE_DEVICES), merged into --out");

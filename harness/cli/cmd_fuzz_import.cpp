@@ -116,7 +116,7 @@ void add_fuzz_import(CLI::App& app, Action& action) {
       "fuzz-import", "turn an input of the fuzz_pipeline libFuzzer target into a shrunk repro (repro.json + repro.md)");
   cmd->add_option("crash", f->file, "a crash file (or any input) of fuzz_pipeline")->required();
   cmd->add_option("--out", f->out, "directory for repro.json and repro.md (default: CRASH.repro)");
-  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->check(kPositiveCount);
+  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");
   // Hidden, for tests: replay with a fixed reserve (e.g. 0) instead of the overhead bound.
   cmd->add_option("--reserve", f->reserve, "")->group("");

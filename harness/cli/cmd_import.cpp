@@ -102,7 +102,7 @@ void add_import(CLI::App& models, Action& action) {
   cmd->add_option("--name", f->name, "model name (default: from the file name)");
   cmd->add_option("--family", f->family, "model family when the names cannot tell it (flux, flux2, sd3, sdxl, sd15, t5, ...)");
   cmd->add_option("--out", f->out, "write the inline-model JSON fragment a scenario embeds");
-  cmd->add_option("--top", f->top, "largest modules to list")->capture_default_str()->check(CLI::Range(std::size_t{0}, kMaxTop));
+  cmd->add_option("--top", f->top, "largest modules to list")->capture_default_str()->transform(kNonNegative)->check(CLI::Range(std::size_t{0}, kMaxTop));
   cmd->callback([f, &action] { action = [f] { return do_import(*f); }; });
 }
 

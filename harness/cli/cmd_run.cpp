@@ -42,7 +42,15 @@ int do_run(const RunFlags& f) {
   Catalog catalog;
   Scenario s = load_case_file(f.file, catalog);
   f.policy.apply(s);
-  if (!f.vram.empty()) s.device.total = parse_size(f.vram, "--vram");
+  if (!f.vram.empty()) {
+    // The scenario's own limits (> 0, <= 1 PiB), and a device the scenario's others and context
+    // leave something of: errors name the flag.
+    s.device.total = parse_device_total(f.vram, "--vram");
+    if (s.device.available() == 0) {
+      throw InputError("--vram", fmt::format("{}: the scenario's memory used by others ({}) plus its context ({}) leave nothing of it",
+                                             f.vram, format_mib(s.device.used_by_others), format_mib(s.device.context_overhead)));
+    }
+  }
   validate_scenario(s);
   BackendOptions backend_options;
   backend_options.transfer = f.transfer;

@@ -91,10 +91,10 @@ void add_shrink(CLI::App& app, Action& action) {
   cmd->add_option("finding", f->file, "a finding file (vramfuzz.finding/1), a repro, or a scenario that fails")->required();
   cmd->add_option("--out", f->out, "directory for repro.json and repro.md (default: next to the finding)");
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
-  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->check(kPositiveCount);
+  cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");
   cmd->add_option("--runs", f->runs, "re-runs of the final case for the reliability figure (default 1 on sim, 5 on cuda)")
-      ->check(kPositiveCount);
+      ->transform(kPositiveCount);
   cmd->callback([f, &action] { action = [f] { return do_shrink(*f); }; });
 }
 
@@ -103,7 +103,7 @@ void add_replay(CLI::App& app, Action& action) {
   CLI::App* cmd = app.add_subcommand("replay", "replay a repro (or finding); exit 1 when it reproduces");
   cmd->add_option("repro", f->file, "repro / finding / scenario file")->required();
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
-  cmd->add_option("--runs", f->runs, "how many times to run it (default 1 on sim, 5 on cuda)")->check(kPositiveCount);
+  cmd->add_option("--runs", f->runs, "how many times to run it (default 1 on sim, 5 on cuda)")->transform(kPositiveCount);
   cmd->callback([f, &action] { action = [f] { return do_replay(*f); }; });
 }
 

@@ -29,7 +29,9 @@ struct PolicyFlags {
   void apply(Scenario& s) const;
 };
 
-// Validators for unsigned options (common.cpp): no sign (kNonNegative); at least 1 (kPositiveCount).
+// Validators for unsigned options (common.cpp): decimal digits that fit in 64 bits (kNonNegative);
+// and at least 1 (kPositiveCount). CLI11 alone would clamp, wrap or read octal / hex. Attach them
+// with ->transform(): they rewrite "010" to "10".
 extern const CLI::Validator kNonNegative;
 extern const CLI::Validator kPositiveCount;
 

@@ -1,5 +1,7 @@
+#include <charconv>
 #include <cmath>
 #include <set>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -10,22 +12,38 @@
 
 namespace vf::cli {
 
-// CLI11 (2.1) reads "-5" into an unsigned option as 2^64 - 5: refuse a sign before it converts.
-const CLI::Validator kNonNegative(
-    [](std::string& v) {
-      const auto first = v.find_first_not_of(" \t");
-      return first != std::string::npos && v[first] == '-' ? std::string("must not be negative, got " + v) : std::string();
-    },
-    "NONNEGATIVE");
+namespace {
+
+// CLI11 (2.1) converts unsigned options with strtoull(text, base 0): "-5" becomes 2^64 - 5, a
+// value past 2^64 - 1 becomes 2^64 - 1 (clamped without a word), "010" is octal 8 and "0x10" hex.
+// So the validators take decimal digits only, refuse a value beyond 64 bits, and hand CLI11 the
+// digits without leading zeros (which it then reads as the decimal they are): they rewrite the
+// value, so options take them with ->transform(), not ->check() (which discards the rewrite).
+std::string check_decimal_u64(std::string& v, bool at_least_one) {
+  const std::string given = v;
+  const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits) {
+    if (at_least_one) return "must be a whole number of at least 1, got " + given;
+    const auto first = v.find_first_not_of(" \t");
+    if (first != std::string::npos && v[first] == '-') return "must not be negative, got " + given;
+    return "must be a whole number (decimal digits), got " + given;
+  }
+  const auto nz = v.find_first_not_of('0');
+  v = nz == std::string::npos ? "0" : v.substr(nz);
+  std::uint64_t parsed = 0;
+  const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), parsed);
+  if (ec == std::errc::result_out_of_range) return "overflows 64 bits (at most 18446744073709551615), got " + given;
+  if (ec != std::errc() || ptr != v.data() + v.size()) return "must be a whole number, got " + given;
+  if (at_least_one && parsed == 0) return "must be a whole number of at least 1, got " + given;
+  return std::string();
+}
+
+}  // namespace
+
+const CLI::Validator kNonNegative([](std::string& v) { return check_decimal_u64(v, false); }, "NONNEGATIVE");
 
 // A count that must be at least 1 (0 would otherwise mean "the default" somewhere downstream).
-const CLI::Validator kPositiveCount(
-    [](std::string& v) {
-      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-      return digits && v.find_first_not_of('0') != std::string::npos ? std::string()
-                                                                       : std::string("must be a whole number of at least 1, got " + v);
-    },
-    "COUNT");
+const CLI::Validator kPositiveCount([](std::string& v) { return check_decimal_u64(v, true); }, "COUNT");
 
 void PolicyFlags::add_to(CLI::App& app, bool with_allocator, bool with_options) {
   app.add_option("--policy", policy, "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | exact[:PRESET]");
