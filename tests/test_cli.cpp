@@ -386,6 +386,25 @@ TEST_F(Cli, NumericFlagsAreNeverClampedWrappedOrOctal) {
   EXPECT_TRUE(pib.exit_code == 0 || pib.exit_code == 1) << "1 PiB itself is allowed\n" << describe(pib);
 }
 
+TEST_F(Cli, LogLevelWorksAfterTheCommandToo) {
+  // README: "Every command takes --log-level"; after the command's name it was "not expected".
+  const Proc p = run({"plan", kExample, "--log-level", "debug"});
+  EXPECT_EQ(p.exit_code, 0) << describe(p);
+  const Proc r = run({"run", kExample, "--policy", "comfy:dec2025", "--log-level", "warn"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  const Proc m = run({"models", "list", "--log-level", "error"});
+  EXPECT_EQ(m.exit_code, 0) << describe(m);
+  const Proc before = run({"--log-level", "debug", "plan", kExample});
+  EXPECT_EQ(before.exit_code, 0) << describe(before);
+  // The level is applied: at "off" a bad scenario exits 2 without the error line.
+  const Proc off = run({"run", "no-such.json", "--log-level", "off"});
+  EXPECT_EQ(off.exit_code, 2) << describe(off);
+  EXPECT_EQ(off.err, "") << describe(off);
+  expect_bad_input({"run", kExample, "--log-level", "loud"}, "--log-level");
+  // Unknown flags after a command are still errors.
+  expect_bad_input({"run", kExample, "--bogus"}, "--bogus");
+}
+
 TEST_F(Cli, ErrorsNameTheFlagTheUserGave) {
   const Proc p = expect_bad_input({"run", kExample, "--allocator", "caching", "--option", "bogus=1"}, "--option bogus: unknown option");
   EXPECT_EQ(p.err.find("--option.options"), std::string::npos) << p.err;

@@ -15,8 +15,12 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", vf::tool_version());
   app.require_subcommand(1);
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off (before or after the command)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  // Every command takes --log-level, also after its name (`vramfuzz run X --log-level debug`): an
+  // option a subcommand does not know falls through to this app, which knows only this one (and
+  // --version). Subcommands inherit the setting when created, so it comes before the add_* calls.
+  app.fallthrough();
 
   vf::cli::Action action;
   vf::cli::add_run(app, action);
