@@ -618,5 +618,23 @@ TEST_F(Cli, AllocReplayReproducesTheOriginTable) {
   EXPECT_EQ(bad.exit_code, 2) << describe(bad);
 }
 
+TEST_F(Cli, AllocReplayTablePrintsThePeaksOnce) {
+  const std::string trace = std::string(VF_SOURCE_DIR) + "/tests/data/origin-flux2.jsonl";
+  auto count = [](const std::string& text, const std::string& needle) {
+    std::size_t n = 0;
+    for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+  };
+  const Proc table = run({"alloc-replay", trace, "--table"});
+  EXPECT_EQ(table.exit_code, 0) << describe(table);
+  EXPECT_EQ(count(table.out, "peaks:"), 1u) << table.out;
+  EXPECT_NE(table.out.find("# peaks: requested"), std::string::npos) << table.out;
+  const Proc debug = run({"alloc-replay", trace});
+  EXPECT_EQ(debug.exit_code, 0) << describe(debug);
+  EXPECT_EQ(count(debug.out, "peaks:"), 1u) << debug.out;
+  // --allocator is optional (README): the default is caching.
+  EXPECT_NE(table.out.find("# mode caching"), std::string::npos) << table.out;
+}
+
 }  // namespace
 }  // namespace vf

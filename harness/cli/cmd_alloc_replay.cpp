@@ -45,11 +45,14 @@ int do_alloc_replay(const AllocReplayFlags& f) {
   const auto events = sim::parse_trace_file(f.trace);
   const sim::ReplayResult r = sim::replay_trace(events, config, device, f.seed);
   std::fputs((f.table ? sim::format_replay_table(r) : sim::format_replay_debug(r)).c_str(), stdout);
-  std::fputs(fmt::format("peaks: requested {}, allocated {}, reserved {}, device used {}; {} OOM(s)\n",
-                         format_mib(r.stats.requested.peak), format_mib(r.stats.allocated.peak),
-                         format_mib(r.stats.reserved.peak), format_mib(r.peak_device_used), r.oom_count)
-                 .c_str(),
-             stdout);
+  // The table ends with its own "# peaks:" line; the DEBUG lines get this one.
+  if (!f.table) {
+    std::fputs(fmt::format("peaks: requested {}, allocated {}, reserved {}, device used {}; {} OOM(s)\n",
+                           format_mib(r.stats.requested.peak), format_mib(r.stats.allocated.peak),
+                           format_mib(r.stats.reserved.peak), format_mib(r.peak_device_used), r.oom_count)
+                   .c_str(),
+               stdout);
+  }
   return r.oom_count > 0 ? kExitFindings : kExitOk;
 }
 
