@@ -583,6 +583,20 @@ TEST_F(Cli, ModelsShowWithAStorageDtype) {
   EXPECT_NE(p.out.find("  q4_k "), std::string::npos) << "the per-dtype breakdown lists q4_k\n" << p.out;
 }
 
+TEST_F(Cli, ModelsPrintBinaryUnitsLabelledAsSuch) {
+  // docs/formats.md: MB/GB mean MiB/GiB. models list/show printed decimal "GB" (flux1-dev
+  // "23.80 GB"); they print GiB, labelled GiB: 23,802,816,640 B = 22.17 GiB.
+  const Proc list = run({"models", "list"});
+  EXPECT_EQ(list.exit_code, 0) << describe(list);
+  EXPECT_NE(list.out.find("bf16 22.17 GiB"), std::string::npos) << list.out;
+  const Proc show = run({"models", "show", "flux1-dev"});
+  EXPECT_EQ(show.exit_code, 0) << describe(show);
+  EXPECT_NE(show.out.find("22700.13 MiB (22.17 GiB) stored as bf16"), std::string::npos) << show.out;
+  for (const Proc* p : {&list, &show}) {
+    EXPECT_EQ(std::regex_search(p->out, std::regex("[0-9] GB\\b")), false) << "no decimal GB left\n" << p->out;
+  }
+}
+
 TEST_F(Cli, ModelsShowUnscaledIsForFp8AndInt8StorageOnly) {
   // --unscaled means something for fp8 / int8 storage only (as a scenario's "scaled").
   expect_bad_input({"models", "show", "flux1-dev", "--unscaled"}, "--unscaled: applies to fp8 and int8 storage only, not bf16");

@@ -59,8 +59,9 @@ int do_import(const ImportFlags& f) {
   text += fmt::format("family {} ({}), kind {}\n", family_name(m.family), r.family_reason, kind_name(m.kind));
   if (!r.stripped_prefix.empty()) text += fmt::format("prefix removed: {}\n", r.stripped_prefix);
   if (!r.quantization.empty()) text += fmt::format("quantization: {}\n", r.quantization);
-  text += fmt::format("{} modules, {} tensors, {} params, {} ({:.2f} GB)\n", m.modules.size(), r.tensors, m.params, format_mib(m.bytes),
-                      static_cast<double>(m.bytes) / 1e9);
+  // Binary units labelled as such, like `models show` (docs/formats.md: MB/GB mean MiB/GiB).
+  text += fmt::format("{} modules, {} tensors, {} params, {} ({:.2f} GiB)\n", m.modules.size(), r.tensors, m.params, format_mib(m.bytes),
+                      static_cast<double>(m.bytes) / static_cast<double>(GiB));
   text += fmt::format("memory_usage_factor {:.3f}; arch: latent {} ch, hidden {}, widest {}{}, text tokens {}, patch {}, temporal /{}\n",
                       m.memory_usage_factor, m.arch.latent_channels, m.arch.hidden, m.arch.widest, m.arch.gated ? " (gated)" : "",
                       m.arch.text_tokens, m.arch.patch, m.arch.temporal_down);

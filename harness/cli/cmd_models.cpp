@@ -11,13 +11,17 @@
 namespace vf::cli {
 namespace {
 
+// Sizes in binary units like the rest of the CLI (docs/formats.md: MB/GB mean MiB/GiB), labelled
+// GiB; docs/models.md's catalog table quotes file sizes in decimal GB and says so.
+std::string gib2(Bytes b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / static_cast<double>(GiB)); }
+
 int do_list() {
-  std::fputs(fmt::format("{:<20} {:<13} {:<10} {:>16} {:>11}  {}\n", "name", "kind", "family", "params", "native", "description").c_str(), stdout);
+  std::fputs(fmt::format("{:<20} {:<13} {:<10} {:>16} {:>12}  {}\n", "name", "kind", "family", "params", "native", "description").c_str(), stdout);
   for (const CatalogEntry& e : catalog_entries()) {
     const ModelSpec m = build_catalog_model(e.name, StorageChoice{e.native_dtype, true}, "models");
-    std::fputs(fmt::format("{:<20} {:<13} {:<10} {:>16} {:>11}  {}\n", e.name, kind_name(e.kind), family_name(e.family),
+    std::fputs(fmt::format("{:<20} {:<13} {:<10} {:>16} {:>12}  {}\n", e.name, kind_name(e.kind), family_name(e.family),
                            fmt::format("{:.3f} B", static_cast<double>(m.params) / 1e9),
-                           fmt::format("{} {:.2f} GB", dtype_name(e.native_dtype), static_cast<double>(m.bytes) / 1e9),
+                           fmt::format("{} {}", dtype_name(e.native_dtype), gib2(m.bytes)),
                            e.description)
                    .c_str(),
                stdout);
@@ -38,9 +42,9 @@ int do_show(const std::string& name, const std::string& storage, bool unscaled, 
   if (unscaled && !dtype_info(sc.dtype).fp8 && sc.dtype != Dtype::int8) {
     throw InputError("--unscaled", fmt::format("applies to fp8 and int8 storage only, not {}", dtype_name(sc.dtype)));
   }
-  std::fputs(fmt::format("{} ({}, family {}): {} params, {} modules, {} ({:.2f} GB) stored as {}{}\n", m.name,
+  std::fputs(fmt::format("{} ({}, family {}): {} params, {} modules, {} ({}) stored as {}{}\n", m.name,
                          kind_name(m.kind), family_name(m.family), m.params, m.modules.size(), format_mib(m.bytes),
-                         static_cast<double>(m.bytes) / 1e9, dtype_name(sc.dtype),
+                         gib2(m.bytes), dtype_name(sc.dtype),
                          (dtype_info(sc.dtype).fp8 || sc.dtype == Dtype::int8) ? (sc.scaled ? " (scaled)" : " (unscaled)") : "")
                  .c_str(),
              stdout);
