@@ -43,6 +43,10 @@ std::int64_t nearest_rank(std::span<const std::int64_t> sorted, double q) {
   return sorted[i];
 }
 
+Bytes recommended_reserve(Bytes need, Bytes margin) {
+  return checked_round_up(checked_add(need, margin, "need + margin"), MiB, "need + margin");
+}
+
 CalibStats calib_stats(std::span<const CalibSample> samples, std::span<const CalibExcluded> excluded, Bytes margin) {
   CalibStats st;
   std::vector<std::int64_t> deltas, slack;
@@ -73,7 +77,7 @@ CalibStats calib_stats(std::span<const CalibSample> samples, std::span<const Cal
   st.p99 = nearest_rank(deltas, 0.99);
   st.max = deltas.empty() ? 0 : deltas.back();
   st.need = st.max > 0 ? static_cast<Bytes>(st.max) : 0;
-  st.recommended = st.need + margin;
+  st.recommended = recommended_reserve(st.need, margin);
   st.reserve = reserves.empty() ? 0 : reserves[(reserves.size() - 1) / 2];
   st.passing = slack.size();
   st.slack_median = slack.empty() ? 0 : slack[(slack.size() - 1) / 2];

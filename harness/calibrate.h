@@ -66,7 +66,7 @@ struct CalibStats {
   std::uint64_t violations = 0;     // samples over their own reserve (P1 or P2 findings)
   std::int64_t p50 = 0, p90 = 0, p99 = 0, max = 0;  // of delta, bytes
   Bytes need = 0;                   // max(0, max): the smallest reserve no sample violates
-  Bytes recommended = 0;            // need + margin
+  Bytes recommended = 0;            // recommended_reserve(need, margin)
   Bytes reserve = 0;                // the reserve the samples ran with (the median if they differ)
   std::uint64_t passing = 0;        // samples that passed at their reserve
   std::int64_t slack_median = 0;    // median of predicted + reserve - measured over passing samples
@@ -76,6 +76,11 @@ struct CalibStats {
 // Nearest-rank percentile (q in (0, 1]) of sorted values: the smallest value with at least q of
 // the samples at or below it.
 std::int64_t nearest_rank(std::span<const std::int64_t> sorted, double q);
+// The recommendation: need + margin rounded up to a whole MiB, so the printed figure ("1851MiB")
+// is one `--reserve` takes as it is (a fraction of a MiB such as 838.2 MiB is not whole bytes).
+// Both are at most a few PiB here (--margin is limited to 1 PiB), far from overflowing.
+Bytes recommended_reserve(Bytes need, Bytes margin);
+
 CalibStats calib_stats(std::span<const CalibSample> samples, std::span<const CalibExcluded> excluded, Bytes margin);
 
 // The worst sample of a mode, as a file a person can replay.

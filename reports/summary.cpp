@@ -434,8 +434,8 @@ Json calibrate_section(const std::vector<CalibSample>& samples, const std::vecto
     row["verified"] = any && holds && !unfinished;
     row["verification"] = unfinished ? "not verified" : !any ? "off" : holds ? "held" : "not held";
     row["verify_ooms"] = unfinished ? 0 : verify_ooms;
-    row["recommended"] = need + margin;
-    row["histogram"] = histogram(mine, need + margin);
+    row["recommended"] = recommended_reserve(need, margin);
+    row["histogram"] = histogram(mine, recommended_reserve(need, margin));
     if (worst.contains(mode)) row["worst"] = worst[mode];
     mode_rows.push_back(std::move(row));
 

@@ -9,6 +9,7 @@
 
 namespace vf::report {
 
+std::string reserve_arg(std::uint64_t bytes) { return fmt::format("{}MiB", bytes / MiB + (bytes % MiB != 0 ? 1 : 0)); }
 std::string mib1(std::uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / static_cast<double>(MiB)); }
 std::string signed_mib1(std::int64_t bytes) {
   return fmt::format("{:+.1f} MiB", static_cast<double>(bytes) / static_cast<double>(MiB));
@@ -154,7 +155,7 @@ Table calibrate_mode_table(const Json& doc) {
     t.rows.push_back({get_str(m, "allocator"), std::to_string(get_u64(m, "cases")), std::to_string(get_u64(m, "ooms")),
                       signed_mib1(get_i64(m, "p50")), signed_mib1(get_i64(m, "p90")), signed_mib1(get_i64(m, "p99")),
                       signed_mib1(get_i64(m, "max")), mib1(get_u64(m, "need")), verified,
-                      mib1(get_u64(m, "recommended")) + (unverified ? " (unverified)" : ""),
+                      reserve_arg(get_u64(m, "recommended")) + (unverified ? " (unverified)" : ""),
                       mib1(get_u64(m, "reserve")), std::to_string(get_u64(m, "violations")),
                       signed_mib1(get_i64(m, "slack_median")), pct(get_num(m, "slack_share"))});
   }
@@ -186,7 +187,7 @@ Table calibrate_class_table(const Json& doc, bool only_needing) {
                       std::to_string(get_u64(*c, "ooms")),
                       std::to_string(get_u64(*c, "expected_ooms") + get_u64(*c, "errors")), signed_mib1(get_i64(*c, "p50")),
                       signed_mib1(get_i64(*c, "p90")), signed_mib1(get_i64(*c, "max")), mib1(get_u64(*c, "need")),
-                      mib1(get_u64(*c, "recommended")), std::to_string(get_u64(*c, "violations"))});
+                      reserve_arg(get_u64(*c, "recommended")), std::to_string(get_u64(*c, "violations"))});
   }
   return t;
 }

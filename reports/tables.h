@@ -25,6 +25,8 @@ std::string to_html(const Table& t, const std::string& css_class = "");
 // "+374.2 MiB", "1280.0 MiB": one decimal, for tables.
 std::string mib1(std::uint64_t bytes);
 std::string signed_mib1(std::int64_t bytes);
+// A reserve the way `--reserve` takes it: whole MiB, rounded up ("1851MiB").
+std::string reserve_arg(std::uint64_t bytes);
 
 using LinkFn = std::function<std::string(const std::string&)>;
 

@@ -14,6 +14,7 @@
 #include "reports/json_util.h"
 #include "reports/render.h"
 #include "reports/summary.h"
+#include "reports/tables.h"
 
 namespace vf {
 namespace {
@@ -69,6 +70,25 @@ TEST(Calibrate, StatsTakeOomsAsLowerBoundsAndMeasureSlackOverPassingCases) {
   const CalibStats none = calib_stats(std::vector<CalibSample>{sample(-5, false, 0)}, {}, 64 * MiB);
   EXPECT_EQ(none.need, 0u);
   EXPECT_EQ(none.recommended, 64 * MiB);
+}
+
+TEST(Calibrate, TheRecommendationIsWholeMiBThatReserveTakes) {
+  // A need of 774.2 MiB and a 64 MiB margin printed "838.2 MiB", which --reserve refuses (it is
+  // not a whole number of bytes): the recommendation rounds up to a whole MiB.
+  const Bytes need = 774 * MiB + 200 * KiB;
+  EXPECT_EQ(recommended_reserve(need, 64 * MiB), 839 * MiB);
+  EXPECT_EQ(recommended_reserve(900 * MiB, 64 * MiB), 964 * MiB);  // already whole: unchanged
+  EXPECT_EQ(recommended_reserve(1, 0), MiB);
+  EXPECT_EQ(recommended_reserve(0, 0), 0u);
+  std::vector<CalibSample> s{sample(774, false, 0)};
+  s[0].delta += 200 * static_cast<std::int64_t>(KiB);
+  const CalibStats st = calib_stats(s, {}, 64 * MiB);
+  EXPECT_EQ(st.need, need);
+  EXPECT_EQ(st.recommended, 839 * MiB);
+  // Printed the way --reserve takes it, and read back to the same bytes.
+  EXPECT_EQ(report::reserve_arg(st.recommended), "839MiB");
+  EXPECT_EQ(parse_size(report::reserve_arg(st.recommended), "--reserve"), st.recommended);
+  EXPECT_EQ(report::reserve_arg(838 * MiB + 1), "839MiB");  // an older summary's fraction rounds up too
 }
 
 TEST(Calibrate, WorkloadClassNamesDtypesPlacementAndResolutionBand) {
@@ -216,7 +236,7 @@ void expect_not_verified(const report::Json& summary, Bytes margin) {
     EXPECT_EQ(m["verification"], "not verified");
     EXPECT_TRUE(m["verified_need"].is_null());
     EXPECT_FALSE(m["verified"].get<bool>());
-    EXPECT_EQ(m["recommended"].get<Bytes>(), m["need"].get<Bytes>() + margin);
+    EXPECT_EQ(m["recommended"].get<Bytes>(), recommended_reserve(m["need"].get<Bytes>(), margin));
   }
   const std::string text = report::terminal_calibrate(summary);
   EXPECT_NE(text.find("not verified"), std::string::npos) << text;

@@ -650,5 +650,34 @@ TEST_F(Cli, AllocReplayTablePrintsThePeaksOnce) {
   EXPECT_NE(table.out.find("# mode caching"), std::string::npos) << table.out;
 }
 
+TEST_F(Cli, CalibrateRecommendsAReserveThatRunTakes) {
+  // The recommendation used to print as "838.2 MiB", which --reserve refuses (not whole bytes).
+  const Proc c = run({"calibrate", "--cases", "12", "--allocator", "raw", "--verify-rounds", "0", "--no-shrink", "--out", "cal"}, 120);
+  ASSERT_EQ(c.exit_code, 0) << describe(c);
+  const json summary = json::parse(read_file(dir_ / "cal" / "summary.json"));
+  const std::regex whole_mib("\\b([0-9]+MiB)\\b");
+  std::size_t checked = 0;
+  for (const json& m : summary["calibrate"]["modes"]) {
+    const Bytes rec = m["recommended"].get<Bytes>();
+    EXPECT_EQ(rec % MiB, 0u) << "whole MiB: " << rec;
+    EXPECT_GE(rec, m["need"].get<Bytes>() + summary["calibrate"]["margin"].get<Bytes>());
+    EXPECT_LT(rec, m["need"].get<Bytes>() + summary["calibrate"]["margin"].get<Bytes>() + MiB);
+    const std::string printed = std::to_string(rec / MiB) + "MiB";
+    EXPECT_NE(c.out.find(printed), std::string::npos) << printed << "\n" << c.out;
+    const Proc r = run({"plan", kExample, "--reserve", printed});
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1u);
+  // Every recommendation the tables print (modes and classes) is one --reserve takes.
+  std::size_t tokens = 0;
+  for (std::sregex_iterator it(c.out.begin(), c.out.end(), whole_mib), end; it != end; ++it) {
+    const Proc r = run({"plan", kExample, "--reserve", (*it)[1].str()});
+    EXPECT_EQ(r.exit_code, 0) << (*it)[1].str() << "\n" << describe(r);
+    if (++tokens == 4) break;
+  }
+  EXPECT_GE(tokens, 1u) << c.out;
+}
+
 }  // namespace
 }  // namespace vf
