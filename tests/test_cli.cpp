@@ -356,6 +356,14 @@ TEST_F(Cli, AllocatorModeAliasesArePyTorchsBackendNames) {
   expect_bad_input({"calibrate", "--cases", "1", "--allocator", "ASYNC"}, "cudaMallocAsync");
 }
 
+// --option expandable_segments=True under caching runs the expandable model, and says so (the
+// signature and every report name the mode from the scenario).
+TEST_F(Cli, ExpandableSegmentsOptionRunsAndNamesTheExpandableMode) {
+  const Proc p = run({"run", kExample, "--allocator", "caching", "--option", "expandable_segments=True"});
+  EXPECT_NE(p.out.find("allocator caching-expandable"), std::string::npos) << describe(p);
+  EXPECT_NE(p.out.find(":caching-expandable"), std::string::npos) << describe(p);  // the verdict's signature
+}
+
 TEST_F(Cli, NumericFlagsAreNeverClampedWrappedOrOctal) {
   // CLI11 clamped 2^64 to 2^64 - 1 and ran with exit 0.
   expect_bad_input({"fuzz", "--cases", "1", "--seed", "18446744073709551616"}, "--seed: overflows 64 bits");

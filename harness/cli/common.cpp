@@ -113,7 +113,7 @@ void PolicyFlags::apply(Scenario& s) const {
     if (!replaced) s.allocator.options.emplace_back(k, v);
   }
   // Errors name the flag for options given as flags, the file's field for the others.
-  sim::validate_allocator_config(s.allocator, [&from_flags](std::string_view key) {
+  sim::normalize_allocator_config(s.allocator, [&from_flags](std::string_view key) {
     return from_flags.contains(std::string(key)) ? fmt::format("--option {}", key) : fmt::format("allocator.options.{}", key);
   });
 }
