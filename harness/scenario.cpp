@@ -107,6 +107,48 @@ std::string Policy::label() const {
   return fmt::format("{}:{}", predictor == PredictorKind::comfy ? "comfy" : "exact", preset_name(preset));
 }
 
+namespace {
+
+// A size in the one form it has: the largest binary unit that divides it exactly.
+std::string canonical_size(Bytes b) {
+  if (b == 0) return "0";
+  if (b % GiB == 0) return fmt::format("{}GiB", b / GiB);
+  if (b % MiB == 0) return fmt::format("{}MiB", b / MiB);
+  if (b % KiB == 0) return fmt::format("{}KiB", b / KiB);
+  return fmt::format("{}B", b);
+}
+
+}  // namespace
+
+std::string Policy::key() const {
+  const ComfyConstants base = preset_constants(preset);
+  const ComfyConstants& c = constants;
+  std::string out = label();
+  auto add = [&](bool differs, std::string_view k, const std::string& v) {
+    if (differs) out += fmt::format(" {}={}", k, v);
+  };
+  auto boolean = [](bool b) { return std::string(b ? "true" : "false"); };
+  // Sorted by key.
+  add(c.account != base.account, "account", std::string(account_mode_name(c.account)));
+  add(c.cfg_mult != base.cfg_mult, "cfg_mult", fmt::format("{}", c.cfg_mult));
+  add(c.cond_batch_safety != base.cond_batch_safety, "cond_batch_safety", fmt::format("{}", c.cond_batch_safety));
+  add(c.dequant_term != base.dequant_term, "dequant_term", boolean(c.dequant_term));
+  add(exact_reserve_bound || exact_reserve_only.has_value(), "exact_reserve",
+      exact_reserve_bound ? std::string("bound") : canonical_size(exact_reserve_only.value_or(0)));
+  add(c.flash_attention != base.flash_attention, "flash_attention", boolean(c.flash_attention));
+  add(c.inference_floor != base.inference_floor, "inference_floor", canonical_size(c.inference_floor));
+  add(c.lora_math_factor != base.lora_math_factor, "lora_math_factor", fmt::format("{}", c.lora_math_factor));
+  add(c.lora_patch_dtype != base.lora_patch_dtype, "lora_patch_dtype", std::string(dtype_name(c.lora_patch_dtype)));
+  add(c.min_weight_ratio != base.min_weight_ratio, "min_weight_ratio", fmt::format("{}", c.min_weight_ratio));
+  add(c.num_streams != base.num_streams, "num_streams", std::to_string(c.num_streams));
+  add(c.patch_sync != base.patch_sync, "patch_sync", boolean(c.patch_sync));
+  // The exact predictor adds a given reserve (and none by default) even when it is the preset's.
+  add(c.reserve != base.reserve || exact_reserve.has_value(), "reserve", canonical_size(exact_reserve.value_or(c.reserve)));
+  add(c.unload_factor != base.unload_factor, "unload_factor", fmt::format("{}", c.unload_factor));
+  add(c.weight_floor != base.weight_floor, "weight_floor", canonical_size(c.weight_floor));
+  return out;
+}
+
 Policy parse_policy(std::string_view text, std::string_view what) {
   Policy p;
   std::string_view kind = text;

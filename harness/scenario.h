@@ -113,6 +113,13 @@ struct Policy {
   std::optional<Bytes> exact_reserve_only;
   bool exact_reserve_bound = false;
   std::string label() const;           // "comfy:dec2025", "exact:dec2025"
+  // The predictor this policy is, as one string: the label, then every constant whose value
+  // differs from the preset's as sorted `key=value` pairs in canonical form (sizes as GiB / MiB /
+  // KiB / bytes, whichever is exact; numbers in their shortest form; booleans true/false), e.g.
+  // "comfy:dec2025 dequant_term=false reserve=600MiB". An override that restates the preset's
+  // value is no override. Two policies with the same key predict the same plans; findings are
+  // known (in a regression corpus) only under the same key.
+  std::string key() const;
 };
 
 // Parses "comfy:dec2025", "comfy", "exact", "exact:oct2025". Throws InputError(what).

@@ -399,6 +399,38 @@ TEST(Scenario, OverrideOfTheSameKeyKeepsTheLatest) {
   EXPECT_EQ(p.overrides[0], (std::pair<std::string, std::string>{"reserve", "1GiB"}));
 }
 
+TEST(Scenario, PolicyKeyIsTheLabelPlusSortedCanonicalOverrides) {
+  auto key = [](std::string_view name, std::initializer_list<std::pair<std::string_view, std::string_view>> overrides) {
+    Policy p = parse_policy(name, "policy");
+    for (const auto& [k, v] : overrides) apply_policy_override(p, k, v, "policy");
+    return p.key();
+  };
+  EXPECT_EQ(key("comfy:dec2025", {}), "comfy:dec2025");
+  EXPECT_EQ(key("comfy:oct2025", {}), "comfy:oct2025");
+  // The origin's Dec-04 state is another predictor than stock dec2025.
+  EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "false"}}), "comfy:dec2025 dequant_term=false");
+  // Sorted by key, whatever the order given; values in one canonical form.
+  EXPECT_EQ(key("comfy:dec2025", {{"reserve", "629145600"}, {"dequant_term", "0"}}), "comfy:dec2025 dequant_term=false reserve=600MiB");
+  EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "off"}, {"reserve", "0.5GiB"}}), "comfy:dec2025 dequant_term=false reserve=512MiB");
+  EXPECT_EQ(key("comfy:dec2025", {{"reserve", "1GiB"}, {"cfg_mult", "2.50"}, {"account", "largest"}}),
+            "comfy:dec2025 account=largest cfg_mult=2.5 reserve=1GiB");
+  // Restating the preset's value is no override.
+  EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "true"}, {"reserve", "400MiB"}}), "comfy:dec2025");
+  EXPECT_EQ(key("comfy:oct2025", {{"weight_floor", "128MiB"}}), "comfy:oct2025");
+  EXPECT_EQ(key("comfy:dec2025", {{"weight_floor", "128MiB"}}), "comfy:dec2025 weight_floor=128MiB");
+  // exact adds no reserve by default: any given reserve is part of the predictor.
+  EXPECT_EQ(key("exact", {{"reserve", "400MiB"}}), "exact:dec2025 reserve=400MiB");
+  EXPECT_EQ(key("exact:oct2025", {{"exact_reserve", "bound"}}), "exact:oct2025 exact_reserve=bound");
+  // What a scenario file says round-trips to the same key.
+  Catalog catalog;
+  const Scenario s = parse_scenario_json(
+      R"({"device": {"total": "12GiB"}, "policy": {"name": "comfy:dec2025", "overrides": {"dequant_term": false}},
+          "models": [{"id": "te", "source": "catalog:clip-l"}]})",
+      catalog, "test");
+  EXPECT_EQ(s.policy.key(), "comfy:dec2025 dequant_term=false");
+  EXPECT_EQ(parse_scenario_json(scenario_to_json(s), catalog, "again").policy.key(), s.policy.key());
+}
+
 TEST(Scenario, BadOverrideValuesNameTheConstant) {
   Policy p = parse_policy("comfy:dec2025", "policy");
   const auto check = [&](std::string_view key, std::string_view value, std::string_view needle) {
