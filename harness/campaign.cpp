@@ -47,6 +47,19 @@ std::string signature_dir(std::string_view signature) {
   return d;
 }
 
+std::string policy_dir(std::string_view policy_key) {
+  std::string d(policy_key);
+  for (char& ch : d) {
+    if (ch == ':' || ch == '/') ch = '-';
+    if (ch == ' ') ch = '_';
+  }
+  return d;
+}
+
+std::string finding_dir(const std::string& out_dir, const FindingKey& key) {
+  return fmt::format("{}/findings/{}/{}", out_dir, policy_dir(key.policy), signature_dir(key.signature));
+}
+
 namespace {
 
 nlohmann::ordered_json trace_excerpt(const Scenario& s, const CaseResult& r, std::uint32_t around, std::uint32_t radius) {
@@ -125,6 +138,7 @@ std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog,
     c.file = f;
     c.signature = signature;
     const Scenario s = load_case_file(f, catalog);
+    c.policy = s.policy.key();
     const CaseResult r = run_case(s, backend, false);
     c.still_fails = r.verdict.signature == c.signature;
     c.verdict = r.verdict.signature.empty() ? std::string(verdict_kind_name(r.verdict.kind)) : r.verdict.signature;
@@ -135,15 +149,15 @@ std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog,
 
 CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend& backend) {
   CampaignResult out;
-  std::set<std::string> known;
+  std::set<FindingKey> known;
   // The clock starts before the corpus replay: a --time budget covers the whole run, replay
   // included (a corpus that alone outlasts it leaves no time for new cases).
   const auto start = std::chrono::steady_clock::now();
   if (!cfg.corpus_dir.empty()) {
     out.corpus = replay_corpus(cfg.corpus_dir, catalog, backend);
     for (const CorpusEntry& c : out.corpus) {
-      known.insert(c.signature);
-      spdlog::info("corpus: {} {} ({})", c.still_fails ? "still fails" : "FIXED", c.file, c.verdict);
+      known.insert({c.signature, c.policy});
+      spdlog::info("corpus: {} {} ({} under {})", c.still_fails ? "still fails" : "FIXED", c.file, c.verdict, c.policy);
     }
   }
   const std::function<double()> elapsed = [start] {
@@ -195,26 +209,28 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     }
     if (!r.verdict.finding()) continue;
     ++out.findings;
-    CellCount::Finding& cf = cell.findings[r.verdict.signature];
+    const FindingKey key{r.verdict.signature, s.policy.key()};
+    CellCount::Finding& cf = cell.findings[key];
     if (++cf.count == 1) {
       cf.first_case_seed = seed;
       cf.first_case_index = i;
     }
     if (cf.count == 1 || r.verdict.overshoot > cf.worst_overshoot) cf.worst_overshoot = r.verdict.overshoot;
-    SignatureCount& sc = out.signatures[r.verdict.signature];
+    SignatureCount& sc = out.signatures[key];
     ++sc.count;
     if (sc.count == 1 || r.verdict.overshoot > sc.worst_overshoot) sc.worst_overshoot = r.verdict.overshoot;
     if (sc.count == 1) {
       sc.first_case_seed = seed;
       sc.first_case_index = i;
-      sc.known = known.count(r.verdict.signature) > 0;
-      spdlog::info("case {}: {} finding {} ({})", i, sc.known ? "known" : "new", r.verdict.signature, r.verdict.message);
+      sc.known = known.count(key) > 0;
+      spdlog::info("case {}: {} finding {} under {} ({})", i, sc.known ? "known" : "new", key.signature, key.policy,
+                   r.verdict.message);
     }
     if (cfg.out_dir.empty() || sc.count > cfg.keep_per_signature) continue;
     // On disk before the campaign moves on. Re-run with the trace for the file: the same
     // scenario gives the same trace on sim.
     r = run_case(s, backend, true);
-    const std::string dir = fmt::format("{}/findings/{}", cfg.out_dir, signature_dir(r.verdict.signature));
+    const std::string dir = finding_dir(cfg.out_dir, key);
     const std::string file = fmt::format("{}/case-{:016x}.json", dir, seed);
     write_file_atomic(file, case_json(s, r, cfg.seed, i, seed, file, choices.recorded()));
     if (!sc.first_file.empty()) continue;

@@ -56,13 +56,23 @@ struct CampaignConfig {
   std::function<void(const CampaignResult& so_far, double elapsed)> on_case;
 };
 
+// What identifies a finding across a campaign, its shards' merge and the regression corpus: the
+// signature and the predictor it was found under (Policy::key: the preset plus its overrides).
+// The same signature under another policy is another finding: a corpus repro made under
+// comfy:oct2025 says nothing about whether comfy:dec2025 has the bug.
+struct FindingKey {
+  std::string signature;
+  std::string policy;  // Policy::key()
+  auto operator<=>(const FindingKey&) const = default;
+};
+
 struct SignatureCount {
   std::uint64_t count = 0;
   std::int64_t worst_overshoot = 0;
   std::string first_file;    // the first finding written for it
   std::uint64_t first_case_seed = 0;
   std::uint64_t first_case_index = 0;
-  bool known = false;        // also in the regression corpus: not new
+  bool known = false;        // in the regression corpus under the same policy key: not new
   std::string repro_file;    // the shrunk repro, when shrinking ran
   std::size_t repro_modules = 0;
   std::uint64_t shrink_execs = 0;
@@ -81,13 +91,14 @@ struct CellCount {
     std::uint64_t first_case_seed = 0;
     std::uint64_t first_case_index = 0;  // merges keep the earliest case of the cell by it
   };
-  std::map<std::string, Finding> findings;  // by signature
+  std::map<FindingKey, Finding> findings;  // by signature and policy key
 };
 
 // A repro of the regression corpus, replayed before the search.
 struct CorpusEntry {
   std::string file;
   std::string signature;  // as recorded
+  std::string policy;     // the repro's Policy::key(): it is known under this policy only
   bool still_fails = false;
   std::string verdict;    // what it gives now
 };
@@ -98,7 +109,7 @@ struct CampaignResult {
   std::uint64_t errors = 0;
   std::uint64_t expected_ooms = 0;  // OOMs the plan itself predicted (not findings)
   double seconds = 0;
-  std::map<std::string, SignatureCount> signatures;
+  std::map<FindingKey, SignatureCount> signatures;  // one per signature x policy key
   std::vector<CorpusEntry> corpus;
   std::map<std::pair<std::string, std::string>, CellCount> cells;  // (policy label, allocator mode)
   std::string environment;  // the backend's device description ("sim", or the GPU)
@@ -129,6 +140,10 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
 
 // Signature as a directory name ("violation:forward:upcast:raw" -> "violation-forward-upcast-raw").
 std::string signature_dir(std::string_view signature);
+// A policy key as a directory name ("comfy:dec2025 dequant_term=false" -> "comfy-dec2025_dequant_term=false").
+std::string policy_dir(std::string_view policy_key);
+// Where a campaign writes the findings of one key: OUT/findings/<policy>/<signature>.
+std::string finding_dir(const std::string& out_dir, const FindingKey& key);
 
 std::string tool_version();  // "0.1.0 (git abcdef123456)"
 

@@ -363,8 +363,8 @@ std::string histogram_svg(const Json& mode) {
 std::string matrix_html(const Json& doc) {
   if (!doc.contains("matrix")) return "";
   const Json& m = doc["matrix"];
-  std::map<std::string, Json> by_sig;
-  for (const Json& f : get_arr(doc, "findings")) by_sig[get_str(f, "signature")] = f;
+  std::map<std::pair<std::string, std::string>, bool> known_by_key;
+  for (const Json& f : get_arr(doc, "findings")) known_by_key[{get_str(f, "signature"), get_str(f, "policy")}] = get_bool(f, "known");
   std::string out = "<h2 id=\"matrix\">Properties by policy and allocator</h2>\n<table><thead><tr><th>policy</th><th>allocator</th>"
                     "<th class=\"num\">cases</th>";
   for (const Json& p : get_arr(m, "properties")) out += fmt::format("<th>{} {}</th>", xml_escape(get_str(p, "id")), xml_escape(get_str(p, "name")));
@@ -388,7 +388,8 @@ std::string matrix_html(const Json& doc) {
         for (const Json& f : get_arr(*cell, "findings")) {
           const std::string sig = get_str(f, "signature");
           if (sig.rfind(kind + ":", 0) != 0) continue;
-          (by_sig.count(sig) && get_bool(by_sig[sig], "known") ? known : fresh) += get_u64(f, "count");
+          const auto it = known_by_key.find({sig, get_str(f, "policy")});
+          (it != known_by_key.end() && it->second ? known : fresh) += get_u64(f, "count");
         }
         if (fresh > 0) {
           out += fmt::format("<td class=\"cell-bad\">fails: {} case(s)</td>", fresh);
@@ -462,8 +463,10 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
     if (!f.contains("case")) continue;
     const Json& cv = f["case"];
     const bool known = get_bool(f, "known");
-    h += fmt::format("<article class=\"finding\" id=\"finding-{}\">\n<h2>{} <span class=\"tag {}\">{}</span></h2>\n", i,
-                     xml_escape(get_str(f, "signature")), known ? "known" : "bad", known ? "known" : "new");
+    h += fmt::format("<article class=\"finding\" id=\"finding-{}\">\n<h2>{} <span class=\"tag {}\">{}</span></h2>\n<p>policy "
+                     "<code>{}</code>: {}</p>\n",
+                     i, xml_escape(get_str(f, "signature")), known ? "known" : "bad", known ? "known" : "new",
+                     xml_escape(get_str(f, "policy")), xml_escape(corpus_note(doc, f)));
     h += fmt::format("<p><b>{}</b></p>\n<p>{}</p>\n", xml_escape(get_str(cv, "title")),
                      xml_escape(cv.contains("verdict") ? get_str(cv["verdict"], "message") : ""));
     std::string rel = "-";

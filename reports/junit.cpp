@@ -2,8 +2,9 @@
 // testsuites > testsuite (one per policy) > testcase (one per property x allocator mode). A
 // property fails in a cell when a new signature of its kind was found there; CI tools show only
 // the failure's `message`, so it carries signature, overshoot, seed and replay command, and the
-// body adds the repro paths. Known signatures (in the regression corpus) are `skipped`, as the
-// exit code ignores them; a cell no case reached is `skipped` too; backend faults are `error`s.
+// body adds the repro paths. Known findings (in the regression corpus with the same signature
+// under the same policy key) are `skipped`, as the exit code ignores them; a cell no case reached
+// is `skipped` too; backend faults are `error`s.
 #include <map>
 
 #include <fmt/format.h>
@@ -55,9 +56,10 @@ std::string junit_xml(const Json& doc) {
   const std::string hostname = doc.contains("run") ? get_str(doc["run"], "hostname") : "";
   const std::string run_command = doc.contains("run") ? get_str(doc["run"], "command") : "fuzz";
 
-  // Repro and finding file per signature, for the failure bodies and replay commands.
-  std::map<std::string, Json> by_sig;
-  for (const Json& f : get_arr(doc, "findings")) by_sig[get_str(f, "signature")] = f;
+  // Repro, finding file and known-ness per signature and policy key, for the failure bodies and
+  // replay commands.
+  std::map<std::pair<std::string, std::string>, Json> by_key;
+  for (const Json& f : get_arr(doc, "findings")) by_key[{get_str(f, "signature"), get_str(f, "policy")}] = f;
 
   std::string suites;
   std::uint64_t all_tests = 0, all_failures = 0, all_errors = 0;
@@ -88,20 +90,29 @@ std::string junit_xml(const Json& doc) {
         for (const Json& f : get_arr(*cell, "findings")) {
           const std::string sig = get_str(f, "signature");
           if (sig.rfind(kind + ":", 0) != 0) continue;
-          const Json& g = by_sig.count(sig) ? by_sig[sig] : f;
+          const std::pair<std::string, std::string> key{sig, get_str(f, "policy")};
+          const Json& g = by_key.count(key) ? by_key[key] : f;
           const std::string replay = get_str(g, "replay");
-          const std::string line =
-              fmt::format("{} x{}: overshoot {}, seed {:#x}{}", sig, get_u64(f, "count"),
-                          format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"),
-                          replay.empty() ? fmt::format(", replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
-                                         : ", replay: " + replay);
+          const std::string under = key.second.empty() ? "" : ", policy " + key.second;
           if (get_bool(g, "known")) {
-            known.push_back(line);
+            std::string by;
+            for (const Json& file : get_arr(g, "known_by")) by += (by.empty() ? "" : ", ") + file.get<std::string>();
+            known.push_back(fmt::format("{} x{}: overshoot {}, seed {:#x}{}{}", sig, get_u64(f, "count"),
+                                        format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
+                                        by.empty() ? "" : ", known by " + by));
             continue;
           }
+          std::string elsewhere;  // the corpus has the signature, but under another policy
+          for (const Json& p : get_arr(g, "corpus_other_policies")) elsewhere += (elsewhere.empty() ? "" : "; ") + p.get<std::string>();
+          const std::string line =
+              fmt::format("{} x{}: overshoot {}, seed {:#x}{}{}{}", sig, get_u64(f, "count"),
+                          format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
+                          elsewhere.empty() ? "" : " (new under this policy; the corpus has it under " + elsewhere + ")",
+                          replay.empty() ? fmt::format(", replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
+                                         : ", replay: " + replay);
           fresh.push_back(line);
           fresh_count += get_u64(f, "count");
-          body += fmt::format("{}\n  repro: {}\n  finding: {}\n  replay: {}\n", sig,
+          body += fmt::format("{}{}\n  repro: {}\n  finding: {}\n  replay: {}\n", sig, under,
                               get_str(g, "repro").empty() ? "(not shrunk)" : get_str(g, "repro"),
                               get_str(g, "file").empty() ? "(not written: no --out)" : get_str(g, "file"),
                               replay.empty() ? get_str(doc, "command") : replay);
@@ -117,7 +128,7 @@ std::string junit_xml(const Json& doc) {
         } else if (!known.empty()) {
           std::string msg;
           for (const std::string& l : known) msg += (msg.empty() ? "" : "; ") + l;
-          tc.skipped_message = "known (in the regression corpus): " + msg;
+          tc.skipped_message = "known (in the regression corpus under the same policy): " + msg;
         }
         if (get_u64(*cell, "errors") > 0) {
           tc.error_message = fmt::format("{} of {} cases ended in a backend error: the property was not checked for them",

@@ -66,7 +66,14 @@ std::string markdown_summary(const Json& doc, const std::string& report_dir) {
   md += context_line(doc) + ".\n\n";
   md += fmt::format("`{}`\n\n", get_str(doc, "command"));
   const Table findings = findings_table(doc, link);
-  if (!findings.rows.empty()) md += "### Findings\n\n" + to_markdown(findings) + "\n";
+  if (!findings.rows.empty()) {
+    md += "### Findings\n\n";
+    if (doc.contains("corpus")) {
+      md += "A finding is known when the regression corpus has a repro of its signature under the same policy (the preset and "
+            "its overrides); under another policy it is new.\n\n";
+    }
+    md += to_markdown(findings) + "\n";
+  }
   if (doc.contains("corpus")) {
     const Json& c = doc["corpus"];
     md += fmt::format("### Regression corpus\n\n{} repros replayed from `{}`: {} still fail, {} no longer reproduce.\n\n",

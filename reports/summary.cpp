@@ -218,8 +218,8 @@ Json cells_json(const std::map<std::pair<std::string, std::string>, CellCount>& 
   Json out = Json::array();
   for (const auto& [key, c] : cells) {
     Json f = Json::array();
-    for (const auto& [sig, x] : c.findings) {
-      f.push_back({{"signature", sig}, {"count", x.count}, {"worst_overshoot", x.worst_overshoot},
+    for (const auto& [id, x] : c.findings) {
+      f.push_back({{"signature", id.signature}, {"policy", id.policy}, {"count", x.count}, {"worst_overshoot", x.worst_overshoot},
                    {"first_case_seed", x.first_case_seed}, {"first_case_index", x.first_case_index}});
     }
     out.push_back({{"policy", key.first},
@@ -247,7 +247,8 @@ Json corpus_json(const std::string& dir, const std::vector<CorpusEntry>& entries
   std::size_t still = 0;
   for (const CorpusEntry& c : entries) {
     still += c.still_fails ? 1 : 0;
-    e.push_back({{"file", c.file}, {"signature", c.signature}, {"still_fails", c.still_fails}, {"verdict", c.verdict}});
+    e.push_back({{"file", c.file}, {"signature", c.signature}, {"policy", c.policy}, {"still_fails", c.still_fails},
+                 {"verdict", c.verdict}});
   }
   return {{"dir", dir}, {"replayed", entries.size()}, {"still_fail", still}, {"no_longer_reproduce", entries.size() - still},
           {"entries", std::move(e)}};
@@ -255,6 +256,27 @@ Json corpus_json(const std::string& dir, const std::vector<CorpusEntry>& entries
 
 Json run_json(const RunInfo& info, bool interrupted) {
   return {{"command", info.command}, {"timestamp", info.timestamp}, {"hostname", info.hostname}, {"interrupted", interrupted}};
+}
+
+// A finding is known when the regression corpus has a repro of its signature under its policy
+// key (FindingKey). `known_by` lists those repros; `corpus_other_policies` the keys the corpus has
+// the signature under otherwise, so a report can say why a finding is new although its signature
+// is in the corpus. `known` stays true when an input of a merge already said so.
+void annotate_corpus(Json& f, const Json& doc) {
+  std::set<std::string> by, others;
+  if (doc.contains("corpus")) {
+    for (const Json& e : get_arr(doc["corpus"], "entries")) {
+      if (get_str(e, "signature") != get_str(f, "signature")) continue;
+      if (get_str(e, "policy") == get_str(f, "policy")) {
+        by.insert(get_str(e, "file"));
+      } else {
+        others.insert(get_str(e, "policy"));
+      }
+    }
+  }
+  f["known"] = f.value("known", false) || !by.empty();
+  f["known_by"] = by;
+  f["corpus_other_policies"] = others;
 }
 
 std::string replay_for(const std::string& repro, const std::string& file) {
@@ -291,8 +313,11 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
                  {"errors", r.errors},
                  {"seconds", r.seconds}};
   Json sigs = Json::array();
-  for (const auto& [sig, c] : r.signatures) {
+  const Json corpus = cfg.corpus_dir.empty() ? Json::object() : Json{{"corpus", corpus_json(cfg.corpus_dir, r.corpus)}};
+  for (const auto& [key, c] : r.signatures) {
+    const std::string& sig = key.signature;
     Json f = {{"signature", sig},
+              {"policy", key.policy},
               {"count", c.count},
               {"worst_overshoot", c.worst_overshoot},
               {"first_case_seed", c.first_case_seed},
@@ -306,6 +331,7 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
               {"campaign_seed", cfg.seed},
               {"kind", kind_of(sig)},
               {"replay", replay_for(c.repro_file, c.first_file)}};
+    annotate_corpus(f, corpus);
     if (c.shrunk) {
       f["reliability"] = {{"runs", c.shrunk->confirm_runs}, {"reproduced", c.shrunk->reproduced}};
       f["case"] = case_view(*c.shrunk, c.repro_file);
@@ -524,7 +550,7 @@ void calibration_findings(const std::vector<CalibSample>& samples, const std::ve
     ++findings;
     const std::int64_t over = s.delta - static_cast<std::int64_t>(s.reserve);
     // First: the smallest case index (a merge pools its shards' samples shard after shard).
-    CellCount::Finding& cf = cell.findings[s.signature];
+    CellCount::Finding& cf = cell.findings[{s.signature, s.policy}];
     if (++cf.count == 1 || s.case_index < cf.first_case_index) {
       cf.first_case_seed = s.case_seed;
       cf.first_case_index = s.case_index;
@@ -532,7 +558,7 @@ void calibration_findings(const std::vector<CalibSample>& samples, const std::ve
     if (cf.count == 1 || over > cf.worst_overshoot) cf.worst_overshoot = over;
     Json& f = sigs[s.signature];
     if (f.is_null()) {
-      f = {{"signature", s.signature}, {"count", 0}, {"worst_overshoot", over}, {"first_case_seed", s.case_seed},
+      f = {{"signature", s.signature}, {"policy", s.policy}, {"count", 0}, {"worst_overshoot", over}, {"first_case_seed", s.case_seed},
            {"known", false}, {"repro", ""}, {"repro_modules", 0}, {"shrink_executions", 0}, {"flaky", false},
            {"file", ""}, {"first_case_index", s.case_index}, {"kind", kind_of(s.signature)}, {"replay", ""}};
     }
@@ -742,18 +768,18 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
     if (d.contains("run")) interrupted |= d["run"].value("interrupted", false);
   }
 
-  // Findings by signature.
-  std::map<std::string, Json> sigs;
+  // Findings by signature and policy key (FindingKey).
+  std::map<std::pair<std::string, std::string>, Json> sigs;
   for (std::size_t i = 0; i < docs.size(); ++i) {
     for (const Json& f0 : docs[i].value("findings", Json::array())) {
       Json f = f0;
       for (const char* k : {"repro", "file"}) f[k] = fix(i, get_str(f, k));
       f["replay"] = replay_for(get_str(f, "repro"), get_str(f, "file"));
       if (f.contains("case")) f["case"]["replay"] = replay_for(get_str(f, "repro"), "");
-      const std::string sig = get_str(f, "signature");
-      auto it = sigs.find(sig);
+      const std::pair<std::string, std::string> key{get_str(f, "signature"), get_str(f, "policy")};
+      auto it = sigs.find(key);
       if (it == sigs.end()) {
-        sigs[sig] = std::move(f);
+        sigs[key] = std::move(f);
         continue;
       }
       Json& m = it->second;
@@ -772,19 +798,16 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
     }
   }
   Json findings = Json::array();
-  std::size_t fresh = 0;
-  for (auto& [sig, f] : sigs) {
-    fresh += f.value("known", false) ? 0 : 1;
-    findings.push_back(std::move(f));
-  }
+  for (auto& [key, f] : sigs) findings.push_back(std::move(f));
   const std::size_t signature_count = findings.size();
 
   // The matrix: cells summed.
   std::vector<std::string> policies, allocators;
   std::map<std::pair<std::string, std::string>, Json> cells;
-  // The campaign seed each kept first case came from (cell, signature): case indices compare
-  // within one campaign only.
+  // The campaign seed each kept first case came from (cell, signature and policy key): case
+  // indices compare within one campaign only.
   std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> first_from;
+  const auto finding_id = [](const Json& f) { return get_str(f, "signature") + "\n" + get_str(f, "policy"); };
   for (const Json& d : docs) {
     if (!d.contains("matrix")) continue;
     const std::uint64_t campaign = d.contains("config") && d["config"].contains("seed") && d["config"]["seed"].is_number_unsigned()
@@ -801,15 +824,15 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       Json& m = cells[{policy, alloc}];
       if (m.is_null()) {
         m = c;
-        for (const Json& f : c["findings"]) first_from[{policy, alloc, get_str(f, "signature")}] = campaign;
+        for (const Json& f : c["findings"]) first_from[{policy, alloc, finding_id(f)}] = campaign;
         continue;
       }
       for (const char* k : {"cases", "expected_ooms", "errors"}) m[k] = get_u64(m, k) + get_u64(c, k);
       for (const Json& f : c["findings"]) {
-        const std::string sig = get_str(f, "signature");
+        const std::string sig = finding_id(f);
         bool merged = false;
         for (Json& g : m["findings"]) {
-          if (get_str(g, "signature") != sig) continue;
+          if (finding_id(g) != sig) continue;
           g["count"] = get_u64(g, "count") + get_u64(f, "count");
           g["worst_overshoot"] = std::max(get_i64(g, "worst_overshoot"), get_i64(f, "worst_overshoot"));
           // The first case is the earliest of the campaign (what one unsharded run reports next
@@ -834,7 +857,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
   out["counts"] = {{"cases", cases},
                    {"findings", findings_n},
                    {"signatures", signature_count},
-                   {"new_signatures", fresh},
+                   {"new_signatures", 0},  // below, once the corpus is joined
                    {"expected_ooms", expected},
                    {"errors", errors},
                    {"seconds", seconds}};
@@ -874,6 +897,13 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
     out["corpus"] = {{"dir", corpus_dir}, {"replayed", entries.size()}, {"still_fail", still},
                      {"no_longer_reproduce", entries.size() - still}, {"entries", std::move(entries)}};
   }
+  // Known-ness by the same rule as the campaign's, against the joined corpus.
+  std::size_t fresh = 0;
+  for (Json& f : out["findings"]) {
+    annotate_corpus(f, out);
+    fresh += get_bool(f, "known") ? 0 : 1;
+  }
+  out["counts"]["new_signatures"] = fresh;
 
   // Calibration: samples pooled (each case once), tables recomputed from them.
   std::vector<CalibSample> samples;

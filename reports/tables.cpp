@@ -1,6 +1,7 @@
 #include "reports/tables.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -87,10 +88,27 @@ std::string to_html(const Table& t, const std::string& css_class) {
   return out + "</tbody>\n</table>\n";
 }
 
+std::string corpus_note(const Json& doc, const Json& f) {
+  const std::string dir = doc.contains("corpus") ? get_str(doc["corpus"], "dir") : "";
+  auto short_name = [&](const std::string& file) {
+    const std::string rel = dir.empty() ? "" : std::filesystem::path(file).lexically_normal().lexically_relative(
+                                                   std::filesystem::path(dir).lexically_normal()).string();
+    return rel.empty() || rel.rfind("..", 0) == 0 ? file : rel;
+  };
+  if (get_bool(f, "known")) {
+    std::string by;
+    for (const Json& file : get_arr(f, "known_by")) by += (by.empty() ? "" : ", ") + short_name(file.get<std::string>());
+    return by.empty() ? "known" : fmt::format("known ({})", by);
+  }
+  std::string others;
+  for (const Json& p : get_arr(f, "corpus_other_policies")) others += (others.empty() ? "" : "; ") + p.get<std::string>();
+  return others.empty() ? "new" : fmt::format("new; the corpus has it under {}", others);
+}
+
 Table findings_table(const Json& doc, const LinkFn& link) {
   Table t;
-  t.headers = {"signature", "count", "worst overshoot", "repro", "reliability"};
-  t.right = {false, true, true, false, false};
+  t.headers = {"signature", "policy", "count", "worst overshoot", "repro", "reliability", "corpus"};
+  t.right = {false, false, true, true, false, false, false};
   for (const Json& f : get_arr(doc, "findings")) {
     const std::string repro = get_str(f, "repro");
     const std::string file = get_str(f, "file");
@@ -105,29 +123,27 @@ Table findings_table(const Json& doc, const LinkFn& link) {
       repro_cell = fmt::format("case seed {:#x}", get_u64(f, "first_case_seed"));
     }
     std::string reliability;
-    if (get_bool(f, "known")) {
-      reliability = "known";
-    } else if (f.contains("reliability")) {
+    if (f.contains("reliability")) {
       reliability = fmt::format("{}/{}{}", get_u64(f["reliability"], "reproduced"), get_u64(f["reliability"], "runs"),
                                 get_bool(f, "flaky") ? " flaky" : "");
     } else {
       reliability = "-";
     }
-    t.rows.push_back({get_str(f, "signature"), std::to_string(get_u64(f, "count")), signed_mib1(get_i64(f, "worst_overshoot")),
-                      repro_cell, reliability});
-    t.links.push_back({"", "", "", target, ""});
+    t.rows.push_back({get_str(f, "signature"), get_str(f, "policy"), std::to_string(get_u64(f, "count")),
+                      signed_mib1(get_i64(f, "worst_overshoot")), repro_cell, reliability, corpus_note(doc, f)});
+    t.links.push_back({"", "", "", "", target, "", ""});
   }
   return t;
 }
 
 Table corpus_table(const Json& doc) {
   Table t;
-  t.headers = {"repro", "recorded signature", "now"};
-  t.right = {false, false, false};
+  t.headers = {"repro", "recorded signature", "policy", "now"};
+  t.right = {false, false, false, false};
   if (!doc.contains("corpus")) return t;
   for (const Json& e : get_arr(doc["corpus"], "entries")) {
     if (get_bool(e, "still_fails")) continue;
-    t.rows.push_back({get_str(e, "file"), get_str(e, "signature"), get_str(e, "verdict")});
+    t.rows.push_back({get_str(e, "file"), get_str(e, "signature"), get_str(e, "policy"), get_str(e, "verdict")});
   }
   return t;
 }

@@ -30,7 +30,12 @@ std::string reserve_arg(std::uint64_t bytes);
 
 using LinkFn = std::function<std::string(const std::string&)>;
 
+// One row per finding (signature x policy key): where its repro is, how reliably it reproduced,
+// and what the regression corpus says about it (corpus_note).
 Table findings_table(const Json& doc, const LinkFn& link);
+// Why a finding is known or new: "known (origin-oct2025/repro.json)", "new; the corpus has it
+// under comfy:oct2025", "new". Corpus files are named from the corpus directory.
+std::string corpus_note(const Json& doc, const Json& finding);
 Table corpus_table(const Json& doc);   // only the repros that no longer reproduce
 Table calibrate_mode_table(const Json& doc);
 // `only_needing`: the classes that need a reserve (need > 0 or an OOM), for the short reports.

@@ -19,7 +19,9 @@ std::string terminal_findings(const Json& doc) {
     const Json& k = doc["corpus"];
     out += fmt::format("regression corpus: {} repros replayed, {} still fail, {} no longer reproduce\n", get_u64(k, "replayed"),
                        get_u64(k, "still_fail"), get_u64(k, "no_longer_reproduce"));
-    for (const auto& row : corpus_table(doc).rows) out += fmt::format("  no longer reproduces: {} ({} -> {})\n", row[0], row[1], row[2]);
+    for (const auto& row : corpus_table(doc).rows) {
+      out += fmt::format("  no longer reproduces: {} ({} under {} -> {})\n", row[0], row[1], row[2], row[3]);
+    }
   }
   const Table t = findings_table(doc, [](const std::string& p) { return p; });
   if (!t.rows.empty()) out += to_text(t);

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/campaign.h"
+#include "harness/scenario.h"
 #include "models/catalog.h"
 #include "tests/run_cli.h"
 
@@ -449,12 +450,14 @@ TEST_F(Cli, CudaBackendWithoutAGpuExits3) {
 // ---- fuzz ------------------------------------------------------------------------------------
 
 TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
-  const Proc p = run({"fuzz", "--cases", "50", "--shrink-execs", "60", "--allocator", "raw", "--out", "out"});
+  // 130 cases of seed 1 under comfy:dec2025 find two raw signatures (cases 80 and 128).
+  const Proc p = run({"fuzz", "--cases", "130", "--policy", "comfy:dec2025", "--shrink-execs", "60", "--allocator", "raw", "--out", "out"});
   expect_clean(p);
-  ASSERT_TRUE(p.exit_code == 0 || p.exit_code == 1) << describe(p);
+  ASSERT_EQ(p.exit_code, 1) << describe(p);
   const json summary = json::parse(read_file(dir_ / "out" / "summary.json"));
   EXPECT_EQ(summary["schema"], "vramfuzz.summary/1");
-  EXPECT_EQ(summary["counts"]["cases"], 50);
+  EXPECT_EQ(summary["counts"]["cases"], 130);
+  ASSERT_GE(summary["findings"].size(), 2u) << "the walk below must have something to check";
   EXPECT_EQ(summary["config"]["allocator"], "raw");
   EXPECT_EQ(summary["config"]["seed"], 1);
   const std::uint64_t findings = summary["counts"]["findings"].get<std::uint64_t>();
@@ -462,14 +465,17 @@ TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
   EXPECT_EQ(summary["counts"]["errors"], 0);
   EXPECT_EQ(summary["counts"]["signatures"], summary["findings"].size());
 
-  // Every signature in the summary: its count adds up, min(count, keep=3) finding files are on
-  // disk, and the first finding of each (new) signature was shrunk into repro.json + repro.md.
+  // Every finding in the summary (a signature under a policy key): its count adds up, min(count,
+  // keep=3) finding files are on disk in findings/<policy>/<signature>/, and the first finding of
+  // each (new) one was shrunk into repro.json + repro.md there.
   std::uint64_t counted = 0;
   std::map<std::string, std::size_t> expected_files;
   for (const json& f : summary["findings"]) {
     const std::string sig = f["signature"].get<std::string>();
+    EXPECT_EQ(f["policy"], "comfy:dec2025");
     counted += f["count"].get<std::uint64_t>();
-    expected_files[signature_dir(sig)] = std::min<std::size_t>(f["count"].get<std::size_t>(), 3);
+    expected_files[policy_dir(f["policy"].get<std::string>()) + "/" + signature_dir(sig)] =
+        std::min<std::size_t>(f["count"].get<std::size_t>(), 3);
     EXPECT_NE(sig.find(":raw"), std::string::npos) << sig;
     EXPECT_TRUE(fs::exists(dir_ / f["file"].get<std::string>())) << f["file"];
     ASSERT_FALSE(f["repro"].get<std::string>().empty()) << sig;
@@ -478,39 +484,46 @@ TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
   EXPECT_EQ(counted, findings);
 
   std::map<std::string, std::size_t> files_per_dir;
+  std::vector<fs::path> sig_dirs;
   if (fs::exists(dir_ / "out" / "findings")) {
-    for (const auto& sig_dir : fs::directory_iterator(dir_ / "out" / "findings")) {
-      const std::string dir_name = sig_dir.path().filename().string();
-      // The repro: schema, same signature, a replay command that reproduces it, and its issue body.
-      const fs::path repro = sig_dir.path() / "repro.json";
-      ASSERT_TRUE(fs::exists(repro)) << dir_name;
-      ASSERT_TRUE(fs::exists(sig_dir.path() / "repro.md")) << dir_name;
-      const json r = json::parse(read_file(repro));
-      EXPECT_EQ(r["schema"], "vramfuzz.repro/1");
-      EXPECT_EQ(signature_dir(r["signature"].get<std::string>()), dir_name);
-      const std::string rel_repro = fs::relative(repro, dir_).string();
-      EXPECT_EQ(r["replay"], "vramfuzz replay " + rel_repro);
-      const Proc rr = run({"replay", rel_repro});
-      expect_clean(rr);
-      EXPECT_EQ(rr.exit_code, 1) << describe(rr);
-      EXPECT_NE(read_file(sig_dir.path() / "repro.md").find(r["signature"].get<std::string>()), std::string::npos);
-      for (const auto& file : fs::directory_iterator(sig_dir.path())) {
-        const std::string name = file.path().filename().string();
-        if (name == "repro.json" || name == "repro.md") continue;
-        const std::string rel = fs::relative(file.path(), dir_).string();
-        SCOPED_TRACE(rel);
-        ++files_per_dir[dir_name];
-        EXPECT_EQ(file.path().extension(), ".json");
-        const json f = json::parse(read_file(file.path()));  // throws (fails the test) if invalid
-        EXPECT_EQ(f["schema"], "vramfuzz.finding/1");
-        const std::string sig = f["signature"].get<std::string>();
-        EXPECT_EQ(signature_dir(sig), dir_name);
-        EXPECT_EQ(f["replay"], "vramfuzz run " + rel);
-        const Proc replay = run({"run", rel});
-        expect_clean(replay);
-        EXPECT_EQ(replay.exit_code, 1) << describe(replay);
-        EXPECT_EQ(verdict_signature(verdict_line(replay.out)), sig) << describe(replay);
-      }
+    for (const auto& policy : fs::directory_iterator(dir_ / "out" / "findings")) {
+      for (const auto& sig_dir : fs::directory_iterator(policy.path())) sig_dirs.push_back(sig_dir.path());
+    }
+  }
+  for (const fs::path& sig_dir : sig_dirs) {
+    const std::string dir_name = sig_dir.parent_path().filename().string() + "/" + sig_dir.filename().string();
+    // The repro: schema, same signature and policy, a replay command that reproduces it, and its
+    // issue body.
+    const fs::path repro = sig_dir / "repro.json";
+    ASSERT_TRUE(fs::exists(repro)) << dir_name;
+    ASSERT_TRUE(fs::exists(sig_dir / "repro.md")) << dir_name;
+    const json r = json::parse(read_file(repro));
+    EXPECT_EQ(r["schema"], "vramfuzz.repro/1");
+    Catalog catalog;
+    EXPECT_EQ(policy_dir(load_case_file(repro.string(), catalog).policy.key()) + "/" + signature_dir(r["signature"].get<std::string>()),
+              dir_name);
+    const std::string rel_repro = fs::relative(repro, dir_).string();
+    EXPECT_EQ(r["replay"], "vramfuzz replay " + rel_repro);
+    const Proc rr = run({"replay", rel_repro});
+    expect_clean(rr);
+    EXPECT_EQ(rr.exit_code, 1) << describe(rr);
+    EXPECT_NE(read_file(sig_dir / "repro.md").find(r["signature"].get<std::string>()), std::string::npos);
+    for (const auto& file : fs::directory_iterator(sig_dir)) {
+      const std::string name = file.path().filename().string();
+      if (name == "repro.json" || name == "repro.md") continue;
+      const std::string rel = fs::relative(file.path(), dir_).string();
+      SCOPED_TRACE(rel);
+      ++files_per_dir[dir_name];
+      EXPECT_EQ(file.path().extension(), ".json");
+      const json f = json::parse(read_file(file.path()));  // throws (fails the test) if invalid
+      EXPECT_EQ(f["schema"], "vramfuzz.finding/1");
+      const std::string sig = f["signature"].get<std::string>();
+      EXPECT_EQ(signature_dir(sig), sig_dir.filename().string());
+      EXPECT_EQ(f["replay"], "vramfuzz run " + rel);
+      const Proc replay = run({"run", rel});
+      expect_clean(replay);
+      EXPECT_EQ(replay.exit_code, 1) << describe(replay);
+      EXPECT_EQ(verdict_signature(verdict_line(replay.out)), sig) << describe(replay);
     }
   }
   EXPECT_EQ(files_per_dir, expected_files);

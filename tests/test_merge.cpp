@@ -172,6 +172,80 @@ TEST_F(Merge, MergedJunitShowsTheSeedOfTheEarliestCaseWhateverTheShardOrder) {
   }
 }
 
+// The finding of `sig` in a summary (null when it has none).
+json finding_of(const json& s, const std::string& sig) {
+  for (const json& f : s["findings"]) {
+    if (f["signature"] == sig) return f;
+  }
+  return nullptr;
+}
+
+const std::string kCorpus = (fs::path(VF_SOURCE_DIR) / "fuzz" / "corpus" / "regressions").string();
+
+TEST_F(Merge, TheCorpusKnowsAFindingOnlyUnderThePolicyOfItsRepro) {
+  // The nightly's configuration: comfy:dec2025 with the regression corpus. The corpus has
+  // oom:forward:upcast:raw twice, under comfy:oct2025 (origin-oct2025) and under comfy:dec2025
+  // with dequant_term=false (origin-dec04-no-dequant-term); neither says anything about stock
+  // comfy:dec2025, so its own upcast OOM (seed 1, case 128) is new: shrunk, failing, exit 1.
+  const Proc dec = run({"fuzz", "--seed", "1", "--cases", "129", "--policy", "comfy:dec2025", "--allocator", "raw", "--corpus", kCorpus,
+                        "--shrink-execs", "40", "--out", "dec"});
+  expect_clean(dec);
+  EXPECT_EQ(dec.exit_code, 1) << describe(dec);
+  const json f = finding_of(summary("dec"), "oom:forward:upcast:raw");
+  ASSERT_TRUE(f.is_object()) << summary("dec")["findings"];
+  EXPECT_EQ(f["policy"], "comfy:dec2025");
+  EXPECT_FALSE(f["known"].get<bool>());
+  EXPECT_TRUE(f["known_by"].empty());
+  EXPECT_EQ(f["corpus_other_policies"], json::array({"comfy:dec2025 dequant_term=false", "comfy:oct2025"}));
+  EXPECT_FALSE(f["repro"].get<std::string>().empty()) << "a new finding is shrunk";
+  EXPECT_EQ(f["repro"], "dec/findings/comfy-dec2025/oom-forward-upcast-raw/repro.json");
+  const std::string junit = read_file(dir_ / "dec" / "junit.xml");
+  const std::regex p2(R"re(<testcase classname="vramfuzz.comfy:dec2025.raw" name="P2 no-unpredicted-oom \[raw\]" [^>]*>\s*<failure message="([^"]*)")re");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(junit, m, p2)) << junit;
+  EXPECT_NE(m[1].str().find("oom:forward:upcast:raw x1"), std::string::npos) << m[1];
+  EXPECT_NE(m[1].str().find("policy comfy:dec2025 (new under this policy; the corpus has it under comfy:dec2025 dequant_term=false; "
+                            "comfy:oct2025)"),
+            std::string::npos)
+      << m[1];
+  const std::string md = read_file(dir_ / "dec" / "summary.md");
+  EXPECT_NE(md.find("| oom:forward:upcast:raw | comfy:dec2025 | 1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| new; the corpus has it under comfy:dec2025 dequant_term=false; comfy:oct2025 |"), std::string::npos) << md;
+
+  // Under the policies of the corpus repros, the same signature is known (seed 4, case 28): by the
+  // repro of that policy, named; the overrides compare in canonical form (0 = false).
+  const std::vector<std::string> known_runs[] = {{"--policy", "comfy:oct2025", "--out", "oct"},
+                                                 {"--policy", "comfy:dec2025", "--set", "dequant_term=0", "--out", "dec04"}};
+  for (const auto& extra : known_runs) {
+    const Proc p = run(with({"fuzz", "--seed", "4", "--cases", "40", "--allocator", "raw", "--corpus", kCorpus, "--shrink-execs", "40"}, extra));
+    expect_clean(p);
+    EXPECT_EQ(p.exit_code, 0) << describe(p);
+  }
+  const json oct = finding_of(summary("oct"), "oom:forward:upcast:raw"), dec04 = finding_of(summary("dec04"), "oom:forward:upcast:raw");
+  ASSERT_TRUE(oct.is_object() && dec04.is_object());
+  EXPECT_TRUE(oct["known"].get<bool>());
+  EXPECT_EQ(oct["known_by"], json::array({kCorpus + "/origin-oct2025/repro.json"}));
+  EXPECT_EQ(oct["repro"], "") << "known: not shrunk";
+  EXPECT_EQ(dec04["policy"], "comfy:dec2025 dequant_term=false");
+  EXPECT_TRUE(dec04["known"].get<bool>());
+  EXPECT_EQ(dec04["known_by"], json::array({kCorpus + "/origin-dec04-no-dequant-term/repro.json"}));
+  EXPECT_NE(read_file(dir_ / "oct" / "summary.md").find("| known (origin-oct2025/repro.json) |"), std::string::npos);
+  EXPECT_NE(read_file(dir_ / "oct" / "junit.xml").find("<skipped message=\"known (in the regression corpus under the same policy): "
+                                                        "oom:forward:upcast:raw x"),
+            std::string::npos);
+
+  // A merge decides by the same key: the stock dec2025 finding stays new next to the known ones.
+  const Proc merged = run({"merge", "dec", "oct", "dec04", "--out", "merged"});
+  expect_clean(merged);
+  EXPECT_EQ(merged.exit_code, 1) << describe(merged);
+  const json ms = summary("merged");
+  std::map<std::string, bool> known;
+  for (const json& g : ms["findings"]) {
+    if (g["signature"] == "oom:forward:upcast:raw") known[g["policy"]] = g["known"];
+  }
+  EXPECT_EQ(known, (std::map<std::string, bool>{{"comfy:dec2025", false}, {"comfy:dec2025 dequant_term=false", true}, {"comfy:oct2025", true}}));
+}
+
 TEST_F(Merge, MergedConfigNamesEveryAllocatorAndSumsCampaigns) {
   for (const char* mode : {"raw", "async"}) {
     const Proc p = run({"fuzz", "--cases", "20", "--no-shrink", "--allocator", mode, "--policy", "comfy:dec2025", "--out", mode});

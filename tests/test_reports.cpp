@@ -218,7 +218,7 @@ TEST_F(Reports, MarkdownStartsWithTheVerdict) {
   const std::size_t fresh = report::get_u64(doc()["counts"], "new_signatures");
   ASSERT_GT(fresh, 0u);
   EXPECT_EQ(md.substr(0, md.find('\n')), "## vramfuzz fuzz: " + std::to_string(fresh) + " new signature" + (fresh == 1 ? "" : "s"));
-  EXPECT_NE(md.find("| signature | count | worst overshoot | repro | reliability |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| signature | policy | count | worst overshoot | repro | reliability | corpus |"), std::string::npos) << md;
   // Repro links are relative to summary.md, and the files exist.
   const std::regex link(R"(\]\((findings/[^)]+/repro\.json)\))");
   std::size_t links = 0;

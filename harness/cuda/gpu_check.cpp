@@ -192,8 +192,9 @@ void section_fuzz(CheckContext& c, const Deadline& dl, Json& out) {
     if (p.empty()) return std::string();
     return std::filesystem::relative(p, c.cfg.out_dir, ec).string();
   };
-  for (const auto& [sig, sc] : r.signatures) {
-    sigs.push_back({{"signature", sig},
+  for (const auto& [key, sc] : r.signatures) {
+    sigs.push_back({{"signature", key.signature},
+                    {"policy", key.policy},
                     {"count", sc.count},
                     {"worst_overshoot_mib", signed_mib(sc.worst_overshoot)},
                     {"first_case_seed", sc.first_case_seed},
