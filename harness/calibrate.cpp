@@ -134,6 +134,13 @@ bool calib_sample(const Scenario& s, const CaseResult& r, std::uint64_t index, s
 
 namespace {
 
+// The campaign command whose last case is case `index` under `mode` (calibration_case draws as
+// `fuzz` does with the allocator fixed).
+std::string calibration_found_by(const CalibrationConfig& cfg, std::uint64_t index, AllocatorMode mode) {
+  return fmt::format("vramfuzz fuzz --seed {} --cases {} --allocator {}{}", cfg.seed, index + 1, allocator_mode_name(mode),
+                     cfg.case_options);
+}
+
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -202,6 +209,7 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
     }
     const std::uint64_t seed = case_seed(cfg.seed, i);
     for (AllocatorMode mode : cfg.modes) {
+      const std::string found_by = calibration_found_by(cfg, i, mode);
       const Scenario s = calibration_case(cfg, catalog, i, mode);
       const CaseResult r = run_case(s, backend, false);
       if (out.environment.empty()) out.environment = r.exec.environment;
@@ -211,7 +219,7 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
         const CaseResult traced = run_case(s, backend, true);
         const std::string file = fmt::format("{}/calibrate/findings/{}/case-{:016x}.json", cfg.out_dir,
                                              signature_dir(r.verdict.signature), seed);
-        write_file_atomic(file, case_json(s, traced, cfg.seed, i, seed, file));
+        write_file_atomic(file, case_json(s, traced, cfg.seed, i, seed, file, {}, found_by));
         out.finding_files[r.verdict.signature] = file;
       }
       if (calib_sample(s, r, i, seed, &sample, &excluded)) {
@@ -267,6 +275,7 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
         origin.campaign_seed = cfg.seed;
         origin.case_index = worst->case_index;
         origin.case_seed = worst->case_seed;
+        origin.found_by = calibration_found_by(cfg, worst->case_index, mode);
         w.file = write_repro(dir, sr, origin);
         w.modules = sr.final_size.modules;
         w.shrunk = std::make_shared<const ShrinkResult>(sr);
@@ -274,7 +283,8 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
         // A pass at the current reserve has no signature for the shrinker to keep: the case is
         // written as it ran.
         w.file = dir + "/worst-case.json";
-        write_file_atomic(w.file, case_json(s, r, cfg.seed, worst->case_index, worst->case_seed, w.file));
+        write_file_atomic(w.file, case_json(s, r, cfg.seed, worst->case_index, worst->case_seed, w.file, {},
+                                            calibration_found_by(cfg, worst->case_index, mode)));
         w.modules = case_size(s).modules;
       }
       spdlog::info("calibrate: {} worst case {} (measured - predicted {}{}): {}", allocator_mode_name(mode),

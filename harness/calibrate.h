@@ -126,6 +126,10 @@ struct CalibrationConfig {
   // With a time budget the rounds stop at its end; a round cut there is recorded unfinished.
   std::uint32_t verify_rounds = 3;
   std::string out_dir;          // empty: no worst-case files
+  // The options that shape the cases besides the seed, count and allocator (" --policy P --vram V
+  // --backend sim"): case i under mode M is the last case of `vramfuzz fuzz --seed S --cases i+1
+  // --allocator M<case_options>`, which finding files and repros record as `found_by`.
+  std::string case_options;
   bool shrink = true;
   std::uint64_t shrink_execs = 400;
   double shrink_seconds = 60;

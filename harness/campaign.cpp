@@ -86,7 +86,8 @@ nlohmann::ordered_json trace_excerpt(const Scenario& s, const CaseResult& r, std
 }  // namespace
 
 std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t campaign_seed, std::uint64_t case_index,
-                      std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices) {
+                      std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices,
+                      const std::string& found_by) {
   nlohmann::ordered_json j;
   j["schema"] = r.verdict.finding() ? "vramfuzz.finding/1" : "vramfuzz.result/1";
   j["tool"] = tool_version();
@@ -103,6 +104,7 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
   j["case_index"] = case_index;
   j["case_seed"] = seed;
   if (!choices.empty()) j["choices"] = choices;
+  if (!found_by.empty()) j["found_by"] = found_by;
   j["environment"] = {{"backend", r.exec.backend}, {"device", r.exec.environment}};
   nlohmann::ordered_json loads = nlohmann::json::array();
   for (const LoadPlan& lp : r.plan.loads) loads.push_back(fmt::format("{}: {}", s.models[lp.model].id, lp.log_line));
@@ -232,7 +234,8 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     r = run_case(s, backend, true);
     const std::string dir = finding_dir(cfg.out_dir, key);
     const std::string file = fmt::format("{}/case-{:016x}.json", dir, seed);
-    write_file_atomic(file, case_json(s, r, cfg.seed, i, seed, file, choices.recorded()));
+    const std::string found_by = fmt::format("vramfuzz fuzz --seed {} --cases {}{}", cfg.seed, i + 1, cfg.case_options);
+    write_file_atomic(file, case_json(s, r, cfg.seed, i, seed, file, choices.recorded(), found_by));
     if (!sc.first_file.empty()) continue;
     sc.first_file = file;
     if (!cfg.shrink || sc.known) continue;
@@ -249,6 +252,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     origin.case_index = i;
     origin.case_seed = seed;
     origin.choices = choices.recorded();
+    origin.found_by = found_by;
     origin.source_file = file;
     sc.repro_file = write_repro(dir, sr, origin);
     sc.repro_modules = sr.final_size.modules;

@@ -41,6 +41,11 @@ struct CampaignConfig {
   std::string out_dir;       // empty: nothing written
   std::uint32_t keep_per_signature = 3;  // finding files kept per signature (all are counted)
   std::string command_line;  // recorded in the summary
+  // The options besides --seed and --cases that decide which cases are generated and how they are
+  // judged, as a command-line fragment (" --policy comfy:oct2025 --allocator raw --backend sim"):
+  // each finding records `vramfuzz fuzz --seed S --cases I+1<case_options>`, the command whose
+  // last case it is.
+  std::string case_options;
   bool shrink = true;        // shrink the first finding of each new signature into a repro
   std::uint64_t shrink_execs = 400;
   double shrink_seconds = 120;
@@ -135,8 +140,10 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
 // The JSON a case result is written as (`vramfuzz.finding/1` for a finding, else
 // `vramfuzz.result/1`): the scenario, the plan summary, the verdict, peaks, the trace around the
 // peak, and the replay command.
+// `found_by`: the command that generates the case (empty: not known).
 std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t campaign_seed, std::uint64_t case_index,
-                      std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices = {});
+                      std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices = {},
+                      const std::string& found_by = "");
 
 // Signature as a directory name ("violation:forward:upcast:raw" -> "violation-forward-upcast-raw").
 std::string signature_dir(std::string_view signature);

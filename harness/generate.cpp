@@ -102,6 +102,7 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
 
   // Allocator and policy.
   s.allocator.mode = cfg.allocator ? *cfg.allocator : pick(c, kAllAllocatorModes);
+  if (cfg.allocator) s.allocator.options = cfg.allocator_options;
   const std::string policy = cfg.policy ? *cfg.policy : std::string(pick(c, kPolicies));
   s.policy = parse_policy(policy, "--policy");
   if (!cfg.policy && c.chance(1, 4)) apply_policy_override(s.policy, "reserve", fmt::format("{}MiB", c.draw(4, 24) * 50), "policy");

@@ -16,6 +16,8 @@ struct GenConfig {
   std::optional<AllocatorMode> allocator;    // unset: drawn
   std::optional<Bytes> vram;                 // device total; unset: drawn from consumer/datacenter sizes
   std::vector<std::pair<std::string, std::string>> policy_overrides;  // applied after the preset
+  // `--option k=v`: allocator options of the one mode `allocator` names (options are per mode).
+  std::vector<std::pair<std::string, std::string>> allocator_options;
   // `fuzz --model FILE`: an imported model (source "file:..."). When set, every case runs this one
   // model; workloads, devices, allocators, streams and dtypes are still drawn around it.
   std::shared_ptr<const ModelSpec> model;

@@ -87,6 +87,7 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
   if (origin.case_seed) o["case_seed"] = *origin.case_seed;
   if (!origin.choices.empty()) o["choices"] = origin.choices;
   if (!origin.source_file.empty()) o["finding"] = origin.source_file;
+  if (!origin.found_by.empty()) o["found_by"] = origin.found_by;
   j["origin"] = o;
   // No wall time here: a repro is byte-identical wherever the same shrink ran.
   j["shrink"] = {{"executions", r.executions}, {"cache_hits", r.cache_hits}, {"accepted", r.accepted},
@@ -154,8 +155,16 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
                     r.original_size.models, r.original_size.modules, format_mib(r.original_size.bytes), r.final_size.models,
                     r.final_size.modules, format_mib(r.final_size.bytes), r.executions,
                     r.budget_exhausted ? ", budget exhausted: best so far" : "");
-  if (origin.case_seed) md += fmt::format("Found by `vramfuzz fuzz --seed {}` (case {}, case seed {:#x}).\n",
-                                          origin.campaign_seed.value_or(0), origin.case_index.value_or(0), *origin.case_seed);
+  if (!origin.found_by.empty()) {
+    md += fmt::format("Found by `{}`: its last case{}{}.\n", origin.found_by,
+                      origin.case_index ? fmt::format(", case {}", *origin.case_index) : "",
+                      origin.case_seed ? fmt::format(" (case seed {:#x})", *origin.case_seed) : "");
+  } else if (origin.case_seed) {
+    // An older finding file: its campaign's other options (policy, allocator, ...) were not recorded.
+    md += fmt::format("Found by a campaign with seed {} (case {}, case seed {:#x}); the finding does not record the campaign's "
+                      "other options.\n",
+                      origin.campaign_seed.value_or(0), origin.case_index.value_or(0), *origin.case_seed);
+  }
   return md;
 }
 
@@ -164,6 +173,15 @@ std::string write_repro(const std::string& dir, const ShrinkResult& r, const Rep
   write_file_atomic(json_path, repro_json(r, origin, json_path));
   write_file_atomic(dir + "/repro.md", repro_markdown(r, origin, json_path));
   return json_path;
+}
+
+std::string shell_quote(std::string_view word) {
+  const bool safe = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=,@%+") ==
+                                         std::string_view::npos;
+  if (safe) return std::string(word);
+  std::string out = "'";
+  for (char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
 }
 
 ReproOrigin read_origin(const std::string& path) {
@@ -189,6 +207,11 @@ ReproOrigin read_origin(const std::string& path) {
   o.campaign_seed = u64("campaign_seed");
   o.case_index = u64("case_index");
   o.case_seed = u64("case_seed");
+  if (src->contains("found_by")) {
+    const nlohmann::json& fb = (*src)["found_by"];
+    if (!fb.is_string()) throw InputError(prefix + "found_by", fmt::format("expected a string, got {}", fb.dump()));
+    o.found_by = fb.get<std::string>();
+  }
   if (src->contains("choices")) {
     const nlohmann::json& cj = (*src)["choices"];
     if (!cj.is_array()) throw InputError(prefix + "choices", fmt::format("expected an array, got {}", cj.dump()));

@@ -24,6 +24,7 @@ struct ReproOrigin {
   std::optional<std::uint64_t> case_seed;
   std::vector<std::uint64_t> choices;  // the generator's recorded draws
   std::string source_file;             // the finding it was shrunk from
+  std::string found_by;                // the command that generates the case (its last one), when known
 };
 
 // `path` is where the repro will be written (it goes into the replay command).
@@ -34,6 +35,10 @@ std::string repro_title(const ShrinkResult& r);
 
 // Writes DIR/repro.json and DIR/repro.md atomically; returns the repro.json path.
 std::string write_repro(const std::string& dir, const ShrinkResult& r, const ReproOrigin& origin);
+
+// One word of a command line as a POSIX shell reads it back: as is when it holds only safe
+// characters, else in single quotes (for the commands vramfuzz prints for people to paste).
+std::string shell_quote(std::string_view word);
 
 // Reads the origin block back from a finding / repro file (campaign seed, case seed, choices).
 // Absent fields stay unknown; a present one of the wrong type (null included) is an InputError.

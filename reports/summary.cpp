@@ -254,6 +254,13 @@ Json corpus_json(const std::string& dir, const std::vector<CorpusEntry>& entries
           {"entries", std::move(e)}};
 }
 
+// "key=value" per override or option, as given.
+Json pairs_json(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  Json out = Json::array();
+  for (const auto& [k, v] : pairs) out.push_back(k + "=" + v);
+  return out;
+}
+
 Json run_json(const RunInfo& info, bool interrupted) {
   return {{"command", info.command}, {"timestamp", info.timestamp}, {"hostname", info.hostname}, {"interrupted", interrupted}};
 }
@@ -300,8 +307,11 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
                  {"seconds", cfg.seconds},
                  {"backend", info.backend},
                  {"policy", cfg.gen.policy.value_or("drawn")},
+                 {"overrides", pairs_json(cfg.gen.policy_overrides)},
                  {"allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "drawn"},
+                 {"allocator_options", pairs_json(cfg.gen.allocator_options)},
                  {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
+                 {"model", cfg.gen.model ? cfg.gen.model->name : ""},
                  {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
                  {"corpus", cfg.corpus_dir},
                  {"out", cfg.out_dir}};
@@ -636,6 +646,7 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
                  {"seconds", cfg.seconds},
                  {"backend", info.backend},
                  {"policy", cfg.gen.policy.value_or("comfy:dec2025")},
+                 {"overrides", pairs_json(cfg.gen.policy_overrides)},
                  {"allocator", allocator},
                  {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
                  {"reserve", reserve_override.empty() ? Json("policy") : Json(reserve_override)},

@@ -109,6 +109,16 @@ inline void expect_clean(const Proc& p) {
   }
 }
 
+// Runs `command` as a person would paste it into a POSIX shell in `cwd`, with `vramfuzz` on the
+// PATH: a link to `exe` in `bin_dir` (created when missing).
+inline Proc run_pasted(const std::string& exe, const std::string& command, const std::filesystem::path& cwd,
+                       const std::filesystem::path& bin_dir, int timeout_s = 60) {
+  std::filesystem::create_directories(bin_dir);
+  std::error_code ec;
+  if (!std::filesystem::exists(bin_dir / "vramfuzz", ec)) std::filesystem::create_symlink(exe, bin_dir / "vramfuzz");
+  return run_process("/bin/sh", {"-c", "PATH=\"$1:$PATH\"; eval \"$2\"", "sh", bin_dir.string(), command}, cwd, timeout_s);
+}
+
 // Each test in its own temporary directory (dir_), removed with everything in it afterwards.
 class TempDirTest : public ::testing::Test {
  protected:

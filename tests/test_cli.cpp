@@ -529,6 +529,26 @@ TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
   EXPECT_EQ(files_per_dir, expected_files);
 }
 
+TEST_F(Cli, FuzzTakesAllocatorOptionsForItsOneModeAndRecordsThem) {
+  // `--option` used to be accepted and ignored: now it shapes every case, and the command says so.
+  expect_bad_input({"fuzz", "--cases", "5", "--option", "max_split_size_mb=128"}, "--option: needs --allocator");
+  expect_bad_input({"fuzz", "--cases", "5", "--allocator", "raw", "--option", "max_split_size_mb=128"}, "max_split_size_mb");
+  const Proc p = run({"fuzz", "--seed", "3", "--cases", "40", "--policy", "comfy:dec2025", "--allocator", "caching", "--option",
+                      "max_split_size_mb=128", "--no-shrink", "--keep", "1", "--out", "out"});
+  expect_clean(p);
+  ASSERT_EQ(p.exit_code, 1) << "seed 3 finds something in 40 caching cases\n" << describe(p);
+  const json summary = json::parse(read_file(dir_ / "out" / "summary.json"));
+  EXPECT_EQ(summary["config"]["allocator_options"], json::array({"max_split_size_mb=128"}));
+  EXPECT_NE(summary["command"].get<std::string>().find(" --allocator caching --option max_split_size_mb=128 "), std::string::npos)
+      << summary["command"];
+  ASSERT_FALSE(summary["findings"].empty());
+  for (const json& f : summary["findings"]) {
+    const json finding = json::parse(read_file(dir_ / f["file"].get<std::string>()));
+    EXPECT_EQ(finding["scenario"]["allocator"]["options"]["max_split_size_mb"], 128) << f["file"];
+    EXPECT_NE(finding["found_by"].get<std::string>().find("--option max_split_size_mb=128"), std::string::npos);
+  }
+}
+
 TEST_F(Cli, FuzzIsDeterministic) {
   // Two campaigns with the same flags in two directories: the same summary (bar the wall time,
   // the timestamp and the host) and byte-identical finding files.

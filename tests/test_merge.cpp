@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/run_cli.h"
@@ -244,6 +245,56 @@ TEST_F(Merge, TheCorpusKnowsAFindingOnlyUnderThePolicyOfItsRepro) {
     if (g["signature"] == "oom:forward:upcast:raw") known[g["policy"]] = g["known"];
   }
   EXPECT_EQ(known, (std::map<std::string, bool>{{"comfy:dec2025", false}, {"comfy:dec2025 dequant_term=false", true}, {"comfy:oct2025", true}}));
+}
+
+TEST_F(Merge, RecordedCommandsRegenerateTheRunAndEachCase) {
+  // summary.json's command and each repro's "Found by" carry every option that decides the cases
+  // and their verdicts, the corpus and the shard included: re-run from elsewhere, the summary's
+  // gives the same findings and exit code; a repro's gives its case.
+  const Proc all_known = run({"fuzz", "--seed", "4", "--cases", "40", "--shard", "0/2", "--policy", "comfy:oct2025", "--allocator", "raw",
+                              "--corpus", kCorpus, "--no-shrink", "--out", "a"});
+  EXPECT_EQ(all_known.exit_code, 0) << "only the known upcast OOM\n" << describe(all_known);
+  const Proc found = run({"fuzz", "--seed", "4", "--cases", "50", "--shard", "0/2", "--policy", "comfy:oct2025", "--allocator", "raw",
+                          "--corpus", kCorpus, "--shrink-execs", "40", "--out", "b"});
+  EXPECT_EQ(found.exit_code, 1) << "case 46 is a new violation\n" << describe(found);
+  const fs::path bin = dir_ / "bin";
+  for (const auto& [out, code] : std::vector<std::pair<std::string, int>>{{"a", 0}, {"b", 1}}) {
+    SCOPED_TRACE(out);
+    const std::string command = summary(out)["command"];
+    EXPECT_NE(command.find(" --corpus " + kCorpus), std::string::npos) << command;
+    fs::create_directories(dir_ / "again");
+    const Proc again = test::run_pasted(VF_CLI, command, dir_ / "again", bin);
+    expect_clean(again);
+    EXPECT_EQ(again.exit_code, code) << command << "\n" << describe(again);
+    json s = summary(out), t = json::parse(read_file(dir_ / "again" / out / "summary.json"));
+    EXPECT_EQ(t["command"], s["command"]);
+    s["counts"].erase("seconds");
+    t["counts"].erase("seconds");
+    EXPECT_EQ(t["counts"], s["counts"]);
+    for (const json& f : s["findings"]) {
+      const json g = finding_of(t, f["signature"]);
+      ASSERT_TRUE(g.is_object()) << f["signature"];
+      for (const char* k : {"policy", "count", "first_case_seed", "known"}) EXPECT_EQ(g[k], f[k]) << k;
+    }
+  }
+  // The new finding's repro says which command's last case it is.
+  const json f = finding_of(summary("b"), "violation:forward:upcast:raw");
+  ASSERT_TRUE(f.is_object() && !f["repro"].get<std::string>().empty()) << summary("b")["findings"];
+  const json repro = json::parse(read_file(dir_ / f["repro"].get<std::string>()));
+  const std::string found_by = repro["origin"]["found_by"];
+  EXPECT_EQ(found_by, "vramfuzz fuzz --seed 4 --cases 47 --policy comfy:oct2025 --allocator raw --backend sim --corpus " + kCorpus +
+                          " --shard 0/2");
+  const std::string md = read_file(dir_ / fs::path(f["repro"].get<std::string>()).parent_path() / "repro.md");
+  EXPECT_NE(md.find("Found by `" + found_by + "`: its last case, case 46"), std::string::npos) << md;
+  const Proc regen = test::run_pasted(VF_CLI, found_by + " --no-shrink --out regen", dir_ / "again", bin);
+  EXPECT_EQ(regen.exit_code, 1) << describe(regen);
+  const fs::path case_file = fs::path("findings") / "comfy-oct2025" / "violation-forward-upcast-raw" /
+                             fmt::format("case-{:016x}.json", repro["origin"]["case_seed"].get<std::uint64_t>());
+  ASSERT_TRUE(fs::exists(dir_ / "again" / "regen" / case_file)) << case_file;
+  const json original = json::parse(read_file(dir_ / "b" / case_file));
+  const json regenerated = json::parse(read_file(dir_ / "again" / "regen" / case_file));
+  EXPECT_EQ(regenerated["scenario"], original["scenario"]);
+  EXPECT_EQ(regenerated["verdict"], original["verdict"]);
 }
 
 TEST_F(Merge, MergedConfigNamesEveryAllocatorAndSumsCampaigns) {

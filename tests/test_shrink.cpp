@@ -105,6 +105,7 @@ TEST(Shrink, ReproFilesAreCompleteAndReplay) {
   origin.case_index = 3;
   origin.case_seed = 0xabcdef;
   origin.choices = {1, 2, 3};
+  origin.found_by = "vramfuzz fuzz --seed 7 --cases 4 --policy comfy:oct2025 --allocator raw --backend sim";
   const std::string path = write_repro(dir.string(), r, origin);
   const nlohmann::json j = nlohmann::json::parse(read_text_file(path));
   EXPECT_EQ(j["schema"], "vramfuzz.repro/1");
@@ -130,7 +131,11 @@ TEST(Shrink, ReproFilesAreCompleteAndReplay) {
                                     std::string("vramfuzz replay " + path), std::string("Reliability:")}) {
     EXPECT_NE(md.find(needle), std::string::npos) << needle;
   }
+  // Where it came from: the whole command whose last case it is, not just the seed.
+  EXPECT_EQ(j["origin"]["found_by"], origin.found_by);
+  EXPECT_NE(md.find("Found by `" + origin.found_by + "`: its last case, case 3 (case seed 0xabcdef)."), std::string::npos) << md;
   const ReproOrigin back = read_origin(path);
+  EXPECT_EQ(back.found_by, origin.found_by);
   EXPECT_EQ(back.case_seed, 0xabcdefu);
   EXPECT_EQ(back.choices, (std::vector<std::uint64_t>{1, 2, 3}));
   fs::remove_all(dir);

@@ -12,6 +12,7 @@
 #include "harness/cli/signals.h"
 #include "harness/cli/workers.h"
 #include "harness/core/error.h"
+#include "harness/repro.h"
 #include "reports/render.h"
 
 namespace vf::cli {
@@ -74,16 +75,25 @@ int do_calibrate(const CalibrateFlags& f) {
   cfg.shrink_execs = f.shrink_execs;
   cfg.shrink_seconds = parse_duration(f.shrink_time, "--shrink-time");
   const ProgressMode progress_mode = parse_progress_mode(f.progress);
-  const std::string command_line = fmt::format(
-      "vramfuzz calibrate --policy {} --allocator {} {} --seed {} --margin {}{}{}{}{}", *cfg.gen.policy, f.allocator,
-      cfg.cases ? fmt::format("--cases {}", cfg.cases) : fmt::format("--time {}s", cfg.seconds), cfg.seed, f.margin,
-      f.reserve.empty() ? "" : " --reserve " + f.reserve, f.vram.empty() ? "" : " --vram " + f.vram,
-      cfg.shard_count > 1 ? fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count) : "",
-      f.out.empty() ? "" : " --out " + f.out);
 
   install_stop_handlers();
   cfg.should_stop = [] { return stop_requested(); };
   auto backend = make_backend(f.backend);
+  // Every option that shapes the cases or their verdicts, so the command re-runs the calibration
+  // and each repro's `found_by` regenerates its case.
+  std::string sets;
+  for (const std::string& kv : f.sets) sets += option_text("--set", kv);
+  cfg.case_options = fmt::format("{}{}{}{}{}", option_text("--policy", *cfg.gen.policy), option_text("--reserve", f.reserve), sets,
+                                 option_text("--vram", f.vram), option_text("--backend", std::string(backend->name())));
+  const CalibrateFlags defaults;
+  const std::string command_line = fmt::format(
+      "vramfuzz calibrate{} --allocator {} {} --seed {} --margin {}{}{}{}{}{}{}{}", option_text("--policy", *cfg.gen.policy),
+      shell_quote(f.allocator), cfg.cases ? fmt::format("--cases {}", cfg.cases) : fmt::format("--time {}s", cfg.seconds), cfg.seed,
+      shell_quote(f.margin), option_text("--reserve", f.reserve), sets, option_text("--vram", f.vram),
+      option_text("--backend", std::string(backend->name())),
+      cfg.shard_count > 1 ? fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count) : "",
+      f.verify_rounds != defaults.verify_rounds ? fmt::format(" --verify-rounds {}", f.verify_rounds) : "",
+      f.no_shrink ? " --no-shrink" : "", option_text("--out", f.out));
   Catalog catalog;
   spdlog::info("calibrate: {} on {}, {} mode(s), {}, seed {}", *cfg.gen.policy, backend->name(), cfg.modes.size(),
                cfg.cases ? fmt::format("{} cases per mode", cfg.cases) : fmt::format("{:.0f} s", cfg.seconds), cfg.seed);

@@ -14,6 +14,7 @@
 #include "harness/cli/workers.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/sim/allocator.h"
 #include "models/import.h"
 #include "reports/render.h"
 
@@ -42,6 +43,39 @@ struct FuzzFlags {
   bool isolate = false;           // --isolate: each case in a child process
   PolicyFlags policy;
 };
+
+// What decides which cases the campaign generates and how they are judged, besides --seed and the
+// count: every such option with its value (the backend as it resolved, defaults left out where a
+// default cannot change). The summary's command and each finding's `found_by` carry it, so either
+// re-run gives the same cases and verdicts (the corpus decides which are known, the exit code).
+std::string case_options(const FuzzFlags& f, const CampaignConfig& cfg, std::string_view backend) {
+  std::string out = option_text("--policy", cfg.gen.policy.value_or(""));
+  out += option_text("--reserve", f.policy.reserve);
+  for (const std::string& kv : f.policy.sets) out += option_text("--set", kv);
+  out += option_text("--allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "");
+  for (const std::string& kv : f.policy.options) out += option_text("--option", kv);
+  out += option_text("--vram", f.vram);
+  out += option_text("--model", f.model);
+  out += option_text("--backend", std::string(backend));
+  if (f.transfer != "copy") out += option_text("--transfer", f.transfer);
+  out += option_text("--corpus", f.corpus);
+  if (cfg.shard_count > 1) out += fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count);
+  return out;
+}
+
+// The whole run: the count or budget, case_options, what shapes the repros, and --out.
+std::string fuzz_command(const FuzzFlags& f, const CampaignConfig& cfg) {
+  const FuzzFlags defaults;
+  std::string out = fmt::format("vramfuzz fuzz --seed {} {}{}", cfg.seed,
+                                cfg.cases ? fmt::format("--cases {}", cfg.cases) : fmt::format("--time {}s", cfg.seconds),
+                                cfg.case_options);
+  if (f.no_shrink) out += " --no-shrink";
+  if (f.shrink_execs != defaults.shrink_execs) out += fmt::format(" --shrink-execs {}", f.shrink_execs);
+  if (f.shrink_time != defaults.shrink_time) out += option_text("--shrink-time", f.shrink_time);
+  if (f.runs != 0) out += fmt::format(" --runs {}", f.runs);
+  if (f.keep != defaults.keep) out += fmt::format(" --keep {}", f.keep);
+  return out + option_text("--out", f.out);
+}
 
 // The files a run wrote; the HTML report last, so a terminal ends with it.
 void print_report_files(const report::ReportFiles& files) {
@@ -97,6 +131,16 @@ int do_fuzz(const FuzzFlags& f) {
   if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy(f.policy.policy, "--policy").label();
   cfg.gen.policy_overrides = f.policy.overrides();
   if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
+  if (!f.policy.options.empty()) {
+    // Options are per mode (max_split_size_mb means nothing to raw): they need the mode fixed.
+    if (!cfg.gen.allocator) throw InputError("--option", "needs --allocator: allocator options belong to one mode");
+    AllocatorConfig probe{*cfg.gen.allocator, {}};
+    for (const std::string& kv : f.policy.options) probe.options.push_back(split_kv(kv, "--option"));
+    // caching with expandable_segments=True runs (and is signed) as caching-expandable.
+    sim::normalize_allocator_config(probe, [](std::string_view key) { return fmt::format("--option {}", key); });
+    cfg.gen.allocator = probe.mode;
+    cfg.gen.allocator_options = probe.options;
+  }
   if (!f.vram.empty()) {
     cfg.gen.vram = parse_device_total(f.vram, "--vram");
     if (*cfg.gen.vram < GiB) throw InputError("--vram", "a device needs at least 1 GiB here");
@@ -121,18 +165,13 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.corpus_dir = f.corpus;
   if (!f.shard.empty()) std::tie(cfg.shard_index, cfg.shard_count) = parse_shard(f.shard, "--shard");
   const ProgressMode progress_mode = parse_progress_mode(f.progress);
-  cfg.command_line = fmt::format("vramfuzz fuzz --seed {} {}{}{}{}{}{}", cfg.seed,
-                                 cfg.cases ? fmt::format("--cases {}", cfg.cases) : fmt::format("--time {}s", cfg.seconds),
-                                 cfg.gen.policy ? " --policy " + *cfg.gen.policy : "",
-                                 cfg.gen.allocator ? fmt::format(" --allocator {}", allocator_mode_name(*cfg.gen.allocator)) : "",
-                                 f.vram.empty() ? "" : " --vram " + f.vram, f.model.empty() ? "" : " --model " + f.model,
-                                 f.out.empty() ? "" : " --out " + f.out);
-  if (cfg.shard_count > 1) cfg.command_line += fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count);
   install_stop_handlers();
   if (!f.devices.empty()) {
     if (f.out.empty()) throw InputError("--devices", "needs --out: each worker writes OUT/shard-K, then they are merged into OUT");
     if (!f.shard.empty()) throw InputError("--devices", "cannot be combined with --shard (the workers are the shards)");
-    return run_device_workers(parse_device_list(f.devices, "--devices"), f.out, cfg.command_line);
+    // The workers resolve the backend themselves; the merged command names it as given.
+    cfg.case_options = case_options(f, cfg, f.backend);
+    return run_device_workers(parse_device_list(f.devices, "--devices"), f.out, fuzz_command(f, cfg));
   }
   if (cfg.shard_count > 1) {
     spdlog::default_logger()->set_pattern(fmt::format("%^[%l]%$ [shard {}/{}] %v", cfg.shard_index, cfg.shard_count));
@@ -142,6 +181,8 @@ int do_fuzz(const FuzzFlags& f) {
   backend_options.isolate = f.isolate;
   auto backend = make_backend(f.backend, backend_options);
   cfg.confirm_runs = f.runs ? f.runs : (backend->name() == "cuda" ? 5 : 1);
+  cfg.case_options = case_options(f, cfg, backend->name());
+  cfg.command_line = fuzz_command(f, cfg);
   Catalog catalog;
   spdlog::info("fuzz: seed {}, {} on {}, policy {}, allocator {}, device {}", cfg.seed,
                cfg.cases ? fmt::format("{} cases", cfg.cases) : fmt::format("{:.0f} s", cfg.seconds), backend->name(),

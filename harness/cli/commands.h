@@ -53,6 +53,9 @@ void add_gpu_check(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 
+// " --name value" for each non-empty value, values shell-quoted: the pieces of recorded commands.
+std::string option_text(std::string_view name, const std::string& value);
+
 // "60s", "5m", "1h", "90" (seconds), "1.5m".
 double parse_duration(const std::string& text, const std::string& flag);
 // Splits "key=value"; InputError(flag) when there is no '='.

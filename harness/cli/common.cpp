@@ -8,6 +8,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/core/error.h"
+#include "harness/repro.h"
 #include "harness/sim/allocator.h"
 
 namespace vf::cli {
@@ -122,6 +123,10 @@ std::pair<std::string, std::string> split_kv(const std::string& kv, const std::s
   const auto eq = kv.find('=');
   if (eq == std::string::npos || eq == 0) throw InputError(flag, fmt::format("expected key=value, got \"{}\"", kv));
   return {kv.substr(0, eq), kv.substr(eq + 1)};
+}
+
+std::string option_text(std::string_view name, const std::string& value) {
+  return value.empty() ? std::string() : fmt::format(" {} {}", name, shell_quote(value));
 }
 
 double parse_duration(const std::string& text, const std::string& flag) {
