@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -721,6 +722,48 @@ Json merged_config(const std::vector<Json>& docs) {
   return config;
 }
 
+// The runs a summary holds, each as what decides the cases it judged: fuzz or calibrate, its shard,
+// and its config (seed, policy and overrides, allocator, vram, model, backend, ...) without what
+// only bounds or places the run (cases, seconds, corpus, out). A merge lists its inputs' runs.
+Json runs_of(const Json& doc) {
+  if (doc.contains("runs") && doc["runs"].is_array()) return doc["runs"];
+  Json config = doc.value("config", Json::object());
+  for (const char* k : {"cases", "seconds", "corpus", "out", "shard", "merged_from"}) config.erase(k);
+  Json shard = doc.value("shard", Json{{"index", 0}, {"count", 1}});
+  return Json::array({Json{{"kind", doc.contains("calibrate") ? "calibrate" : "fuzz"}, {"shard", shard}, {"config", config}}});
+}
+
+// Shards I/N and J/M of one campaign share a case index i (i mod N = I, i mod M = J) exactly when
+// I - J is a multiple of gcd(N, M): the same shard twice, or 0/2 and 0/4.
+bool shards_overlap(const Json& a, const Json& b) {
+  const std::uint64_t n = std::max<std::uint64_t>(1, get_u64(a, "count")), m = std::max<std::uint64_t>(1, get_u64(b, "count"));
+  const std::uint64_t g = std::gcd(n, m);
+  return get_u64(a, "index") % g == get_u64(b, "index") % g;
+}
+
+// Two inputs that ran the same cases (the same shard given twice, a copy of it under another
+// name, or overlapping shards of one campaign) would count each of those cases twice: bad input,
+// for campaigns and calibrations alike, naming both.
+void refuse_overlapping_inputs(const std::vector<Json>& docs, const std::vector<std::string>& dirs) {
+  std::vector<Json> runs;
+  for (const Json& d : docs) runs.push_back(runs_of(d));
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    for (std::size_t j = i + 1; j < docs.size(); ++j) {
+      for (const Json& a : runs[i]) {
+        for (const Json& b : runs[j]) {
+          if (a["kind"] != b["kind"] || a["config"] != b["config"] || !shards_overlap(a["shard"], b["shard"])) continue;
+          const Json& c = a["config"];
+          throw InputError(dirs[j], fmt::format("{} and {} ran the same cases ({} seed {}, shard {}/{} and {}/{}, the same "
+                                                "configuration): merged, each would count twice; give each shard once",
+                                                dirs[i], dirs[j], get_str(a, "kind"), c.contains("seed") ? c["seed"].dump() : "?",
+                                                get_u64(a["shard"], "index"), get_u64(a["shard"], "count"),
+                                                get_u64(b["shard"], "index"), get_u64(b["shard"], "count")));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::string>& dirs, const RunInfo& info) {
@@ -734,6 +777,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
                                             docs.front().contains("calibrate") ? "calibration" : "campaign"));
     }
   }
+  refuse_overlapping_inputs(docs, dirs);
   Json out;
   out["schema"] = kSummarySchema;
   out["tool"] = tool_version();
@@ -875,6 +919,11 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
   out["findings"] = std::move(findings);
   out["seeds"] = Json(std::vector<std::uint64_t>(seeds.begin(), seeds.end()));
   out["shards"] = std::move(shards);
+  Json runs = Json::array();
+  for (const Json& d : docs) {
+    for (const Json& r : runs_of(d)) runs.push_back(r);
+  }
+  out["runs"] = std::move(runs);
   std::string device;
   for (const std::string& d : devices) device += (device.empty() ? "" : "; ") + d;
   out["environment"] = {{"backend", docs.front().contains("environment") ? get_str(docs.front()["environment"], "backend") : info.backend},

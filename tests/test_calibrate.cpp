@@ -273,8 +273,10 @@ TEST(Calibrate, StopDuringVerificationLeavesEveryRemainingModeNotVerified) {
   const report::Json s = report::summary_from_calibration(cfg, r, report::run_info("calibrate", "test", "sim", ""));
   EXPECT_TRUE(s["run"]["interrupted"].get<bool>());
   expect_not_verified(s, cfg.margin);
-  // A merge with a shard that did verify stays not verified: the stopped shard's cases were not.
+  // A merge with a run that did verify stays not verified: the stopped run's cases were not. (The
+  // other run is another campaign, seed 2: the same cases twice would be refused.)
   CalibrationConfig whole = cfg;
+  whole.seed = 2;
   whole.should_stop = nullptr;
   const report::Json done = report::summary_from_calibration(whole, run_calibration(whole, catalog, sim),
                                                              report::run_info("calibrate", "test", "sim", ""));

@@ -297,6 +297,40 @@ TEST_F(Merge, RecordedCommandsRegenerateTheRunAndEachCase) {
   EXPECT_EQ(regenerated["verdict"], original["verdict"]);
 }
 
+TEST_F(Merge, InputsThatRanTheSameCasesAreRefusedNamingBoth) {
+  // The same shard twice, a copy of it under another name, overlapping shards of one campaign, or a
+  // merge together with one of its own shards: each case would count twice. Bad input (exit 2),
+  // naming both inputs, nothing written; fuzz and calibrate outputs alike.
+  const std::vector<std::string> base{"fuzz", "--cases", "40", "--seed", "5", "--no-shrink"};
+  for (const auto& [shard, out] : std::vector<std::pair<std::string, std::string>>{{"0/2", "s0"}, {"1/2", "s1"}, {"0/4", "q0"}}) {
+    const Proc p = run(with(base, {"--shard", shard, "--out", out}));
+    ASSERT_TRUE(p.exit_code == 0 || p.exit_code == 1) << describe(p);
+  }
+  fs::copy(dir_ / "s0", dir_ / "s0copy", fs::copy_options::recursive);
+  const Proc ok = run({"merge", "s0", "s1", "--out", "m"});
+  ASSERT_TRUE(ok.exit_code == 0 || ok.exit_code == 1) << describe(ok);
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"s0", "s0"}, {"s0", "s0copy"}, {"q0", "s0"}, {"m", "s1"}}) {
+    SCOPED_TRACE(a + " + " + b);
+    const Proc p = run({"merge", a, b, "--out", "bad"});
+    EXPECT_EQ(p.exit_code, 2) << describe(p);
+    EXPECT_NE(p.err.find(a + " and " + b + " ran the same cases"), std::string::npos) << describe(p);
+    EXPECT_FALSE(fs::exists(dir_ / "bad" / "summary.json"));
+  }
+  // Another seed is another campaign: its shard 0/2 merges with this one's.
+  const Proc other = run({"fuzz", "--cases", "40", "--seed", "6", "--no-shrink", "--shard", "0/2", "--out", "t0"});
+  ASSERT_TRUE(other.exit_code == 0 || other.exit_code == 1) << describe(other);
+  const Proc two = run({"merge", "s0", "t0", "--out", "two"});
+  EXPECT_TRUE(two.exit_code == 0 || two.exit_code == 1) << describe(two);
+  EXPECT_EQ(summary("two")["counts"]["cases"], summary("s0")["counts"]["cases"].get<int>() + summary("t0")["counts"]["cases"].get<int>());
+
+  const std::vector<std::string> calib{"calibrate", "--cases", "10", "--allocator", "raw", "--seed", "4", "--no-shrink",
+                                       "--verify-rounds", "0", "--shard", "0/2", "--out", "c0"};
+  ASSERT_EQ(run(calib).exit_code, 0);
+  const Proc cc = run({"merge", "c0", "c0", "--out", "cc"});
+  EXPECT_EQ(cc.exit_code, 2) << describe(cc);
+  EXPECT_NE(cc.err.find("c0 and c0 ran the same cases (calibrate seed 4, shard 0/2 and 0/2"), std::string::npos) << describe(cc);
+}
+
 TEST_F(Merge, MergedConfigNamesEveryAllocatorAndSumsCampaigns) {
   for (const char* mode : {"raw", "async"}) {
     const Proc p = run({"fuzz", "--cases", "20", "--no-shrink", "--allocator", mode, "--policy", "comfy:dec2025", "--out", mode});
