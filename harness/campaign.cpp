@@ -116,7 +116,8 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
   j["peaks"] = {{"reserved", r.exec.reserved_peak}, {"allocated", r.exec.allocated_peak}, {"live", r.exec.live_peak},
                 {"device_used", r.exec.device_peak}};
   j["trace_around_peak"] = trace_excerpt(s, r, r.verdict.op, 12);
-  j["replay"] = fmt::format("vramfuzz run {}", path.empty() ? "FILE" : path);
+  // Run from the file's folder: the command holds wherever the file is moved.
+  j["replay"] = fmt::format("vramfuzz run {}", path.empty() ? "FILE" : shell_quote(std::filesystem::path(path).filename().string()));
   j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
   return j.dump(2) + "\n";
 }

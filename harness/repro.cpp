@@ -1,5 +1,7 @@
 #include "harness/repro.h"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -29,6 +31,12 @@ std::string describe_models(const Scenario& s) {
                        format_mib(m.spec->bytes), dtype_name(m.compute), m.lora ? ", LoRA" : "");
   }
   return out;
+}
+
+// The replay command of a file, run from the folder the file is in (repro.md sits next to it):
+// it works wherever the folder is moved, from wherever it is opened.
+std::string replay_here(const std::string& path) {
+  return "vramfuzz replay " + shell_quote(std::filesystem::path(path).filename().string());
 }
 
 }  // namespace
@@ -94,7 +102,7 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
                  {"budget_exhausted", r.budget_exhausted},
                  {"original", size_json(r.original_size)}, {"final", size_json(r.final_size)}, {"steps", r.log}};
   j["environment"] = {{"backend", c.exec.backend}, {"device", c.exec.environment}};
-  j["replay"] = fmt::format("vramfuzz replay {}", path);
+  j["replay"] = replay_here(path);  // from this file's folder
   j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
   return j.dump(2) + "\n";
 }
@@ -150,7 +158,9 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   md += fmt::format("\nLargest overshoot seen while shrinking: {} (original case: {}).\n\n",
                     format_signed_mib(r.largest_overshoot), format_signed_mib(r.original_overshoot));
   md += "## Trace around the peak\n\n```\n" + debug_lines(s, c, v.op, 10) + "```\n\n";
-  md += fmt::format("## Replay\n\n```\nvramfuzz replay {}\n```\n\n", path);
+  md += fmt::format("## Replay\n\nFrom the folder this file is in:\n\n```\n{}\n```\n\n"
+                    "(`vramfuzz` not on the PATH: a vramfuzz checkout built as its README says has it at `build/vramfuzz`.)\n\n",
+                    replay_here(path));
   md += fmt::format("Shrunk from {} models / {} modules / {} to {} / {} / {} in {} executions{}.\n",
                     r.original_size.models, r.original_size.modules, format_mib(r.original_size.bytes), r.final_size.models,
                     r.final_size.modules, format_mib(r.final_size.bytes), r.executions,

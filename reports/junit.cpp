@@ -4,7 +4,8 @@
 // the failure's `message`, so it carries signature, overshoot, seed and replay command, and the
 // body adds the repro paths. Known findings (in the regression corpus with the same signature
 // under the same policy key) are `skipped`, as the exit code ignores them; a cell no case reached
-// is `skipped` too; backend faults are `error`s.
+// is `skipped` too; backend faults are `error`s. Replay commands and paths are written from the
+// folder junit.xml is in, and say so.
 #include <map>
 
 #include <fmt/format.h>
@@ -47,7 +48,7 @@ std::string fmt_time(double seconds) { return fmt::format("{:.3f}", seconds < 0 
 
 }  // namespace
 
-std::string junit_xml(const Json& doc) {
+std::string junit_xml(const Json& doc, const std::string& report_dir) {
   const Json& matrix = doc.contains("matrix") ? doc["matrix"] : Json::object();
   const Json counts = doc.value("counts", Json::object());
   const double seconds = get_num(counts, "seconds");
@@ -92,7 +93,7 @@ std::string junit_xml(const Json& doc) {
           if (sig.rfind(kind + ":", 0) != 0) continue;
           const std::pair<std::string, std::string> key{sig, get_str(f, "policy")};
           const Json& g = by_key.count(key) ? by_key[key] : f;
-          const std::string replay = get_str(g, "replay");
+          const std::string replay = replay_command(get_str(g, "repro"), get_str(g, "file"), report_dir);
           const std::string under = key.second.empty() ? "" : ", policy " + key.second;
           if (get_bool(g, "known")) {
             std::string by;
@@ -109,13 +110,15 @@ std::string junit_xml(const Json& doc) {
                           format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
                           elsewhere.empty() ? "" : " (new under this policy; the corpus has it under " + elsewhere + ")",
                           replay.empty() ? fmt::format(", replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
-                                         : ", replay: " + replay);
+                                         : ", replay from the folder of junit.xml: " + replay);
           fresh.push_back(line);
           fresh_count += get_u64(f, "count");
-          body += fmt::format("{}{}\n  repro: {}\n  finding: {}\n  replay: {}\n", sig, under,
-                              get_str(g, "repro").empty() ? "(not shrunk)" : get_str(g, "repro"),
-                              get_str(g, "file").empty() ? "(not written: no --out)" : get_str(g, "file"),
-                              replay.empty() ? get_str(doc, "command") : replay);
+          // Paths from the folder of junit.xml, as the replay command.
+          body += fmt::format("{}{}\n  repro: {}\n  finding: {}\n  {}\n", sig, under,
+                              get_str(g, "repro").empty() ? "(not shrunk)" : link_from(get_str(g, "repro"), report_dir),
+                              get_str(g, "file").empty() ? "(not written: no --out)" : link_from(get_str(g, "file"), report_dir),
+                              replay.empty() ? "rerun the campaign: " + get_str(doc, "command")
+                                             : "replay (from the folder of junit.xml): " + replay);
           if (g.contains("case")) body += fmt::format("  {}\n", get_str(g["case"], "title"));
         }
         if (!fresh.empty()) {

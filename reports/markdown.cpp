@@ -73,6 +73,15 @@ std::string markdown_summary(const Json& doc, const std::string& report_dir) {
             "its overrides); under another policy it is new.\n\n";
     }
     md += to_markdown(findings) + "\n";
+    // Commands, like the links, from this file's folder: they hold wherever the tree is moved.
+    for (const Json& f : get_arr(doc, "findings")) {
+      const std::string replay = replay_command(get_str(f, "repro"), get_str(f, "file"), report_dir);
+      if (replay.empty()) continue;
+      md += fmt::format("Replay a finding from the folder of this file, e.g. `{}` (each repro.md says the same from its own "
+                        "folder).\n\n",
+                        replay);
+      break;
+    }
   }
   if (doc.contains("corpus")) {
     const Json& c = doc["corpus"];

@@ -16,7 +16,8 @@ namespace vf::report {
 // relative to `report_dir`, where the report file lives.
 std::string link_from(const std::string& path, const std::string& report_dir);
 
-std::string junit_xml(const Json& summary);
+// Replay commands in a report run from the folder the report is in (`report_dir`), and say so.
+std::string junit_xml(const Json& summary, const std::string& report_dir);
 std::string markdown_summary(const Json& summary, const std::string& report_dir);
 std::string html_report(const Json& summary, const std::string& report_dir);
 

@@ -18,6 +18,7 @@
 #include "harness/core/json_in.h"
 #include "harness/repro.h"
 #include "reports/json_util.h"
+#include "reports/render.h"
 
 namespace vf::report {
 
@@ -182,8 +183,8 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
   return j;
 }
 
-Json case_view(const ShrinkResult& sr, const std::string& repro_path) {
-  Json j = case_view(sr.minimal, sr.result, repro_title(sr), fmt::format("vramfuzz replay {}", repro_path));
+Json case_view(const ShrinkResult& sr, const std::string& replay) {
+  Json j = case_view(sr.minimal, sr.result, repro_title(sr), replay);
   j["reliability"] = {{"runs", sr.confirm_runs}, {"reproduced", sr.reproduced}, {"flaky", sr.flaky}};
   j["shrink"] = {{"executions", sr.executions},
                  {"original_modules", sr.original_size.modules},
@@ -287,10 +288,20 @@ void annotate_corpus(Json& f, const Json& doc) {
   f["corpus_other_policies"] = others;
 }
 
-std::string replay_for(const std::string& repro, const std::string& file) {
-  if (!repro.empty()) return "vramfuzz replay " + repro;
-  if (!file.empty()) return "vramfuzz run " + file;
+}  // namespace
+
+std::string replay_command(const std::string& repro, const std::string& file, const std::string& from_dir) {
+  if (!repro.empty()) return "vramfuzz replay " + shell_quote(link_from(repro, from_dir));
+  if (!file.empty()) return "vramfuzz run " + shell_quote(link_from(file, from_dir));
   return "";
+}
+
+namespace {
+
+// A finding's replay command as summary.json records it: run from the folder summary.json is in
+// (its recorded --out), so it holds wherever the tree is moved or downloaded.
+std::string replay_for(const std::string& repro, const std::string& file, const Json& doc) {
+  return replay_command(repro, file, doc.contains("config") ? get_str(doc["config"], "out") : "");
 }
 
 
@@ -341,11 +352,11 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
               {"first_case_index", c.first_case_index},
               {"campaign_seed", cfg.seed},
               {"kind", kind_of(sig)},
-              {"replay", replay_for(c.repro_file, c.first_file)}};
+              {"replay", replay_command(c.repro_file, c.first_file, cfg.out_dir)}};
     annotate_corpus(f, corpus);
     if (c.shrunk) {
       f["reliability"] = {{"runs", c.shrunk->confirm_runs}, {"reproduced", c.shrunk->reproduced}};
-      f["case"] = case_view(*c.shrunk, c.repro_file);
+      f["case"] = case_view(*c.shrunk, replay_command(c.repro_file, "", cfg.out_dir));
     }
     sigs.push_back(std::move(f));
   }
@@ -589,7 +600,7 @@ void calibration_findings(const std::vector<CalibSample>& samples, const std::ve
   for (auto& [sig, f] : sigs) {
     if (auto it = files.find(sig); it != files.end()) {
       f["file"] = it->second;
-      f["replay"] = replay_for("", it->second);
+      f["replay"] = replay_for("", it->second, doc);
     }
   }
   // The worst case of a mode, shrunk, is the repro of its signature.
@@ -600,7 +611,7 @@ void calibration_findings(const std::vector<CalibSample>& samples, const std::ve
     Json& f = sigs[sig];
     f["repro"] = get_str(w, "file");
     f["repro_modules"] = get_u64(w, "modules");
-    f["replay"] = replay_for(get_str(w, "file"), "");
+    f["replay"] = replay_for(get_str(w, "file"), "", doc);
     f["case"] = w["case"];
     if (w["case"].contains("reliability")) {
       f["reliability"] = {{"runs", w["case"]["reliability"]["runs"]}, {"reproduced", w["case"]["reliability"]["reproduced"]}};
@@ -669,7 +680,7 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
   for (const CalibWorst& w : r.worst) {
     Json wj = {{"case_index", w.case_index}, {"case_seed", w.case_seed}, {"delta", w.delta}, {"oom", w.oom},
                {"signature", w.signature}, {"file", w.file}, {"modules", w.modules}};
-    if (w.shrunk) wj["case"] = case_view(*w.shrunk, w.file);
+    if (w.shrunk) wj["case"] = case_view(*w.shrunk, replay_command(w.file, "", cfg.out_dir));
     worst[std::string(allocator_mode_name(w.mode))] = std::move(wj);
   }
   const Json meta = {{"policy", cfg.gen.policy.value_or("comfy:dec2025")}, {"seed", cfg.seed}, {"cases_drawn", r.cases}};
@@ -829,8 +840,8 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
     for (const Json& f0 : docs[i].value("findings", Json::array())) {
       Json f = f0;
       for (const char* k : {"repro", "file"}) f[k] = fix(i, get_str(f, k));
-      f["replay"] = replay_for(get_str(f, "repro"), get_str(f, "file"));
-      if (f.contains("case")) f["case"]["replay"] = replay_for(get_str(f, "repro"), "");
+      f["replay"] = replay_command(get_str(f, "repro"), get_str(f, "file"), info.out_dir);
+      if (f.contains("case")) f["case"]["replay"] = replay_command(get_str(f, "repro"), "", info.out_dir);
       const std::pair<std::string, std::string> key{get_str(f, "signature"), get_str(f, "policy")};
       auto it = sigs.find(key);
       if (it == sigs.end()) {
@@ -995,7 +1006,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       if (!m.contains("worst")) continue;
       Json w = m["worst"];
       w["file"] = fix(i, get_str(w, "file"));
-      if (w.contains("case")) w["case"]["replay"] = replay_for(get_str(w, "file"), "");
+      if (w.contains("case")) w["case"]["replay"] = replay_command(get_str(w, "file"), "", info.out_dir);
       const std::string mode = get_str(m, "allocator");
       if (!worst.contains(mode) || get_i64(w, "delta") > get_i64(worst[mode], "delta")) worst[mode] = std::move(w);
     }
@@ -1032,15 +1043,15 @@ Json relocated(const Json& doc, const std::string& summary_dir) {
     for (Json& f : out["findings"]) {
       fix(f, "repro");
       fix(f, "file");
-      f["replay"] = replay_for(get_str(f, "repro"), get_str(f, "file"));
-      if (f.contains("case")) f["case"]["replay"] = replay_for(get_str(f, "repro"), "");
+      f["replay"] = replay_command(get_str(f, "repro"), get_str(f, "file"), summary_dir);
+      if (f.contains("case")) f["case"]["replay"] = replay_command(get_str(f, "repro"), "", summary_dir);
     }
   }
   if (out.contains("calibrate") && out["calibrate"].contains("modes")) {
     for (Json& m : out["calibrate"]["modes"]) {
       if (!m.contains("worst")) continue;
       fix(m["worst"], "file");
-      if (m["worst"].contains("case")) m["worst"]["case"]["replay"] = replay_for(get_str(m["worst"], "file"), "");
+      if (m["worst"].contains("case")) m["worst"]["case"]["replay"] = replay_command(get_str(m["worst"], "file"), "", summary_dir);
     }
   }
   if (out["config"].contains("merged_from")) {

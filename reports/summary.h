@@ -42,7 +42,12 @@ std::string host_name();
 // rows around the peak with what each op did.
 Json case_view(const Scenario& s, const CaseResult& r, const std::string& title, const std::string& replay,
                std::size_t max_rows = 2000);
-Json case_view(const ShrinkResult& sr, const std::string& repro_path);
+Json case_view(const ShrinkResult& sr, const std::string& replay);
+
+// The command that replays a finding (its repro, else its finding file), run from `from_dir`: the
+// path is written relative to it. summary.json's commands run from its folder, a report's from the
+// report's folder, so a tree moved as a whole keeps them working.
+std::string replay_command(const std::string& repro, const std::string& file, const std::string& from_dir);
 
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info);
 Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationResult& r, const RunInfo& info);

@@ -13,7 +13,7 @@ ReportFiles write_reports(const std::string& out_dir, const Json& summary) {
   f.junit = (fs::path(out_dir) / "junit.xml").string();
   f.markdown = (fs::path(out_dir) / "summary.md").string();
   write_file_atomic(f.summary, dump_summary(summary));
-  write_file_atomic(f.junit, junit_xml(summary));
+  write_file_atomic(f.junit, junit_xml(summary, out_dir));
   write_file_atomic(f.markdown, markdown_summary(summary, out_dir));
   write_file_atomic(f.html, html_report(summary, out_dir));
   return f;

@@ -492,8 +492,8 @@ TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
   }
   for (const fs::path& sig_dir : sig_dirs) {
     const std::string dir_name = sig_dir.parent_path().filename().string() + "/" + sig_dir.filename().string();
-    // The repro: schema, same signature and policy, a replay command that reproduces it, and its
-    // issue body.
+    // The repro: schema, same signature and policy, a replay command that reproduces it from its
+    // own folder, and its issue body.
     const fs::path repro = sig_dir / "repro.json";
     ASSERT_TRUE(fs::exists(repro)) << dir_name;
     ASSERT_TRUE(fs::exists(sig_dir / "repro.md")) << dir_name;
@@ -502,31 +502,73 @@ TEST_F(Cli, FuzzWritesASummaryAndFindingsThatReplay) {
     Catalog catalog;
     EXPECT_EQ(policy_dir(load_case_file(repro.string(), catalog).policy.key()) + "/" + signature_dir(r["signature"].get<std::string>()),
               dir_name);
-    const std::string rel_repro = fs::relative(repro, dir_).string();
-    EXPECT_EQ(r["replay"], "vramfuzz replay " + rel_repro);
-    const Proc rr = run({"replay", rel_repro});
+    EXPECT_EQ(r["replay"], "vramfuzz replay repro.json");
+    const Proc rr = run_cli({"replay", "repro.json"}, sig_dir);
     expect_clean(rr);
     EXPECT_EQ(rr.exit_code, 1) << describe(rr);
     EXPECT_NE(read_file(sig_dir / "repro.md").find(r["signature"].get<std::string>()), std::string::npos);
     for (const auto& file : fs::directory_iterator(sig_dir)) {
       const std::string name = file.path().filename().string();
       if (name == "repro.json" || name == "repro.md") continue;
-      const std::string rel = fs::relative(file.path(), dir_).string();
-      SCOPED_TRACE(rel);
+      SCOPED_TRACE(name);
       ++files_per_dir[dir_name];
       EXPECT_EQ(file.path().extension(), ".json");
       const json f = json::parse(read_file(file.path()));  // throws (fails the test) if invalid
       EXPECT_EQ(f["schema"], "vramfuzz.finding/1");
       const std::string sig = f["signature"].get<std::string>();
       EXPECT_EQ(signature_dir(sig), sig_dir.filename().string());
-      EXPECT_EQ(f["replay"], "vramfuzz run " + rel);
-      const Proc replay = run({"run", rel});
+      EXPECT_EQ(f["replay"], "vramfuzz run " + name);
+      const Proc replay = run_cli({"run", name}, sig_dir);
       expect_clean(replay);
       EXPECT_EQ(replay.exit_code, 1) << describe(replay);
       EXPECT_EQ(verdict_signature(verdict_line(replay.out)), sig) << describe(replay);
     }
   }
   EXPECT_EQ(files_per_dir, expected_files);
+}
+
+// The command after `needle` in `text`, up to the end of its line, the closing backquote, tag or
+// attribute quote, or the next signature of a JUnit message.
+std::string command_after(const std::string& text, const std::string& needle) {
+  const auto at = text.find(needle);
+  if (at == std::string::npos) return "";
+  const auto start = at + needle.size();
+  return text.substr(start, text.find_first_of("`\n<\";", start) - start);
+}
+
+TEST_F(Cli, PrintedReplayCommandsWorkFromTheFolderTheySayAndAfterAMove) {
+  // A relative --out, as people type it. Every replay command vramfuzz prints is phrased from the
+  // folder of the file it is printed in, so it works whatever directory the reader is in, and
+  // after the tree moved.
+  const Proc p = run({"fuzz", "--seed", "3", "--cases", "20", "--policy", "comfy:dec2025", "--shrink-execs", "40", "--allocator", "raw",
+                      "--out", "out2"});
+  ASSERT_EQ(p.exit_code, 1) << "seed 3 finds a violation at case 10\n" << describe(p);
+  fs::rename(dir_ / "out2", dir_ / "moved");
+  const fs::path out = dir_ / "moved";
+  const fs::path bin = dir_ / "bin";
+  std::size_t checked = 0;
+  auto expect_reproduces = [&](const std::string& command, const fs::path& cwd, const std::string& where) {
+    SCOPED_TRACE(where + ": " + command);
+    ASSERT_EQ(command.rfind("vramfuzz replay ", 0), 0u);
+    const Proc r = test::run_pasted(VF_CLI, command, cwd, bin);
+    expect_clean(r);
+    EXPECT_EQ(r.exit_code, 1) << describe(r);
+    ++checked;
+  };
+  for (const auto& e : fs::recursive_directory_iterator(out / "findings")) {
+    if (e.path().filename() != "repro.md") continue;
+    const std::string md = read_file(e.path());
+    ASSERT_NE(md.find("From the folder this file is in:"), std::string::npos) << md;
+    expect_reproduces(command_after(md, "From the folder this file is in:\n\n```\n"), e.path().parent_path(), "repro.md");
+  }
+  const std::string md = read_file(out / "summary.md");
+  expect_reproduces(command_after(md, "Replay a finding from the folder of this file, e.g. `"), out, "summary.md");
+  const std::string junit = read_file(out / "junit.xml");
+  expect_reproduces(command_after(junit, "replay from the folder of junit.xml: "), out, "junit.xml message");
+  expect_reproduces(command_after(junit, "replay (from the folder of junit.xml): "), out, "junit.xml body");
+  const std::string html = read_file(out / "report.html");
+  expect_reproduces(command_after(html, "replay from the folder of this report:</p>\n<pre>"), out, "report.html");
+  EXPECT_GE(checked, 5u);
 }
 
 TEST_F(Cli, FuzzTakesAllocatorOptionsForItsOneModeAndRecordsThem) {

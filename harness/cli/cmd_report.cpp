@@ -31,7 +31,7 @@ int do_report(const ReportFlags& f) {
   std::fputs(report::terminal_findings(doc).c_str(), stdout);
   std::fputs(report::terminal_calibrate(doc).c_str(), stdout);
   if (!junit.empty()) {
-    write_file_atomic(junit, report::junit_xml(doc));
+    write_file_atomic(junit, report::junit_xml(doc, dir_of(junit)));
     std::fputs(fmt::format("junit: {}\n", junit).c_str(), stdout);
   }
   if (!markdown.empty()) {
