@@ -54,6 +54,29 @@ std::string candidate_key(const Scenario& s) {
   return fmt::format("{:016x}{:016x}{:x}", fnv, h2, json.size());
 }
 
+// The labels of a shrunk case. The original's name and device name describe the original ("...,
+// 12 GiB, 2 offload streams"), which the shrunk case no longer is: the name says what the case is
+// now and that it was shrunk from the original (named once, however often it is shrunk again);
+// a device whose size changed is named as shrunk from the original card.
+void name_shrunk(const Scenario& original, Scenario& shrunk) {
+  static constexpr std::string_view kFrom = "; shrunk from \"";
+  std::string from = original.name;
+  if (const auto at = from.find(kFrom); at != std::string::npos && from.back() == '"') {
+    from = from.substr(at + kFrom.size(), from.size() - at - kFrom.size() - 1);
+  } else if (from.size() >= 8 && from.ends_with("; shrunk")) {
+    from.clear();
+  }
+  std::string now;
+  for (const ModelRef& m : shrunk.models) {
+    now += fmt::format("{}{} ({} module{})", now.empty() ? "" : ", ", m.id, m.spec->modules.size(), m.spec->modules.size() == 1 ? "" : "s");
+  }
+  now += fmt::format(", {} device, {} offload stream{}", format_size(shrunk.device.total), shrunk.streams(), shrunk.streams() == 1 ? "" : "s");
+  shrunk.name = from.empty() ? now + "; shrunk" : fmt::format("{}{}{}\"", now, kFrom, from);
+  if (shrunk.device.total != original.device.total && shrunk.device.name != "sim" && !shrunk.device.name.starts_with("shrunk from ")) {
+    shrunk.device.name = "shrunk from " + shrunk.device.name;
+  }
+}
+
 std::uint64_t floor_pow2(std::uint64_t v) { return v == 0 ? 0 : std::uint64_t{1} << (63 - __builtin_clzll(v)); }
 
 class Shrinker {
@@ -109,6 +132,8 @@ class Shrinker {
     out.flaky = static_cast<double>(out.reproduced) < opt_.flaky_below * out.confirm_runs;
     out.seconds = elapsed();
     out.log = std::move(log_);
+    // Labels only (they change no verdict): a case the passes did not change keeps its own.
+    if (accepted_ > 0) name_shrunk(s, out.minimal);
     return out;
   }
 

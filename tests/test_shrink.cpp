@@ -64,6 +64,32 @@ TEST(Shrink, OriginFindingShrinksToAFewModulesFrugally) {
   EXPECT_TRUE(fp8_weight);
 }
 
+TEST(Shrink, TheShrunkCaseIsNamedForWhatItIsAndWhereItCameFrom) {
+  // The origin is "..., 12 GiB, 2 offload streams"; its repro is a smaller device with fewer
+  // modules and no offload stream: the name must not claim the original's facts as its own.
+  Catalog catalog;
+  const Scenario s = origin_oct2025(catalog);
+  ASSERT_EQ(s.name, "origin: FLUX.2 text encoder, fp8 stored, fp32 compute, 12 GiB, 2 offload streams");
+  SimBackend backend;
+  const ShrinkResult r = shrink(s, backend, ShrinkOptions{});
+  const Scenario& m = r.minimal;
+  ASSERT_NE(m.device.total, s.device.total);
+  ASSERT_NE(m.streams(), 2u);
+  const std::size_t modules = m.models[0].spec->modules.size();
+  EXPECT_EQ(m.name, fmt::format("te ({} module{}), {} device, {} offload stream{}; shrunk from \"{}\"", modules, modules == 1 ? "" : "s",
+                                format_size(m.device.total), m.streams(), m.streams() == 1 ? "" : "s", s.name));
+  EXPECT_EQ(m.device.name, "shrunk from RTX 3060 12GB (sim)");
+  // The repro's title and the issue body carry the facts of the shrunk case.
+  EXPECT_NE(repro_title(r).find(format_size(m.device.total)), std::string::npos) << repro_title(r);
+  // Shrunk again (a repro is a valid input): the original is named once, not nested.
+  Scenario again = m;
+  again.device.total += 512 * MiB;  // room for the shrinker to take away
+  const ShrinkResult r2 = shrink(again, backend, ShrinkOptions{});
+  EXPECT_EQ(r2.minimal.name.find("shrunk from"), r2.minimal.name.rfind("shrunk from")) << r2.minimal.name;
+  EXPECT_NE(r2.minimal.name.find("shrunk from \"" + s.name + "\""), std::string::npos) << r2.minimal.name;
+  EXPECT_EQ(r2.minimal.device.name, "shrunk from RTX 3060 12GB (sim)");
+}
+
 TEST(Shrink, NeverRunsACandidateTwice) {
   Catalog catalog;
   CountingBackend backend;
