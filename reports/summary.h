@@ -59,12 +59,14 @@ Json calibrate_section(const std::vector<CalibSample>& samples, const std::vecto
 std::vector<CalibSample> samples_from_json(const Json& section);
 std::vector<CalibExcluded> excluded_from_json(const Json& section);
 
-// Merges summaries: findings deduplicated by signature (counts summed, worst overshoot the max,
-// the repro of the earliest case kept), matrices and counts summed, corpus results joined,
+// Merges summaries: findings deduplicated by signature and policy key (counts summed, worst
+// overshoot the max, the repro of the earliest case kept, known by the campaign's rule against the
+// joined corpus), matrices and counts summed, corpus results joined,
 // calibration samples pooled and their tables recomputed; `config` keeps what the inputs agree on
 // (`merged_config` in summary.cpp). `dirs[i]` is where docs[i] was read from: paths inside it are
 // rewritten to stay valid from the current directory, by way of `info.out_dir` (relocate() then
-// works from there). Campaigns and calibrations do not mix: InputError.
+// works from there). Campaigns and calibrations do not mix, and neither do inputs that ran the
+// same cases (the same shard twice): InputError.
 Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::string>& dirs, const RunInfo& info);
 
 // Reads DIR/summary.json (InputError naming the file when it is missing or not a summary).

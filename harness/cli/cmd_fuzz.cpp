@@ -234,7 +234,7 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->transform(kPositiveCount);
-  cmd->add_option("--corpus", f->corpus, "replay every repro under DIR first; their signatures count as known");
+  cmd->add_option("--corpus", f->corpus, "replay every repro under DIR first; a finding whose signature one has under the same policy counts as known");
   cmd->add_option("--shard", f->shard, "I/N: run only the cases i with i mod N == I (seeds unchanged; shards merge with `vramfuzz merge`)");
   cmd->add_option("--devices", f->devices, "0,1,...: one worker process per device (CUDA_VISIBLE_DEVICES), merged into --out");
   cmd->add_option("--progress", f->progress, "auto | tty | plain | off (auto: a live line on a terminal, a log line every 10 s otherwise)")

@@ -1,5 +1,6 @@
 // vramfuzz merge OUT1 OUT2 ... --out MERGED: one result from shards (--shard, --devices, CI
-// matrix jobs): findings deduplicated by signature, calibration percentiles recomputed.
+// matrix jobs): findings deduplicated by signature and policy key, calibration percentiles
+// recomputed; inputs that ran the same cases are refused.
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -34,7 +35,7 @@ int do_merge(const MergeFlags& f) {
 
 void add_merge(CLI::App& app, Action& action) {
   auto f = std::make_shared<MergeFlags>();
-  CLI::App* cmd = app.add_subcommand("merge", "merge the outputs of shards into one (findings by signature, calibration re-computed)");
+  CLI::App* cmd = app.add_subcommand("merge", "merge the outputs of shards into one (findings by signature and policy, calibration re-computed)");
   cmd->add_option("OUT", f->dirs, "directories with summary.json (fuzz or calibrate outputs)")->required()->expected(1, -1);
   cmd->add_option("--out", f->out, "where the merged summary.json and reports go")->required();
   cmd->callback([f, &action] { action = [f] { return do_merge(*f); }; });
