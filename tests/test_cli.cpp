@@ -336,7 +336,7 @@ TEST_F(Cli, FlagsGivenTwiceWithTheSameKeyAreErrors) {
   const Proc ok = run({"plan", kExample, "--set", "cfg_mult=3", "--reserve", "600MiB"});
   EXPECT_EQ(ok.exit_code, 0) << describe(ok);
   EXPECT_NE(ok.out.find("reserve 600.00 MiB"), std::string::npos) << ok.out;
-  // fuzz draws each case's allocator options: --option there would be ignored, so it is refused.
+  // fuzz: allocator options belong to one mode, so --option needs --allocator.
   expect_bad_input({"fuzz", "--cases", "1", "--option", "pool_granularity=32MiB"}, "--option");
 }
 

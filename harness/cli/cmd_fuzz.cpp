@@ -239,8 +239,7 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--devices", f->devices, "0,1,...: one worker process per device (CUDA_VISIBLE_DEVICES), merged into --out");
   cmd->add_option("--progress", f->progress, "auto | tty | plain | off (auto: a live line on a terminal, a log line every 10 s otherwise)")
       ->capture_default_str();
-  // No --option: the campaign draws each case's allocator options with its mode.
-  f->policy.add_to(*cmd, true, false);
+  f->policy.add_to(*cmd, true);  // --option needs --allocator here (do_fuzz)
   cmd->callback([f, &action] { action = [f] { return do_fuzz(*f); }; });
 }
 

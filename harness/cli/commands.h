@@ -21,8 +21,7 @@ struct PolicyFlags {
   std::vector<std::string> sets;       // --set key=value (policy constants)
   std::string allocator;               // --allocator caching
   std::vector<std::string> options;    // --option key=value (allocator options)
-  // with_options: --option too (commands that run a scenario; a campaign draws its allocators).
-  void add_to(CLI::App& app, bool with_allocator, bool with_options = true);
+  void add_to(CLI::App& app, bool with_allocator);
   // --reserve and --set as (constant, value) pairs; InputError when a constant is given twice.
   std::vector<std::pair<std::string, std::string>> overrides() const;
   // Applies them to a loaded scenario (flags win over the file).

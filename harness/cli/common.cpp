@@ -46,14 +46,14 @@ const CLI::Validator kNonNegative([](std::string& v) { return check_decimal_u64(
 // A count that must be at least 1 (0 would otherwise mean "the default" somewhere downstream).
 const CLI::Validator kPositiveCount([](std::string& v) { return check_decimal_u64(v, true); }, "COUNT");
 
-void PolicyFlags::add_to(CLI::App& app, bool with_allocator, bool with_options) {
+void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
   app.add_option("--policy", policy, "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | exact[:PRESET]");
   app.add_option("--reserve", reserve, "override the reserve (e.g. 600MiB)");
   app.add_option("--set", sets, "override a policy constant: key=value (repeatable, each key once)");
   if (with_allocator) {
     app.add_option("--allocator", allocator, "allocator mode: raw | caching | caching-expandable | async (or native, cudaMallocAsync)");
   }
-  if (with_allocator && with_options) {
+  if (with_allocator) {
     app.add_option("--option", options, "allocator option: key=value (repeatable, each key once), e.g. max_split_size_mb=128");
   }
 }
