@@ -142,8 +142,7 @@ std::string Policy::key() const {
   add(c.min_weight_ratio != base.min_weight_ratio, "min_weight_ratio", fmt::format("{}", c.min_weight_ratio));
   add(c.num_streams != base.num_streams, "num_streams", std::to_string(c.num_streams));
   add(c.patch_sync != base.patch_sync, "patch_sync", boolean(c.patch_sync));
-  // The exact predictor adds a given reserve (and none by default) even when it is the preset's.
-  add(c.reserve != base.reserve || exact_reserve.has_value(), "reserve", canonical_size(exact_reserve.value_or(c.reserve)));
+  // `reserve` is not part of the key (see scenario.h).
   add(c.unload_factor != base.unload_factor, "unload_factor", fmt::format("{}", c.unload_factor));
   add(c.weight_floor != base.weight_floor, "weight_floor", canonical_size(c.weight_floor));
   return out;

@@ -116,9 +116,11 @@ struct Policy {
   // The predictor this policy is, as one string: the label, then every constant whose value
   // differs from the preset's as sorted `key=value` pairs in canonical form (sizes as GiB / MiB /
   // KiB / bytes, whichever is exact; numbers in their shortest form; booleans true/false), e.g.
-  // "comfy:dec2025 dequant_term=false reserve=600MiB". An override that restates the preset's
-  // value is no override. Two policies with the same key predict the same plans; findings are
-  // known (in a regression corpus) only under the same key.
+  // "comfy:dec2025 dequant_term=false". An override that restates the preset's value is no
+  // override. The reserve is left out: it decides how often an accounting gap shows, not which
+  // gap it is (campaigns without --policy draw it per case, and a corpus repro made with one
+  // reserve covers the same bug under another). Findings are known (in a regression corpus) only
+  // under the same key.
   std::string key() const;
 };
 

@@ -410,16 +410,18 @@ TEST(Scenario, PolicyKeyIsTheLabelPlusSortedCanonicalOverrides) {
   // The origin's Dec-04 state is another predictor than stock dec2025.
   EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "false"}}), "comfy:dec2025 dequant_term=false");
   // Sorted by key, whatever the order given; values in one canonical form.
-  EXPECT_EQ(key("comfy:dec2025", {{"reserve", "629145600"}, {"dequant_term", "0"}}), "comfy:dec2025 dequant_term=false reserve=600MiB");
-  EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "off"}, {"reserve", "0.5GiB"}}), "comfy:dec2025 dequant_term=false reserve=512MiB");
-  EXPECT_EQ(key("comfy:dec2025", {{"reserve", "1GiB"}, {"cfg_mult", "2.50"}, {"account", "largest"}}),
-            "comfy:dec2025 account=largest cfg_mult=2.5 reserve=1GiB");
+  EXPECT_EQ(key("comfy:dec2025", {{"weight_floor", "134217728"}, {"dequant_term", "0"}}), "comfy:dec2025 dequant_term=false weight_floor=128MiB");
+  EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "off"}, {"inference_floor", "0.5GiB"}}),
+            "comfy:dec2025 dequant_term=false inference_floor=512MiB");
+  EXPECT_EQ(key("comfy:dec2025", {{"weight_floor", "1GiB"}, {"cfg_mult", "2.50"}, {"account", "largest"}}),
+            "comfy:dec2025 account=largest cfg_mult=2.5 weight_floor=1GiB");
+  // The reserve decides how often a gap shows, not which gap: it is not part of the key.
+  EXPECT_EQ(key("comfy:dec2025", {{"reserve", "1GiB"}, {"dequant_term", "false"}}), "comfy:dec2025 dequant_term=false");
   // Restating the preset's value is no override.
   EXPECT_EQ(key("comfy:dec2025", {{"dequant_term", "true"}, {"reserve", "400MiB"}}), "comfy:dec2025");
   EXPECT_EQ(key("comfy:oct2025", {{"weight_floor", "128MiB"}}), "comfy:oct2025");
   EXPECT_EQ(key("comfy:dec2025", {{"weight_floor", "128MiB"}}), "comfy:dec2025 weight_floor=128MiB");
-  // exact adds no reserve by default: any given reserve is part of the predictor.
-  EXPECT_EQ(key("exact", {{"reserve", "400MiB"}}), "exact:dec2025 reserve=400MiB");
+  EXPECT_EQ(key("exact", {{"reserve", "400MiB"}}), "exact:dec2025");
   EXPECT_EQ(key("exact:oct2025", {{"exact_reserve", "bound"}}), "exact:oct2025 exact_reserve=bound");
   // What a scenario file says round-trips to the same key.
   Catalog catalog;
