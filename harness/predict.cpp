@@ -48,7 +48,7 @@ class ComfyPlanner {
 
   Plan run() {
     Plan plan;
-    plan.policy = s_.policy.label();
+    plan.policy = s_.policy.key();  // the preset and its overrides (the reserve is printed beside it)
     plan.reserve = c_.reserve;
     plan.streams = ns_;
     plan.available = available_;

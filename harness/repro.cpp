@@ -58,7 +58,7 @@ std::string repro_title(const ShrinkResult& r) {
   }
   const std::string what = v.kind == VerdictKind::oom ? "OOMs" : "exceeds predicted + reserve";
   return fmt::format("{}: {} {} in {}{} ({} device, {}, {})", r.signature, m.id, what, stage_op_name(st.op), dtypes,
-                     format_size(s.device.total), allocator_mode_name(s.allocator.mode), s.policy.label());
+                     format_size(s.device.total), allocator_mode_name(s.allocator.mode), s.policy.key());
 }
 
 std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const std::string& path) {
@@ -122,7 +122,7 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   std::string opts;
   for (const auto& [k, val] : s.allocator.options) opts += fmt::format(" {}={}", k, val);
   md += fmt::format("| allocator | {}{} |\n", allocator_mode_name(s.allocator.mode), opts);
-  md += fmt::format("| policy | {} (reserve {}) |\n", s.policy.label(), format_mib(c.plan.reserve));
+  md += fmt::format("| policy | {} (reserve {}) |\n", s.policy.key(), format_mib(c.plan.reserve));
   md += fmt::format("| offload streams | {} |\n", s.streams());
   md += fmt::format("| workload | {}x{}, batch {}, frames {}, cfg {} |\n", s.workload.width, s.workload.height,
                     s.workload.batch, s.workload.frames, s.workload.cfg);

@@ -74,7 +74,7 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
                    {"device_total", s.device.total},
                    {"available", r.plan.available},
                    {"allocator", allocator_mode_name(s.allocator.mode)},
-                   {"policy", s.policy.label()},
+                   {"policy", s.policy.key()},
                    {"streams", s.streams()},
                    {"workload", fmt::format("{}x{}, batch {}, frames {}, cfg {}", s.workload.width, s.workload.height,
                                             s.workload.batch, s.workload.frames, s.workload.cfg)}};

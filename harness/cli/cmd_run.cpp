@@ -33,7 +33,7 @@ std::string header(const Scenario& s) {
   return fmt::format("scenario {}: {} device ({} used by others, {} context), allocator {}, policy {}, offload streams {}\n"
                      "models: {}\nworkload: {}x{} batch {} frames {} cfg {}\n",
                      s.name.empty() ? "(unnamed)" : s.name, format_size(s.device.total), format_mib(s.device.used_by_others),
-                     format_mib(s.device.context_overhead), allocator_mode_name(s.allocator.mode), s.policy.label(),
+                     format_mib(s.device.context_overhead), allocator_mode_name(s.allocator.mode), s.policy.key(),
                      s.streams(), models, s.workload.width, s.workload.height, s.workload.batch, s.workload.frames,
                      s.workload.cfg);
 }
