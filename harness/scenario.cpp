@@ -739,12 +739,12 @@ std::map<Dtype, Bytes> weight_bytes_by_dtype(const ModelSpec& spec) {
   }
   return by;
 }
-}  // namespace
 
-Dtype dominant_storage(const ModelRef& m) {
-  Dtype d = m.compute;
+// The dtype with the most bytes (`fallback` when there are none).
+Dtype dominant(const std::map<Dtype, Bytes>& by, Dtype fallback) {
+  Dtype d = fallback;
   Bytes most = 0;
-  for (const auto& [dtype, b] : weight_bytes_by_dtype(*m.spec)) {
+  for (const auto& [dtype, b] : by) {
     if (b > most) {
       most = b;
       d = dtype;
@@ -752,11 +752,14 @@ Dtype dominant_storage(const ModelRef& m) {
   }
   return d;
 }
+}  // namespace
+
+Dtype dominant_storage(const ModelRef& m) { return dominant(weight_bytes_by_dtype(*m.spec), m.compute); }
 
 std::string storage_label(const ModelRef& m) {
   if (m.source.rfind("catalog:", 0) == 0) return std::string(dtype_name(m.storage.dtype));
   const std::map<Dtype, Bytes> by = weight_bytes_by_dtype(*m.spec);
-  const Dtype main = dominant_storage(m);
+  const Dtype main = dominant(by, m.compute);
   if (by.size() <= 1) return std::string(dtype_name(main));
   Bytes all = 0;
   for (const auto& [d, b] : by) all += b;

@@ -442,17 +442,20 @@ int run_gpu_check(const GpuCheckConfig& cfg) {
     if (std::find(sections.begin(), sections.end(), name) == sections.end()) continue;
     const std::string key(name);
     const detail::Deadline dl(box_seconds(cfg, name));
-    // On disk before it starts: a section that crashes the process is seen as "running".
-    doc["sections"][key] = {{"status", "running"}, {"time_box_seconds", dl.seconds()}};
-    write_doc(cfg.out_dir, doc);
-    spdlog::info("gpu-check: {} (time box {:.0f} s)", name, dl.seconds());
-    Json data = Json::object();
-    ctx.checkpoint = [&](const Json& so_far) {
-      Json sec = {{"status", "running"}, {"seconds", dl.elapsed()}, {"time_box_seconds", dl.seconds()}};
-      for (const auto& [k, v] : so_far.items()) sec[k] = v;
+    // The section's record: its status and times, `head` (error, stopped_by), then its data.
+    auto publish = [&](std::string_view status, Json head, const Json& data) {
+      Json sec = {{"status", status}, {"seconds", dl.elapsed()}, {"time_box_seconds", dl.seconds()}};
+      for (const auto& [k, v] : head.items()) sec[k] = v;
+      for (const auto& [k, v] : data.items()) sec[k] = v;
       doc["sections"][key] = std::move(sec);
       write_doc(cfg.out_dir, doc);
     };
+    // On disk before it starts (and after every measurement): a section that crashes the process
+    // is seen as "running" with what it had measured.
+    publish("running", Json::object(), Json::object());
+    spdlog::info("gpu-check: {} (time box {:.0f} s)", name, dl.seconds());
+    Json data = Json::object();
+    ctx.checkpoint = [&](const Json& so_far) { publish("running", Json::object(), so_far); };
     std::string status = "ok";
     std::string error;
     try {
@@ -465,13 +468,11 @@ int run_gpu_check(const GpuCheckConfig& cfg) {
       spdlog::error("gpu-check: {}: {}", name, error);
     }
     ctx.checkpoint = [](const Json&) {};
-    Json sec = {{"status", status}, {"seconds", dl.elapsed()}, {"time_box_seconds", dl.seconds()}};
-    if (!error.empty()) sec["error"] = error;
+    Json head = Json::object();
+    if (!error.empty()) head["error"] = error;
     const bool signalled = detail::g_stop_requested.load();
-    if (signalled) sec["stopped_by"] = "SIGTERM/SIGINT (ci/gpu-check.sh's hard limit, or the user)";
-    for (auto& [k, v] : data.items()) sec[k] = v;
-    doc["sections"][key] = std::move(sec);
-    write_doc(cfg.out_dir, doc);
+    if (signalled) head["stopped_by"] = "SIGTERM/SIGINT (ci/gpu-check.sh's hard limit, or the user)";
+    publish(status, std::move(head), data);
     if (signalled) {
       failed = true;
       break;
