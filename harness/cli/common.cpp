@@ -52,8 +52,6 @@ void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
   app.add_option("--set", sets, "override a policy constant: key=value (repeatable, each key once)");
   if (with_allocator) {
     app.add_option("--allocator", allocator, "allocator mode: raw | caching | caching-expandable | async (or native, cudaMallocAsync)");
-  }
-  if (with_allocator) {
     app.add_option("--option", options, "allocator option: key=value (repeatable, each key once), e.g. max_split_size_mb=128");
   }
 }
