@@ -3,12 +3,60 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/dynamic_runtime.h"
+#include "harness/sim/aimdo.h"
+#include "harness/sim/device.h"
 
 namespace vf {
 
 // ComfyUI empties the torch cache when nothing was unloaded and cached-but-unused memory is more
 // than 25% of free memory (free = driver free + reserved - active).
 inline constexpr double kCacheFlushShare = 0.25;
+
+namespace {
+
+// What the dynamic runtime asks of the simulated torch allocator.
+class SimTorch final : public TorchView {
+ public:
+  SimTorch(sim::Allocator*& alloc, const sim::SimDevice& device) : alloc_(alloc), device_(device) {}
+  void synchronize() override { alloc_->synchronize(); }
+  void empty_cache() override { alloc_->empty_cache(); }
+  Bytes free_memory() const override {
+    const auto& st = alloc_->stats();
+    return device_.free() + sat_sub(st.reserved.current, st.active.current);
+  }
+
+ private:
+  sim::Allocator*& alloc_;
+  const sim::SimDevice& device_;
+};
+
+// The live requested bytes of a run by what they are, for the account of a dynamic OOM.
+struct LiveByKind {
+  std::vector<Bytes> weights;  // per model: its torch weights (force-loaded, legacy resident)
+  Bytes others = 0;            // activations, conversion transients, LoRA, transfer / cast buffers
+  void add(const Buffer& b, bool add_it) {
+    Bytes& slot = b.kind == BufferKind::weight ? weights[b.model] : others;
+    slot = add_it ? slot + b.bytes : slot - b.bytes;
+  }
+};
+
+}  // namespace
+
+std::string_view DynamicOom::mechanism() const {
+  const std::pair<Bytes, std::string_view> slack[] = {
+      {torch_cache, "torch-cache"},     {cast_slack, "cast-buffer"},       {prefetch_pins, "prefetch-pins"},
+      {other_weights, "other-weights"}, {resident_pages, "resident-pages"}, {rounding, "rounding"}};
+  Bytes most = 0;
+  std::string_view name = "none";
+  for (const auto& [bytes, n] : slack) {
+    if (bytes > most) {
+      most = bytes;
+      name = n;
+    }
+  }
+  return name;
+}
 
 ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOptions& opt) {
   ExecResult r;
@@ -19,46 +67,158 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   r.stage_entry_reserved.assign(p.stage_begin.size(), 0);
   std::vector<std::uint8_t> entered(p.stage_begin.size(), 0);
   sim::SimDevice device(s.device);
-  std::unique_ptr<sim::Allocator> alloc;
+  // Modelled time (dynamic VRAM's poll, other processes' events): advanced by every op.
+  std::uint64_t now_us = 0;
+  std::unique_ptr<sim::Aimdo> aimdo;
+  std::unique_ptr<sim::Allocator> alloc_owner;
+  sim::Allocator* alloc = nullptr;
   try {
-    alloc = sim::make_allocator(s.allocator, device, s.seed);
+    if (p.dynamic) {
+      // aimdo's device syncs complete the async pool's pending frees (see make_hooked_allocator).
+      const bool sync_pool = s.allocator.mode == AllocatorMode::async;
+      aimdo = std::make_unique<sim::Aimdo>(s.device.total, s.policy.constants.dynamic, device, now_us, [&alloc, sync_pool] {
+        if (sync_pool && alloc) alloc->synchronize();
+      });
+      alloc_owner = sim::make_hooked_allocator(s.allocator, device, *aimdo, s.seed);
+    } else {
+      alloc_owner = sim::make_allocator(s.allocator, device, s.seed);
+    }
   } catch (const InputError& e) {
     r.error = e.what();
     return r;
   }
+  alloc = alloc_owner.get();
+  SimTorch torch(alloc, device);
+  std::optional<DynamicRuntime> dyn;
+  LiveByKind by_kind;
+  std::vector<std::uint8_t> live_buffer;
+  if (p.dynamic) {
+    dyn.emplace(s, p, *aimdo, torch);
+    r.dynamic.emplace();
+    by_kind.weights.assign(s.models.size(), 0);
+    live_buffer.assign(p.buffers.size(), 0);
+  }
+  std::size_t next_event = 0;
+  Bytes others_at_poll = s.device.used_by_others;  // what other processes held at aimdo's last poll
+  std::uint64_t poll_seen = 0;
   if (opt.record_trace) r.trace.reserve(p.ops.size());
   Bytes live = 0;
+
+  // The account of a dynamic OOM at op i (docs/dynamic.md "The property").
+  auto account = [&](std::uint32_t i, const Op& op, std::string what, Bytes request) {
+    DynamicOom o;
+    o.what = std::move(what);
+    o.request = request;
+    o.total = s.device.total;
+    o.free = device.free();
+    o.context = s.device.context_overhead;
+    o.others = device.spec().used_by_others;
+    const DynamicConstants& k = s.policy.constants.dynamic;
+    o.headroom = k.simple_headroom + k.vram_headroom;
+    const std::uint32_t running = s.stages[op.stage].model;
+    o.needed_tensors = by_kind.others + by_kind.weights[running];
+    for (std::size_t m = 0; m < by_kind.weights.size(); ++m) {
+      if (m != running) o.other_weights += by_kind.weights[m];
+    }
+    const auto& st = alloc->stats();
+    const bool raw = s.allocator.mode == AllocatorMode::raw;
+    const Bytes reserved_slack = sat_sub(st.reserved.current, st.allocated.current);
+    o.torch_cache = raw ? 0 : reserved_slack;
+    o.rounding = sat_sub(st.allocated.current, st.requested.current) + (raw ? reserved_slack : 0);
+    // What the driver charged beyond torch's reserved and aimdo's pages (small cudaMalloc pages).
+    o.rounding += sat_sub(device.charged(), st.reserved.current + aimdo->vbar_resident() + aimdo->cast_bytes());
+    const std::uint32_t module = op.module;
+    o.needed_pages = module != kNone && op.model == running ? dyn->module_pinned(op.model, module) : 0;
+    o.needed_cast = module != kNone ? dyn->module_cast(op.model, module) : 0;
+    const Bytes pinned = aimdo->pinned_bytes();
+    o.prefetch_pins = sat_sub(pinned, o.needed_pages);
+    o.resident_pages = sat_sub(aimdo->vbar_resident(), pinned);
+    o.cast_slack = sat_sub(aimdo->cast_bytes(), o.needed_cast);
+    r.dynamic->oom = std::move(o);
+    (void)i;
+  };
+
   for (std::uint32_t i = 0; i < p.ops.size(); ++i) {
     const Op& op = p.ops[i];
+    // Other processes take and give back memory at their time.
+    for (; next_event < s.device.events.size() && s.device.events[next_event].at_us <= now_us; ++next_event) {
+      const OthersEvent& ev = s.device.events[next_event];
+      if (!ev.take) {
+        device.others_release(ev.bytes);
+        continue;
+      }
+      const Bytes free_then = device.free();
+      if (!device.others_take(ev.bytes) && r.dynamic) {
+        OthersFailure f;
+        f.op = i;
+        f.at_us = now_us;
+        f.bytes = ev.bytes;
+        f.free = free_then;
+        f.evictable = sat_sub(aimdo->vbar_resident(), aimdo->pinned_bytes());
+        f.since_poll_us = now_us - aimdo->last_poll_us();
+        f.believed_free = aimdo->believed_free();
+        f.others_changed = device.spec().used_by_others != others_at_poll;
+        r.dynamic->others_failures.push_back(f);
+      }
+    }
     if (!is_transition(op) && !entered[op.stage]) {
       entered[op.stage] = 1;
       r.stage_entry_reserved[op.stage] = alloc->stats().reserved.current;
     }
+    const bool runs = !dyn || dyn->runs(op);
+    Bytes moved = 0;
     try {
-      switch (op.kind) {
+      switch (runs ? op.kind : OpKind::sync) {
         case OpKind::alloc: {
           const Bytes bytes = p.buffers[op.buffer].bytes;
           if (!alloc->malloc(op.buffer, bytes, op.stream)) {
             const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
             r.oom = OomEvent{i, bytes, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
                              info.detail};
+            if (dyn) account(i, op, "torch allocation", bytes);
           } else {
             live += bytes;
+            if (dyn) {
+              by_kind.add(p.buffers[op.buffer], true);
+              live_buffer[op.buffer] = 1;
+            }
           }
           break;
         }
         case OpKind::free:
+          if (dyn && !live_buffer[op.buffer]) break;  // a conditional buffer that was never made
           alloc->free(op.buffer);
           live -= p.buffers[op.buffer].bytes;
+          if (dyn) {
+            by_kind.add(p.buffers[op.buffer], false);
+            live_buffer[op.buffer] = 0;
+          }
           break;
         case OpKind::wait: alloc->stream_wait(op.stream, op.target); break;
-        case OpKind::sync: alloc->synchronize(); break;
+        case OpKind::sync:
+          if (runs) alloc->synchronize();
+          break;
         case OpKind::empty_cache: alloc->empty_cache(); break;
         case OpKind::flush_if_cached: {
           const auto& st = alloc->stats();
           const Bytes cached = sat_sub(st.reserved.current, st.active.current);
           if (static_cast<double>(cached) > kCacheFlushShare * static_cast<double>(device.free() + cached)) {
             alloc->empty_cache();
+          }
+          break;
+        }
+        case OpKind::vbar_prioritize:
+        case OpKind::vbar_fault:
+        case OpKind::vbar_unpin:
+        case OpKind::vbar_free:
+        case OpKind::node_end: {
+          if (!dyn) throw InfraError("a dynamic VRAM op in a classic program");
+          const DynamicRuntime::Result res = dyn->execute(op);
+          moved = res.moved;
+          if (!res.ok) {
+            r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
+                             res.detail};
+            account(i, op, res.failure, res.request);
           }
           break;
         }
@@ -73,6 +233,11 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.final_stats = alloc->stats();
       return r;
     }
+    if (runs) now_us += op_duration_us(s, p, op, moved);
+    if (aimdo && aimdo->stats().polls != poll_seen) {
+      poll_seen = aimdo->stats().polls;
+      others_at_poll = device.spec().used_by_others;
+    }
     const sim::AllocStats& st = alloc->stats();
     if (!is_transition(op) && (st.reserved.current > r.stage_reserved_peak[op.stage] || r.stage_reserved_peak[op.stage] == 0)) {
       r.stage_reserved_peak[op.stage] = st.reserved.current;
@@ -84,7 +249,15 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     }
     if (live > r.live_peak) r.live_peak = live;
     if (device.device_used() > r.device_peak) r.device_peak = device.device_used();
-    if (opt.record_trace) r.trace.push_back(TraceRow{i, live, st.allocated.current, st.reserved.current, device.device_used()});
+    if (opt.record_trace) {
+      TraceRow row{i, live, st.allocated.current, st.reserved.current, device.device_used()};
+      if (aimdo) {
+        row.vbar = aimdo->vbar_resident();
+        row.cast = aimdo->cast_bytes();
+      }
+      row.time_us = now_us;
+      r.trace.push_back(row);
+    }
     if (r.oom) {
       r.ops_executed = i + 1;
       break;
@@ -93,6 +266,22 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   }
   r.allocated_peak = alloc->stats().allocated.peak;
   r.final_stats = alloc->stats();
+  if (r.dynamic) {
+    DynamicReport& d = *r.dynamic;
+    const sim::AimdoStats& a = aimdo->stats();
+    d.elapsed_us = now_us;
+    d.faults = a.faults;
+    d.resident_hits = dyn->resident_hits();
+    d.copies = dyn->copies();
+    d.refused = dyn->refused();
+    d.pages_mapped = a.pages_mapped;
+    d.pages_evicted = a.pages_evicted;
+    d.polls = a.polls;
+    d.hook_retries = a.hook_retries;
+    d.vbar_peak = a.vbar_peak;
+    d.cast_peak = a.cast_peak;
+    d.ledger_peak = a.ledger_peak;
+  }
   return r;
 }
 

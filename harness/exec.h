@@ -23,6 +23,68 @@ struct TraceRow {
   Bytes allocated = 0;    // allocator allocated (rounded blocks)
   Bytes reserved = 0;     // allocator reserved (segments / pool / pages)
   Bytes device_used = 0;  // others + context + what the process holds
+  // Dynamic VRAM: aimdo's VBAR pages and cast buffers (not in the torch allocator's figures),
+  // and the modelled time when the op ended.
+  Bytes vbar = 0;
+  Bytes cast = 0;
+  std::uint64_t time_us = 0;
+};
+
+// Dynamic VRAM: the device at the failing request, after aimdo evicted what it could. The
+// necessary bytes are what a runtime that keeps only what this op needs must still hold; the
+// rest is slack by mechanism. docs/dynamic.md "The property".
+struct DynamicOom {
+  std::string what;              // "torch allocation", "cast buffer grow", "VBAR fault"
+  Bytes request = 0;             // what failed to fit (a cast grow: the growth)
+  Bytes total = 0;               // the card
+  Bytes free = 0;                // what the driver had free at the failure
+  Bytes context = 0;
+  Bytes others = 0;              // other processes at that moment
+  Bytes headroom = 0;            // aimdo's simple headroom + --vram-headroom, kept free by design
+  Bytes needed_tensors = 0;      // torch tensors the op's model needs: activations, transients, its weights
+  Bytes needed_pages = 0;        // VBAR pages of the module being computed (pinned)
+  Bytes needed_cast = 0;         // the cast-buffer extent the module in flight uses
+  // Slack, by mechanism.
+  Bytes torch_cache = 0;         // torch reserved - allocated: cached blocks aimdo cannot evict
+  Bytes rounding = 0;            // torch allocated - requested, and the driver's page rounding
+  Bytes other_weights = 0;       // torch tensors of models not running now (legacy, force-loaded)
+  Bytes cast_slack = 0;          // cast buffers beyond what the module in flight uses
+  Bytes prefetch_pins = 0;       // pinned pages of modules not being computed (a prefetched block)
+  Bytes resident_pages = 0;      // unpinned pages eviction did not reach (below a watermark limit)
+  Bytes necessary() const { return context + others + headroom + needed_tensors + needed_pages + needed_cast + request; }
+  bool avoidable() const { return necessary() <= total; }
+  // The mechanism with the most slack ("torch-cache", "cast-buffer", "prefetch-pins",
+  // "other-weights", "resident-pages", "rounding"; "none" when there is none).
+  std::string_view mechanism() const;
+};
+
+// Dynamic VRAM: an other process's allocation that failed while the case ran.
+struct OthersFailure {
+  std::uint32_t op = 0;             // the op it happened before
+  std::uint64_t at_us = 0;
+  Bytes bytes = 0;                  // what it asked for
+  Bytes free = 0;                   // what was free
+  Bytes evictable = 0;              // unpinned VBAR pages aimdo held (it would give them back on a deficit)
+  Bytes believed_free = 0;          // what aimdo's last poll and ledger made of free memory
+  std::uint64_t since_poll_us = 0;  // the age of that poll
+  bool others_changed = false;      // other processes' memory changed since that poll
+};
+
+struct DynamicReport {
+  std::uint64_t elapsed_us = 0;     // modelled time of the whole case
+  std::uint64_t faults = 0;         // vbar_fault ops
+  std::uint64_t resident_hits = 0;  // faults that found the module's copy intact
+  std::uint64_t copies = 0;         // faults that copied the module into new pages
+  std::uint64_t refused = 0;        // faults refused: the module went through a cast buffer
+  std::uint64_t pages_mapped = 0;
+  std::uint64_t pages_evicted = 0;
+  std::uint64_t polls = 0;
+  std::uint64_t hook_retries = 0;   // driver allocations that failed once and succeeded after an eviction
+  Bytes vbar_peak = 0;
+  Bytes cast_peak = 0;
+  Bytes ledger_peak = 0;
+  std::optional<DynamicOom> oom;
+  std::vector<OthersFailure> others_failures;
 };
 
 struct OomEvent {
@@ -82,6 +144,7 @@ struct ExecResult {
   // fallback); the campaign logs and counts them.
   std::vector<std::string> warnings;
   std::optional<DeviceReport> device;
+  std::optional<DynamicReport> dynamic;  // dynamic VRAM presets
   sim::AllocStats final_stats;
 };
 

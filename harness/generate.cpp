@@ -1,5 +1,6 @@
 #include "harness/generate.h"
 
+#include <algorithm>
 #include <array>
 #include <span>
 
@@ -44,7 +45,27 @@ constexpr DtypePair kDtypePairs[] = {
 
 // `exact` is not drawn: with no reserve it is a lower bound by construction (allocator rounding
 // always exceeds it); it is checked against each mode's overhead bound by its own property.
-constexpr std::string_view kPolicies[] = {"comfy:oct2025", "comfy:nov2025", "comfy:dec2025"};
+constexpr std::string_view kPolicies[] = {"comfy:oct2025", "comfy:nov2025", "comfy:dec2025", "comfy:feb2026", "comfy:sep2026"};
+
+// The torch allocator under dynamic VRAM: cudaMallocAsync is ComfyUI's default (forced for cu130
+// torch builds), the native caching allocator is what --disable-cuda-malloc gives, raw what
+// PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives. Expandable segments ComfyUI strips.
+constexpr AllocatorMode kDynamicAllocators[] = {AllocatorMode::async, AllocatorMode::async, AllocatorMode::caching,
+                                                AllocatorMode::raw};
+
+// `--policy a,b`: one of the listed policies per case.
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::size_t end = comma == std::string_view::npos ? text.size() : comma;
+    out.emplace_back(text.substr(start, end - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
 
 template <typename T, std::size_t N>
 const T& pick(Choices& c, const T (&items)[N]) {
@@ -90,6 +111,39 @@ std::shared_ptr<ModelSpec> synthetic_model(Choices& c, Dtype storage, std::strin
   return m;
 }
 
+// What only dynamic VRAM reacts to: sampling steps (weights faulted in step 1 stay resident), other
+// processes changing memory while the case runs (seen through aimdo's 2 s poll), models that
+// prefetch their blocks (synthetic ones stand in for LTX-AV / MiniMax), legacy patchers (custom
+// nodes' GGUF loaders) next to dynamic models.
+void draw_dynamic(Choices& c, Scenario& s) {
+  const bool diffusion = std::any_of(s.models.begin(), s.models.end(), [](const ModelRef& m) { return m.spec->kind == ModelKind::diffusion; });
+  if (diffusion) s.workload.steps = static_cast<std::uint32_t>(1 + c.draw(0, 2));
+  for (ModelRef& m : s.models) {
+    if (m.source == "inline" && m.spec->family == Family::generic && c.chance(1, 2)) m.prefetch = true;
+    if (s.models.size() > 1 && c.chance(1, 8)) m.legacy = true;
+  }
+  if (c.chance(1, 4)) {
+    const std::uint64_t n = c.draw(1, 3);
+    std::uint64_t at_ms = 0;
+    Bytes held = 0;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      at_ms += c.draw(0, 1500);
+      OthersEvent ev;
+      ev.at_us = at_ms * 1000;
+      if (held > 0 && c.chance(1, 3)) {
+        ev.take = false;
+        ev.bytes = held;
+        held = 0;
+      } else {
+        ev.bytes = c.draw(1, 64) * 32 * MiB;
+        ev.bytes = std::min(ev.bytes, s.device.total / 2);
+        held += ev.bytes;
+      }
+      s.device.events.push_back(ev);
+    }
+  }
+}
+
 }  // namespace
 
 Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
@@ -103,8 +157,19 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   // Allocator and policy.
   s.allocator.mode = cfg.allocator ? *cfg.allocator : pick(c, kAllAllocatorModes);
   if (cfg.allocator) s.allocator.options = cfg.allocator_options;
-  const std::string policy = cfg.policy ? *cfg.policy : std::string(pick(c, kPolicies));
+  std::string policy;
+  if (cfg.policy) {
+    const std::vector<std::string> listed = split_list(*cfg.policy);
+    policy = listed[c.draw(0, listed.size() - 1)];
+  } else {
+    // Expandable segments exist only under the classic presets (ComfyUI strips them since).
+    const std::size_t n = s.allocator.mode == AllocatorMode::caching_expandable ? 3 : std::size(kPolicies);
+    policy = std::string(kPolicies[c.draw(0, n - 1)]);
+  }
   s.policy = parse_policy(policy, "--policy");
+  if (s.policy.dynamic() && !cfg.allocator) {
+    s.allocator.mode = s.policy.preset == Preset::feb2026 ? AllocatorMode::async : pick(c, kDynamicAllocators);
+  }
   if (!cfg.policy && c.chance(1, 4)) apply_policy_override(s.policy, "reserve", fmt::format("{}MiB", c.draw(4, 24) * 50), "policy");
   for (const auto& [k, v] : cfg.policy_overrides) apply_policy_override(s.policy, k, v, "policy");
 
@@ -163,6 +228,7 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   // Offload streams {0, 1, 2, 4}, or the preset's.
   static constexpr std::uint32_t kStreams[] = {0, 1, 2, 4};
   if (c.chance(1, 2)) s.offload_streams = pick(c, kStreams);
+  if (s.policy.dynamic()) draw_dynamic(c, s);
   s.seed = c.draw(0, 0xffffffffu);
   s.stages = default_stages(s.models.size());
   validate_scenario(s);

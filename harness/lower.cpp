@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/lower_detail.h"
+#include "models/activation.h"
 
 namespace vf {
 
@@ -20,6 +22,11 @@ std::string_view op_kind_name(OpKind k) {
     case OpKind::sync: return "sync";
     case OpKind::empty_cache: return "empty_cache";
     case OpKind::flush_if_cached: return "flush_if_cached";
+    case OpKind::vbar_prioritize: return "vbar_prioritize";
+    case OpKind::vbar_fault: return "vbar_fault";
+    case OpKind::vbar_unpin: return "vbar_unpin";
+    case OpKind::vbar_free: return "vbar_free";
+    case OpKind::node_end: return "node_end";
   }
   return "?";
 }
@@ -70,9 +77,9 @@ OpKind conversion_kind(Dtype storage) {
   return i.gguf_quantized || storage == Dtype::int8 ? OpKind::dequant : OpKind::upcast;
 }
 
-class Lowerer {
+class Lowerer final : public lowering::ProgramSink {
  public:
-  Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()) {
+  Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()), dynamic_(s, plan, *this) {
     weights_.resize(s.models.size());
     resident_.resize(s.models.size());
     for (std::size_t m = 0; m < s.models.size(); ++m) {
@@ -82,6 +89,8 @@ class Lowerer {
       resident_[m].assign(mods.size(), 0);
     }
     prog_.streams = 1 + ns_;
+    prog_.dynamic = plan.dynamic;
+    if (prog_.dynamic) prog_.vbars.resize(s.models.size());
   }
 
   Program run() {
@@ -90,13 +99,75 @@ class Lowerer {
       prog_.stage_begin.push_back(static_cast<std::uint32_t>(prog_.ops.size()));
       const Stage& st = s_.stages[i];
       const StagePlan& sp = plan_.stages[i];
+      const bool dynamic = s_.dynamic_model(st.model);
       switch (st.op) {
-        case StageOp::load: load(plan_.loads[static_cast<std::size_t>(sp.load_plan)]); break;
-        case StageOp::forward: forward(sp); break;
-        case StageOp::unload: unload(st.model); break;
+        case StageOp::load: {
+          const LoadPlan& lp = plan_.loads[static_cast<std::size_t>(sp.load_plan)];
+          if (!dynamic) {
+            load(lp);
+            break;
+          }
+          evict(lp);
+          dynamic_.load(lp);
+          break;
+        }
+        case StageOp::forward:
+          if (dynamic) dynamic_.forward(sp);
+          else forward(sp);
+          // Under dynamic VRAM every node ends by resetting aimdo's cast buffers (legacy nodes too).
+          if (prog_.dynamic) dynamic_.node_end();
+          break;
+        case StageOp::unload:
+          if (dynamic) dynamic_.unload(st.model);
+          else unload(st.model);
+          break;
       }
     }
+    // The rows each module's matmuls run over in one pass, for the modelled compute time.
+    prog_.stage_rows.resize(s_.stages.size());
+    for (std::size_t i = 0; i < s_.stages.size(); ++i) {
+      const StagePlan& sp = plan_.stages[i];
+      const ModelSpec& m = *s_.models[sp.model].spec;
+      prog_.stage_rows[i] = activation_positions(m, s_.workload) * (m.kind == ModelKind::text_encoder ? 1 : sp.run_batch);
+    }
     return std::move(prog_);
+  }
+
+  // ProgramSink (the dynamic lowering builds into this program).
+  Program& program() override { return prog_; }
+  std::uint16_t stage() const override { return stage_; }
+  void emit(Op op) override {
+    op.stage = stage_;
+    prog_.ops.push_back(op);
+  }
+  std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model, std::uint32_t module,
+                      std::uint32_t tensor, When when) override {
+    const std::uint32_t b = new_buffer(bytes, stream, kind, model, module, tensor);
+    Op op;
+    op.kind = OpKind::alloc;
+    op.phase = ph;
+    op.stream = stream;
+    op.buffer = b;
+    op.when = when;
+    op.model = static_cast<std::uint16_t>(model);
+    op.module = module;
+    emit(op);
+    return b;
+  }
+  void free(Phase ph, std::uint32_t b, When when) override {
+    Op op;
+    op.kind = OpKind::free;
+    op.phase = ph;
+    op.stream = prog_.buffers[b].stream;
+    op.buffer = b;
+    op.when = when;
+    op.model = prog_.buffers[b].model;
+    op.module = prog_.buffers[b].module;
+    emit(op);
+  }
+  void convert_module(std::uint32_t m, std::uint32_t i, const std::vector<std::uint32_t>& src,
+                      std::vector<std::uint32_t>& temps) override {
+    convert(m, i, src, temps, false);
   }
 
  private:
@@ -107,15 +178,24 @@ class Lowerer {
   }
   void emit(OpKind k, Phase ph, std::uint8_t stream, std::uint32_t buffer = kNone, std::uint32_t src = kNone,
             std::uint8_t target = 0) {
-    prog_.ops.push_back(Op{k, ph, stream, target, stage_, buffer, src});
+    Op op;
+    op.kind = k;
+    op.phase = ph;
+    op.stream = stream;
+    op.target = target;
+    op.buffer = buffer;
+    op.src = src;
+    if (buffer != kNone) {
+      op.model = prog_.buffers[buffer].model;
+      op.module = prog_.buffers[buffer].module;
+    }
+    emit(op);
   }
   std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model,
                       std::uint32_t module, std::uint32_t tensor) {
-    const std::uint32_t b = new_buffer(bytes, stream, kind, model, module, tensor);
-    emit(OpKind::alloc, ph, stream, b);
-    return b;
+    return alloc(ph, bytes, stream, kind, model, module, tensor, When::always);
   }
-  void free(Phase ph, std::uint32_t b) { emit(OpKind::free, ph, prog_.buffers[b].stream, b); }
+  void free(Phase ph, std::uint32_t b) { free(ph, b, When::always); }
 
   void unload_module(Phase ph, std::uint32_t m, std::uint32_t mod) {
     for (std::uint32_t& b : weights_[m][mod]) {
@@ -125,13 +205,27 @@ class Lowerer {
     resident_[m][mod] = 0;
   }
 
-  void load(const LoadPlan& lp) {
-    // Evictions to make room (smart memory partial unloads), then ComfyUI's soft_empty_cache.
+  // Evictions to make room (smart memory partial unloads), then ComfyUI's soft_empty_cache.
+  void evict(const LoadPlan& lp) {
     for (const Eviction& ev : lp.evictions) {
       for (std::uint32_t mod : ev.modules) unload_module(Phase::evict, ev.model, mod);
     }
     if (!lp.evictions.empty()) emit(OpKind::empty_cache, Phase::evict, 0);
     else emit(OpKind::flush_if_cached, Phase::load, 0);
+    // Next to dynamic models, free_memory also has them give up VBAR pages until the target is free.
+    if (lp.free_target != 0) {
+      Op op;
+      op.kind = OpKind::vbar_free;
+      op.phase = Phase::evict;
+      op.flags = kVbarFreeToTarget;
+      op.src = static_cast<std::uint32_t>(prog_.amounts.size());
+      prog_.amounts.push_back(lp.free_target);
+      emit(op);
+    }
+  }
+
+  void load(const LoadPlan& lp) {
+    evict(lp);
 
     const std::uint32_t m = lp.model;
     const ModelRef& ref = s_.models[m];
@@ -219,7 +313,9 @@ class Lowerer {
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       if (!resident_[m][i]) offloaded.push_back(i);
     }
-    for (std::uint32_t pass = 0; pass < sp.passes; ++pass) {
+    // Every sampling step repeats the passes (a diffusion model's node runs `steps` of them).
+    const std::uint32_t passes = sp.passes * (model.kind == ModelKind::diffusion ? s_.workload.steps : 1);
+    for (std::uint32_t pass = 0; pass < passes; ++pass) {
       const std::uint32_t act = alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
       std::vector<std::vector<std::uint32_t>> transfers(offloaded.size());
       std::size_t issued = 0;  // offloaded modules whose transfer has been issued
@@ -228,7 +324,7 @@ class Lowerer {
         std::vector<std::uint32_t> temps;
         if (resident_[m][i]) {
           convert(m, i, weights_[m][i], temps);
-          emit(OpKind::compute, Phase::forward, 0, act);
+          emit_compute(m, i, act);
           for (std::uint32_t b : temps) free(Phase::forward, b);
           continue;
         }
@@ -248,7 +344,7 @@ class Lowerer {
             temps.push_back(alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t));
           }
         }
-        emit(OpKind::compute, Phase::forward, 0, act);
+        emit_compute(m, i, act);
         for (std::uint32_t b : temps) free(Phase::forward, b);
         // uncast: the offload stream waits for the compute before the transfer buffers are freed
         // on it (ComfyUI PR #10501).
@@ -268,11 +364,23 @@ class Lowerer {
     emit(OpKind::empty_cache, Phase::unload, 0);
   }
 
+  // The module's kernels (the compute op names its module for the modelled time).
+  void emit_compute(std::uint32_t m, std::uint32_t i, std::uint32_t act) {
+    Op op;
+    op.kind = OpKind::compute;
+    op.phase = Phase::forward;
+    op.buffer = act;
+    op.model = static_cast<std::uint16_t>(m);
+    op.module = i;
+    emit(op);
+  }
+
   const Scenario& s_;
   const Plan& plan_;
   std::uint32_t ns_;
   std::uint16_t stage_ = 0;
   Program prog_;
+  lowering::DynamicLowering dynamic_;
   std::vector<std::vector<std::vector<std::uint32_t>>> weights_;  // [model][module][tensor] -> buffer
   std::vector<std::vector<std::uint8_t>> resident_;
 };
@@ -310,6 +418,7 @@ std::string describe_buffer(const Scenario& s, const Program& p, std::uint32_t b
   const ModelRef& ref = s.models[b.model];
   if (b.module == kNone) return fmt::format("{}: {}", ref.id, buffer_kind_name(b.kind));
   const Module& mod = ref.spec->modules[b.module];
+  if (b.tensor == kNone) return fmt::format("{}: {} ({})", ref.id, mod.name, buffer_kind_name(b.kind));
   return fmt::format("{}: {}.{} ({})", ref.id, mod.name, mod.tensors[b.tensor].name, buffer_kind_name(b.kind));
 }
 
@@ -320,6 +429,17 @@ std::string describe_op(const Scenario& s, const Program& p, std::uint32_t op) {
     case OpKind::sync: return "synchronize";
     case OpKind::empty_cache: return "empty_cache";
     case OpKind::flush_if_cached: return "empty_cache if cached > 25% of free";
+    case OpKind::vbar_prioritize: return fmt::format("{}: VBAR to the top of the priority list", s.models[o.model].id);
+    case OpKind::vbar_fault:
+    case OpKind::vbar_unpin: {
+      const ModelRef& ref = s.models[o.model];
+      return fmt::format("{}: {} {} (slice of {})", ref.id, o.kind == OpKind::vbar_fault ? "fault" : "unpin",
+                         ref.spec->modules[o.module].name, format_mib(p.vbars[o.model].size[o.module]));
+    }
+    case OpKind::vbar_free:
+      if (o.flags & kVbarFreeToTarget) return fmt::format("free_memory: VBAR pages evicted until {} is free", format_mib(p.amounts[o.src]));
+      return fmt::format("{}: VBAR pages freed from the top", s.models[o.model].id);
+    case OpKind::node_end: return "end of node: cast buffers reset, soft_empty_cache";
     case OpKind::compute:
       if (o.src != kNone) return fmt::format("LoRA merge into {}", describe_buffer(s, p, o.buffer));
       return fmt::format("compute -> {}", describe_buffer(s, p, o.buffer));

@@ -28,6 +28,13 @@ enum class OpKind : std::uint8_t {
   sync,            // device synchronize
   empty_cache,     // torch.cuda.empty_cache()
   flush_if_cached, // ComfyUI's rule: empty the cache if cached-unused > 25% of free (§1 of the reference)
+  // Dynamic VRAM (docs/dynamic.md): ops on comfy-aimdo, whose outcome the backend decides.
+  vbar_prioritize, // ModelPatcherDynamic.load: the model's VBAR (made on first use) to the top of the priority list
+  vbar_fault,      // cast_bias_weight: fault the module's slice; copy it in when its pages are new; when the
+                   // fault is refused, copy it through the offload stream's cast buffer instead
+  vbar_unpin,      // uncast_bias_weight (or the prefetch queue's pop): the slice's pages may be evicted again
+  vbar_free,       // partially_unload for a legacy load: evict until `amount` bytes are free (free_memory)
+  node_end,        // execution.py after each node: cast buffers destroyed, watermark limits reset, soft_empty_cache
 };
 std::string_view op_kind_name(OpKind k);
 
@@ -38,6 +45,20 @@ enum class BufferKind : std::uint8_t { weight, transfer, convert, scaled, lora, 
 std::string_view buffer_kind_name(BufferKind k);
 
 inline constexpr std::uint32_t kNone = 0xffffffffu;
+
+// Ops that depend on how a module's last vbar_fault went (the backend decides at run time).
+enum class When : std::uint8_t {
+  always,
+  not_resident,  // the fault found the module's copy gone (pages new, or refused): LoRA is applied again
+  refused,       // the fault was refused: the weight comes through a torch buffer (no aimdo cast buffer)
+};
+
+// vbar_fault flags.
+inline constexpr std::uint8_t kFaultGroupStart = 1;  // the first module of one cast_modules_with_vbar call
+inline constexpr std::uint8_t kFaultSingle = 2;      // that call has this one module (the LARGEST rule applies)
+// vbar_free flags: evict from the dynamic models until amounts[src] bytes are free (a legacy
+// load's free_memory); without it, free amounts[src] bytes of model `model`'s VBAR.
+inline constexpr std::uint8_t kVbarFreeToTarget = 1;
 
 struct Buffer {
   Bytes bytes = 0;
@@ -55,7 +76,20 @@ struct Op {
   std::uint8_t target = 0;       // wait: the stream waited on
   std::uint16_t stage = 0;
   std::uint32_t buffer = kNone;  // alloc/free/h2d/upcast/dequant destination; compute: activation
-  std::uint32_t src = kNone;     // upcast/dequant source buffer
+  std::uint32_t src = kNone;     // upcast/dequant source buffer (kNone: a VBAR slice or cast buffer);
+                                 // vbar_free: index into Program::amounts
+  std::uint32_t module = kNone;  // compute and vbar ops: the module (with `model`)
+  std::uint16_t model = 0;
+  When when = When::always;      // conditional ops (dynamic VRAM)
+  std::uint8_t flags = 0;        // vbar_fault: kFaultGroupStart, kFaultSingle; vbar_free: kVbarFreeToTarget
+};
+
+// Where a dynamic model's modules live in its VBAR (ModelPatcherDynamic's staging).
+struct VbarLayout {
+  bool dynamic = false;
+  Bytes request = 0;               // the virtual size asked for (10 x the model)
+  std::vector<Bytes> offset;       // per module: its slice's offset
+  std::vector<Bytes> size;         // per module: its slice's size (0: not staged)
 };
 
 struct Program {
@@ -63,11 +97,19 @@ struct Program {
   std::vector<Buffer> buffers;
   std::uint32_t streams = 1;  // compute stream + offload streams
   std::vector<std::uint32_t> stage_begin;  // first op of each stage; ops of stage i are [begin[i], begin[i+1])
+  bool dynamic = false;                    // the scenario runs under a dynamic VRAM preset
+  std::vector<VbarLayout> vbars;           // per model (dynamic programs)
+  std::vector<Bytes> amounts;              // vbar_free targets
+  // Per stage: the rows (tokens x batch) each module's matmuls run over in one forward pass,
+  // for the modelled compute time.
+  std::vector<std::uint64_t> stage_rows;
   std::uint32_t stage_end(std::size_t stage) const {
     return stage + 1 < stage_begin.size() ? stage_begin[stage + 1] : static_cast<std::uint32_t>(ops.size());
   }
 };
 
+// Classic presets lower as below; dynamic presets lower the dynamic forward path (lower_dynamic.cpp,
+// docs/dynamic.md) and their legacy models as below.
 Program lower(const Scenario& s, const Plan& plan);
 
 // Ops that hand memory over from the previous stage to this one (evictions, the cache flush):

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "harness/sim/aimdo.h"
+
 namespace vf {
 
 std::string_view verdict_kind_name(VerdictKind k) {
@@ -33,6 +35,121 @@ std::string_view op_activity(const Scenario& s, const Program& p, std::uint32_t 
   return "?";
 }
 
+namespace {
+
+std::string mib(Bytes b) { return format_mib(b); }
+
+// Dynamic VRAM's property (docs/dynamic.md "The property"): dynamic VRAM predicts no peak; it
+// promises to make room by evicting. An OOM is a finding when it was avoidable: the bytes the
+// failing op could not do without (the context, other processes, aimdo's headroom, the tensors
+// the running model needs, the pages of the module being computed, its cast-buffer extent, and
+// the request) fit on the card, so what filled it was slack some mechanism held (torch's cache,
+// cast buffers grown for other modules, a prefetched block's pins, other models' weights). Else
+// the workload does not fit: an expected OOM. Another process's allocation of no more than
+// aimdo's headroom that fails while aimdo holds unpinned pages is a finding too (the poll that
+// would have freed them was stale, or aimdo's ledger missed memory).
+void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
+  const std::string_view mode = allocator_mode_name(s.allocator.mode);
+  const DynamicReport* d = r.dynamic ? &*r.dynamic : nullptr;
+  const std::string summary =
+      d ? fmt::format("{} faults ({} resident, {} copied, {} refused to a cast buffer), {} pages evicted, {} polls over {:.2f} s",
+                      d->faults, d->resident_hits, d->copies, d->refused, d->pages_evicted, d->polls, static_cast<double>(d->elapsed_us) / 1e6)
+        : std::string();
+  if (r.oom) {
+    const Op& op = p.ops[r.oom->op];
+    v.op = r.oom->op;
+    v.stage = op.stage;
+    v.measured = r.stage_reserved_peak[op.stage];
+    const std::uint32_t running = s.stages[op.stage].model;
+    if (!d || !d->oom) {
+      v.kind = VerdictKind::error;
+      v.signature = fmt::format("error:{}:{}", r.backend, mode);
+      v.message = "the backend reported a dynamic VRAM OOM without its account";
+      return;
+    }
+    const DynamicOom& o = *d->oom;
+    v.overshoot = static_cast<std::int64_t>(o.request) - static_cast<std::int64_t>(o.free);
+    const std::string at = fmt::format("op {} ({})", v.op, describe_op(s, p, v.op));
+    const std::string need =
+        fmt::format("context {} + other processes {} + aimdo headroom {} + the running model's tensors {} + the module's pages {} "
+                    "+ its cast extent {} + the request {} = {} of the {} card",
+                    mib(o.context), mib(o.others), mib(o.headroom), mib(o.needed_tensors), mib(o.needed_pages), mib(o.needed_cast),
+                    mib(o.request), mib(o.necessary()), format_size(o.total));
+    const std::string slack = fmt::format("torch cache {}, cast-buffer slack {}, prefetch pins {}, other models' weights {}, "
+                                          "unreached pages {}, rounding {}, free {}",
+                                          mib(o.torch_cache), mib(o.cast_slack), mib(o.prefetch_pins), mib(o.other_weights),
+                                          mib(o.resident_pages), mib(o.rounding), mib(o.free));
+    if (s.models[running].spec->kind == ModelKind::vae && op.phase == Phase::forward) {
+      // VAE.decode catches the OOM and decodes again in tiles: a slow decode, not a failure.
+      v.message = fmt::format("pass: the VAE decode ran out of memory at {} ({} {} failed) and ComfyUI retries it tiled; {}",
+                              at, mib(o.request), o.what, summary);
+      return;
+    }
+    if (!o.avoidable()) {
+      v.expected_oom = true;
+      v.message = fmt::format("expected OOM at {}: {} {} did not fit, and it could not have: the op needs {}; held beside it: {}",
+                              at, mib(o.request), o.what, need, slack);
+      return;
+    }
+    v.kind = VerdictKind::oom;
+    const std::string_view mech = o.mechanism();
+    v.signature = fmt::format("oom:{}:{}:{}", phase_name(op.phase), mech, mode);
+    v.message = fmt::format("avoidable OOM at {}: a {} of {} failed with {} free after aimdo evicted what it could ({}); the op "
+                            "needs only {}; the rest was slack: {} (largest: {})",
+                            at, o.what, mib(o.request), mib(o.free), r.oom->detail.empty() ? "no detail" : r.oom->detail, need, slack,
+                            mech);
+    return;
+  }
+  if (d) {
+    const DynamicConstants& k = s.policy.constants.dynamic;
+    const Bytes headroom = sim::kAimdoPollHeadroom + k.vram_headroom;
+    for (const OthersFailure& f : d->others_failures) {
+      if (f.bytes > headroom || f.evictable + f.free < f.bytes) continue;
+      v.kind = VerdictKind::oom;
+      v.op = f.op;
+      v.stage = f.op < p.ops.size() ? p.ops[f.op].stage : 0;
+      v.overshoot = static_cast<std::int64_t>(f.bytes) - static_cast<std::int64_t>(f.free);
+      const std::string_view mech = f.others_changed ? "stale-poll" : "ledger-gap";
+      v.signature = fmt::format("oom:others:{}:{}", mech, mode);
+      v.message = fmt::format(
+          "another process's allocation of {} failed at {:.3f} s with {} free, within the {} aimdo keeps free for it, while "
+          "aimdo held {} of unpinned VBAR pages; {} ({:.3f} s old, it saw {} free{})",
+          mib(f.bytes), static_cast<double>(f.at_us) / 1e6, mib(f.free), mib(headroom), mib(f.evictable),
+          f.others_changed ? "its last poll predates the other processes' latest allocation" : "aimdo's ledger missed memory the device used",
+          static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free), f.others_changed ? "" : " then");
+      return;
+    }
+  }
+  // Legacy models next to dynamic ones are judged by P1 like the classic path.
+  bool found = false;
+  for (const StagePlan& sp : plan.stages) {
+    if (!sp.checked || sp.stage >= r.stage_reserved_peak.size()) continue;
+    const std::int64_t over = static_cast<std::int64_t>(r.stage_reserved_peak[sp.stage]) - static_cast<std::int64_t>(sp.predicted_peak + plan.reserve);
+    if (!found || over > v.overshoot) {
+      found = true;
+      v.overshoot = over;
+      v.stage = sp.stage;
+      v.op = r.stage_reserved_peak_op[sp.stage];
+      v.measured = r.stage_reserved_peak[sp.stage];
+      v.predicted = sp.predicted_peak;
+    }
+  }
+  if (found && v.overshoot > 0) {
+    const Op& op = p.ops[v.op];
+    v.kind = VerdictKind::violation;
+    v.signature = fmt::format("violation:{}:{}:{}", phase_name(op.phase), op_activity(s, p, v.op), mode);
+    v.message = fmt::format("stage {} (legacy {}): measured reserved peak {} > predicted {} + reserve {} by {} at op {} ({})", v.stage,
+                            s.models[s.stages[v.stage].model].id, mib(v.measured), mib(v.predicted), mib(v.reserve),
+                            mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op));
+    return;
+  }
+  v.overshoot = 0;
+  v.message = fmt::format("pass: no OOM; device peak {} of {}, VBAR peak {}, cast buffers peak {}; {}", mib(r.device_peak),
+                          format_size(s.device.total), mib(d ? d->vbar_peak : 0), mib(d ? d->cast_peak : 0), summary);
+}
+
+}  // namespace
+
 Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r) {
   Verdict v;
   v.reserve = plan.reserve;
@@ -41,6 +158,10 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
     v.kind = VerdictKind::error;
     v.signature = fmt::format("error:{}:{}", r.backend, mode);
     v.message = *r.error;
+    return v;
+  }
+  if (plan.dynamic) {
+    judge_dynamic(s, plan, p, r, v);
     return v;
   }
   if (r.oom) {

@@ -14,6 +14,7 @@ Plan predict(const Scenario& s) {
   const bool exact = s.policy.predictor == PredictorKind::exact;
   Bytes limit_need = 0;  // exact with the bound: what the allocator's fraction check can see
   if (exact) refine_exact(s, plan, limit_need);
+  plan.dynamic = s.policy.dynamic();
   plan.predicted_peak = 0;
   for (const StagePlan& sp : plan.stages) {
     if (sp.checked) plan.predicted_peak = std::max(plan.predicted_peak, sp.predicted_peak);
@@ -30,6 +31,12 @@ Plan predict(const Scenario& s) {
 std::string format_plan(const Scenario& s, const Plan& p) {
   std::string out = fmt::format("policy {}  reserve {}  offload streams {}  device {} ({} available)\n", p.policy,
                                 format_mib(p.reserve), p.streams, format_size(s.device.total), format_mib(p.available));
+  if (p.dynamic) {
+    const DynamicConstants& d = s.policy.constants.dynamic;
+    out += fmt::format("dynamic VRAM: aimdo headroom {} (+ {} --vram-headroom), poll every {} ms, cuMemAlloc hook +{}; "
+                       "no predicted peak for dynamic models (docs/dynamic.md)\n",
+                       format_mib(d.simple_headroom), format_mib(d.vram_headroom), d.poll_ms, format_mib(d.malloc_headroom));
+  }
   for (const LoadPlan& lp : p.loads) {
     const ModelRef& ref = s.models[lp.model];
     out += fmt::format("[stage {}] load {} ({}, {} -> {}, {}): {}\n", lp.stage, ref.id, ref.spec->name,
@@ -37,6 +44,14 @@ std::string format_plan(const Scenario& s, const Plan& p) {
     for (const Eviction& ev : lp.evictions) {
       out += fmt::format("           evicted {} modules of {} ({})\n", ev.modules.size(), s.models[ev.model].id, format_mib(ev.bytes));
     }
+    if (lp.dynamic) {
+      const StagingPlan& st = lp.staging;
+      out += fmt::format("           VBAR {} requested, {} pages of 32 MiB granted ({}); slices end at {}{}\n",
+                         format_mib(st.vbar_request), st.vbar_pages, format_mib(st.vbar_pages * 32 * MiB), format_mib(st.vbar_end),
+                         st.slices_beyond_cap ? fmt::format(", {} past the cap (always cast through a buffer)", st.slices_beyond_cap) : "");
+      continue;
+    }
+    if (lp.free_target) out += fmt::format("           next to dynamic models: VBAR pages evicted until {} is free\n", format_mib(lp.free_target));
     if (!lp.full_load) {
       out += fmt::format("           realistic transient {} (module {}) vs buffer {}\n", format_mib(lp.realistic_transient),
                          ref.spec->modules[lp.transient_module].name, format_mib(lp.offload_buffer));
@@ -46,8 +61,10 @@ std::string format_plan(const Scenario& s, const Plan& p) {
   for (const StagePlan& sp : p.stages) {
     out += fmt::format("{:<6} {:<8} {:<20} {:>14} {:>12} {:>12} {:>12} {:>12}{}\n", sp.stage, stage_op_name(sp.op),
                        s.models[sp.model].id, format_mib(sp.resident_total), format_mib(sp.offload_buffer),
-                       format_mib(sp.activation_allowance), format_mib(sp.activation_bytes), format_mib(sp.predicted_peak),
-                       sp.checked ? "" : "  (not checked)");
+                       format_mib(sp.activation_allowance), format_mib(sp.activation_bytes),
+                       sp.dynamic ? std::string("dynamic") : format_mib(sp.predicted_peak),
+                       sp.dynamic ? (sp.decode_batch ? fmt::format("  (decode batch {} of {})", sp.decode_batch, s.workload.batch) : std::string())
+                                  : sp.checked ? std::string() : std::string("  (not checked)"));
   }
   out += fmt::format("predicted peak {} + reserve {} = {} of {} available: {}\n", format_mib(p.predicted_peak),
                      format_mib(p.reserve), format_mib(p.predicted_peak + p.reserve), format_mib(p.available),

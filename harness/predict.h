@@ -20,6 +20,26 @@ struct Eviction {
   Bytes bytes = 0;
 };
 
+// ModelPatcherDynamic.load: staging, not placement. The modules in staging order get slices of
+// the model's VBAR (lower offsets: evicted last, faulted first), small ones and those a LoRA
+// resizes are force-loaded as ordinary torch tensors; where a staged weight really lives is
+// decided at run time by comfy-aimdo.
+struct StagingPlan {
+  Bytes vbar_request = 0;          // 10 x the model's size
+  std::uint64_t vbar_pages = 0;    // what aimdo grants: capped at floor(total VRAM / 32 MiB)
+  Bytes staged = 0;                // the slices' bytes ("N MB Staged")
+  Bytes vbar_end = 0;              // the end of the last slice (>= staged: 512 B alignment)
+  std::uint32_t patches = 0;       // LowVramPatch objects attached ("P patches attached")
+  std::uint32_t forced = 0;        // force-loaded parameters ("Force pre-loaded K weights")
+  Bytes forced_bytes = 0;          // model_loaded_weight_memory ("S KB"): parameters and buffers
+  std::vector<std::uint32_t> order;       // the staging order (module indices)
+  std::vector<Bytes> offload_cost;        // per module: the sort key's cost (#11171 rules)
+  std::vector<Bytes> slice_offset;        // per module
+  std::vector<Bytes> slice_size;          // per module (0: not staged)
+  std::vector<std::uint8_t> forced_module;  // per module: its tensors live on the device as torch tensors
+  std::uint64_t slices_beyond_cap = 0;    // staged modules whose slice ends past the capped VBAR
+};
+
 // One `load` stage: ComfyUI's load_models_gpu + ModelPatcher.load for one model.
 struct LoadPlan {
   std::uint32_t stage = 0;
@@ -42,6 +62,11 @@ struct LoadPlan {
   Bytes realistic_transient = 0;  // P3: worst forward-order window of NS+1 offloaded modules
   std::uint32_t transient_module = 0;     // the module converted in that window
   std::string log_line;           // "loaded partially; U MB usable, L MB loaded, ..."
+  bool dynamic = false;           // ModelPatcherDynamic: `staging` says what it did
+  StagingPlan staging;
+  // A legacy model loaded next to dynamic ones: free_memory's target, which the run reaches by
+  // evicting VBAR pages (0: none).
+  Bytes free_target = 0;
 };
 
 // What the predictor promises for one pipeline stage.
@@ -58,6 +83,12 @@ struct StagePlan {
   std::uint32_t passes = 1;         // 2 when CFG runs cond and uncond as separate passes
   Bytes predicted_peak = 0;         // comfy: resident + buffer + allowance; exact: live peak
   int load_plan = -1;               // index into Plan::loads for load stages
+  // Dynamic VRAM: the stage's model is placed at run time (no predicted peak: `checked` is false
+  // and the oracle's dynamic property judges it); the free memory its patcher reported, which
+  // counts every VBAR-resident byte as free, decided the cond batch and the VAE decode batch.
+  bool dynamic = false;
+  Bytes patcher_free = 0;
+  std::uint32_t decode_batch = 0;   // VAE: images per decode pass (0: not a VAE forward)
 };
 
 struct Plan {
@@ -69,10 +100,16 @@ struct Plan {
   std::vector<StagePlan> stages;
   Bytes predicted_peak = 0;  // max over checked stages
   bool fits = true;          // predicted_peak + reserve <= available: an OOM is not expected
+  bool dynamic = false;      // a dynamic VRAM preset: the oracle's dynamic property applies
 };
 
 // Runs the scenario's policy. Pure function of the scenario.
 Plan predict(const Scenario& s);
+
+// Whether a tensor is one ModelPatcherDynamic stages in a module's VBAR slice (its weight and
+// bias: weight, bias, norm and embedding roles); the others (fp8 scales, buffers) are moved to
+// the device as torch tensors.
+bool staged_tensor(const Tensor& t);
 
 // The offload cost ComfyUI sorts by (module_mem + the upcast/dequant or LoRA term, §2.4).
 Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c);

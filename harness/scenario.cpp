@@ -1,6 +1,7 @@
 #include "harness/scenario.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -22,14 +23,17 @@ std::string_view preset_name(Preset p) {
     case Preset::oct2025: return "oct2025";
     case Preset::nov2025: return "nov2025";
     case Preset::dec2025: return "dec2025";
+    case Preset::feb2026: return "feb2026";
+    case Preset::sep2026: return "sep2026";
   }
   return "?";
 }
 
 std::optional<Preset> parse_preset(std::string_view s) {
-  for (Preset p : {Preset::oct2025, Preset::nov2025, Preset::dec2025}) {
+  for (Preset p : kAllPresets) {
     if (s == preset_name(p)) return p;
   }
+  if (s == "dynamic") return Preset::sep2026;
   return std::nullopt;
 }
 
@@ -89,8 +93,12 @@ ComfyConstants preset_constants(Preset p) {
       c.patch_sync = false;
       break;
     case Preset::dec2025:
+    case Preset::feb2026:
+    case Preset::sep2026:
       // After #11096 (look-ahead buffer), #11171 (upcast/dequant term), #11173 (LoRA math factor
-      // 2) and #11144 (synchronize after patching each module; LoRA merged in fp16).
+      // 2) and #11144 (synchronize after patching each module; LoRA merged in fp16). The classic
+      // path has not changed since (comfyui-dynamic-vram.md §3): the dynamic presets plan their
+      // legacy models with these constants.
       c.weight_floor = 0;
       c.account = AccountMode::lookahead;
       c.dequant_term = true;
@@ -99,6 +107,24 @@ ComfyConstants preset_constants(Preset p) {
       c.lora_patch_dtype = Dtype::fp16;
       c.patch_sync = true;
       break;
+  }
+  DynamicConstants& d = c.dynamic;
+  if (p == Preset::feb2026) {
+    // ComfyUI 0.15.0 (PR #12658, 2026-02-26, dynamic VRAM on by default) with comfy-aimdo 0.2.2
+    // (tag v0.2.2, 2026-02-25): budget_deficit read cuMemGetInfo on every call and had no
+    // --reserve-vram / --vram-headroom input; the cudaMallocAsync hook checked it once per 2 s
+    // and otherwise evicted only after a failure; every hooked allocation was booked as whole
+    // 2 MiB pages; a fault evicted only when a page failed; a page was pinned or not; and
+    // aimdo's VRAMBuffer had no Python binding yet, so a module whose fault failed was cast
+    // through a plain torch allocation.
+    d.reserve_sets_headroom = false;
+    d.poll_ms = 0;
+    d.async_check_ms = 2000;
+    d.malloc_headroom = 0;
+    d.ledger_pages = true;
+    d.fault_surplus = false;
+    d.pin_counts = false;
+    d.aimdo_cast_buffers = false;
   }
   return c;
 }
@@ -145,6 +171,12 @@ std::string Policy::key() const {
   // `reserve` is not part of the key (see scenario.h).
   add(c.unload_factor != base.unload_factor, "unload_factor", fmt::format("{}", c.unload_factor));
   add(c.weight_floor != base.weight_floor, "weight_floor", canonical_size(c.weight_floor));
+  // Dynamic VRAM's constants (the reserve's share, the simple headroom, is left out as above).
+  const DynamicConstants& d = c.dynamic;
+  const DynamicConstants& bd = base.dynamic;
+  add(d.malloc_headroom != bd.malloc_headroom, "malloc_headroom", canonical_size(d.malloc_headroom));
+  add(d.poll_ms != bd.poll_ms, "poll_ms", std::to_string(d.poll_ms));
+  add(d.vram_headroom != bd.vram_headroom, "vram_headroom", canonical_size(d.vram_headroom));
   return out;
 }
 
@@ -161,10 +193,17 @@ Policy parse_policy(std::string_view text, std::string_view what) {
   } else if (kind == "exact") {
     p.predictor = PredictorKind::exact;
   } else {
-    throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025 or exact)", text));
+    throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025, "
+                                                    "comfy:feb2026, comfy:sep2026 (= comfy:dynamic) or exact)", text));
   }
   const auto pr = parse_preset(preset);
-  if (!pr) throw InputError(std::string(what), fmt::format("unknown preset \"{}\" (use oct2025, nov2025 or dec2025)", preset));
+  if (!pr) {
+    throw InputError(std::string(what), fmt::format("unknown preset \"{}\" (use oct2025, nov2025, dec2025, feb2026, sep2026 or dynamic)", preset));
+  }
+  if (p.predictor == PredictorKind::exact && is_dynamic(*pr)) {
+    throw InputError(std::string(what), fmt::format("exact takes its placement from a classic preset; {} is dynamic VRAM, which "
+                                                    "places weights at run time (use exact:dec2025, or comfy:{})", preset, preset));
+  }
   p.preset = *pr;
   p.constants = preset_constants(*pr);
   return p;
@@ -197,10 +236,28 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
   // A field of a file ("policy.overrides.reserve") or a flag and its key ("--set cfg_mult").
   const std::string path = what.starts_with("--") ? fmt::format("{} {}", what, key) : fmt::format("{}.{}", what, key);
   ComfyConstants& c = p.constants;
+  const bool dynamic_key = key == "vram_headroom" || key == "poll_ms" || key == "malloc_headroom";
+  if (dynamic_key && !p.dynamic()) {
+    throw InputError(path, fmt::format("applies to the dynamic VRAM presets only (comfy:feb2026, comfy:sep2026), not {}", p.label()));
+  }
   if (key == "reserve") {
     const Bytes r = parse_size(value, path);
     if (p.predictor == PredictorKind::exact) p.exact_reserve = r;
     c.reserve = r;
+    // --reserve-vram sets aimdo's simple headroom too, where the preset's aimdo takes it.
+    if (p.dynamic() && c.dynamic.reserve_sets_headroom) c.dynamic.simple_headroom = r;
+  } else if (key == "vram_headroom") {
+    if (p.preset == Preset::feb2026) throw InputError(path, "comfy-aimdo 0.2.2 (comfy:feb2026) has no --vram-headroom; it came on 2026-06-15");
+    c.dynamic.vram_headroom = parse_size(value, path);
+    if (c.dynamic.vram_headroom > kMaxDeviceBytes) throw InputError(path, "larger than any device");
+  } else if (key == "poll_ms") {
+    const double ms = parse_double_text(value, 0, 3600000, path);
+    if (ms != static_cast<double>(static_cast<std::uint32_t>(ms))) throw InputError(path, fmt::format("expected whole milliseconds, got \"{}\"", value));
+    c.dynamic.poll_ms = static_cast<std::uint32_t>(ms);
+  } else if (key == "malloc_headroom") {
+    if (p.preset == Preset::feb2026) throw InputError(path, "comfy-aimdo 0.2.2 (comfy:feb2026) has no cuMemAlloc hook headroom");
+    c.dynamic.malloc_headroom = parse_size(value, path);
+    if (c.dynamic.malloc_headroom > kMaxDeviceBytes) throw InputError(path, "larger than any device");
   } else if (key == "exact_reserve") {
     if (p.predictor != PredictorKind::exact) throw InputError(path, "applies to the exact predictor only");
     p.exact_reserve_bound = value == "bound";
@@ -242,7 +299,8 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
   } else {
     throw InputError(path, "unknown policy constant (known: reserve, inference_floor, weight_floor, min_weight_ratio, "
                            "unload_factor, cfg_mult, cond_batch_safety, lora_math_factor, account, dequant_term, "
-                           "num_streams, flash_attention, lora_patch_dtype, patch_sync, exact_reserve)");
+                           "num_streams, flash_attention, lora_patch_dtype, patch_sync, exact_reserve; dynamic presets: "
+                           "vram_headroom, poll_ms, malloc_headroom)");
   }
   // Keep the latest value of each key once, in the order first given, for round-tripping.
   auto it = std::find_if(p.overrides.begin(), p.overrides.end(), [&](const auto& kv) { return kv.first == key; });
@@ -282,6 +340,9 @@ inline constexpr std::uint32_t kMaxFrames = 1024;
 inline constexpr std::uint32_t kMaxTextTokens = 1u << 16;
 inline constexpr std::size_t kMaxTensorRank = 8;
 inline constexpr std::size_t kMaxModulesPerModel = 1u << 20;
+inline constexpr std::uint32_t kMaxSteps = 1000;
+inline constexpr std::size_t kMaxOthersEvents = 1024;
+inline constexpr double kMaxEventMs = 86400000.0;  // a day of modelled time
 
 Dtype parse_dtype_field(const JsonIn& j) {
   const std::string s = j.str();
@@ -299,8 +360,39 @@ TensorRole parse_role(const JsonIn& j) {
   j.fail(fmt::format("unknown role \"{}\" (known: weight, bias, norm, embedding, scale, other)", s));
 }
 
+// Other processes' memory changes over the case, in time order (docs/formats.md "device.events").
+std::vector<OthersEvent> parse_events(const JsonIn& j, const DeviceSpec& d) {
+  std::vector<OthersEvent> events;
+  if (j.size() > kMaxOthersEvents) j.fail(fmt::format("more than {} events", kMaxOthersEvents));
+  Bytes held = d.used_by_others;
+  std::uint64_t last_us = 0;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const JsonIn e = j.at(i);
+    e.expect_object({"at_ms", "take", "free"});
+    OthersEvent ev;
+    const JsonIn at = e.at("at_ms");
+    ev.at_us = static_cast<std::uint64_t>(std::llround(at.number_in(0.0, kMaxEventMs) * 1000.0));
+    if (ev.at_us < last_us) at.fail(fmt::format("events must be in time order: {} ms comes after {} ms", at.number(), last_us / 1000.0));
+    last_us = ev.at_us;
+    if (e.has("take") == e.has("free")) e.fail("give exactly one of \"take\" (bytes another process allocates) or \"free\" (bytes it gives back)");
+    ev.take = e.has("take");
+    const JsonIn amount = e.at(ev.take ? "take" : "free");
+    ev.bytes = amount.bytes();
+    if (ev.bytes == 0) amount.fail("must be more than 0 bytes");
+    if (ev.take) {
+      if (ev.bytes > d.total) amount.fail(fmt::format("more than the {} device", format_size(d.total)));
+      held += ev.bytes;  // what they would hold if it succeeds; a take may fail at run time
+    } else {
+      if (ev.bytes > held) amount.fail(fmt::format("other processes hold at most {} by then", format_mib(held)));
+      held -= ev.bytes;
+    }
+    events.push_back(ev);
+  }
+  return events;
+}
+
 DeviceSpec parse_device(const JsonIn& j) {
-  j.expect_object({"name", "total", "used_by_others", "context_overhead"});
+  j.expect_object({"name", "total", "used_by_others", "context_overhead", "events", "h2d_gbps", "tflops"});
   DeviceSpec d;
   if (auto v = j.opt("name")) d.name = v->str();
   d.total = j.at("total").bytes();
@@ -313,6 +405,9 @@ DeviceSpec parse_device(const JsonIn& j) {
         .fail(fmt::format("memory used by others ({}) plus the context ({}) leave nothing of the {} device",
                           format_mib(d.used_by_others), format_mib(d.context_overhead), format_size(d.total)));
   }
+  if (auto v = j.opt("h2d_gbps")) d.h2d_gbps = v->number_in(0.1, 10000.0);
+  if (auto v = j.opt("tflops")) d.tflops = v->number_in(0.01, 100000.0);
+  if (auto v = j.opt("events")) d.events = parse_events(*v, d);
   return d;
 }
 
@@ -350,7 +445,7 @@ Policy parse_policy_json(const JsonIn& j) {
 }
 
 Workload parse_workload(const JsonIn& j) {
-  j.expect_object({"width", "height", "batch", "frames", "cfg", "text_tokens"});
+  j.expect_object({"width", "height", "batch", "frames", "cfg", "text_tokens", "steps"});
   Workload w;
   auto side = [&](std::string_view key, std::uint32_t& out) {
     if (auto v = j.opt(key)) {
@@ -367,6 +462,7 @@ Workload parse_workload(const JsonIn& j) {
   if (auto v = j.opt("frames")) w.frames = v->u32_in(1, kMaxFrames);
   if (auto v = j.opt("cfg")) w.cfg = v->number_in(0.0, 100.0);
   if (auto v = j.opt("text_tokens")) w.text_tokens = v->u32_in(0, kMaxTextTokens);
+  if (auto v = j.opt("steps")) w.steps = v->u32_in(1, kMaxSteps);
   return w;
 }
 
@@ -437,9 +533,15 @@ std::vector<Module> parse_modules(const JsonIn& j) {
 
 // `base_dir`: where a relative "file:PATH" source is looked up (the scenario file's directory).
 ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_dir) {
-  j.expect_object({"id", "source", "storage", "scaled", "compute", "lora", "kind", "family", "memory_usage_factor",
-                   "arch", "modules"});
+  j.expect_object({"id", "source", "storage", "scaled", "compute", "lora", "patcher", "prefetch", "kind", "family",
+                   "memory_usage_factor", "arch", "modules"});
   ModelRef ref;
+  if (auto v = j.opt("patcher")) {
+    const std::string p = v->str();
+    if (p == "legacy") ref.legacy = true;
+    else if (p != "dynamic") v->fail(fmt::format("unknown patcher \"{}\" (use dynamic or legacy)", p));
+  }
+  if (auto v = j.opt("prefetch")) ref.prefetch = v->boolean();
   if (auto v = j.opt("compute")) {
     ref.compute = parse_dtype_field(*v);
     if (!dtype_info(ref.compute).compute) v->fail(fmt::format("{} is not a compute dtype (use fp32, fp16 or bf16)", dtype_name(ref.compute)));
@@ -584,6 +686,21 @@ void validate_scenario(const Scenario& s) {
     throw InputError("device.total", fmt::format("larger than the {} a device can have here", format_size(kMaxDeviceBytes)));
   }
   if (s.device.available() == 0) throw InputError("device", "memory used by others plus the context leave nothing of the device");
+  if (s.workload.steps < 1 || s.workload.steps > kMaxSteps) throw InputError("workload.steps", fmt::format("must be between 1 and {}", kMaxSteps));
+  if (s.policy.dynamic()) {
+    // What ComfyUI can run under dynamic VRAM: its cuda_malloc.py strips expandable_segments from
+    // PYTORCH_CUDA_ALLOC_CONF, and comfy-aimdo 0.2.2 (feb2026) replaced cudaMalloc by a VMM buffer
+    // per allocation, which vramfuzz does not model (its cudaMallocAsync hook it does).
+    if (s.allocator.mode == AllocatorMode::caching_expandable) {
+      throw InputError("allocator.mode", fmt::format("{} cannot run with expandable segments: ComfyUI's cuda_malloc.py removes "
+                                                     "expandable_segments:True (use caching, raw or async)", s.policy.label()));
+    }
+    if (s.policy.preset == Preset::feb2026 && s.allocator.mode != AllocatorMode::async) {
+      throw InputError("allocator.mode", fmt::format("comfy:feb2026 is modelled with cudaMallocAsync only (ComfyUI's default; "
+                                                     "comfy-aimdo 0.2.2 turned every cudaMalloc into a VMM buffer, which is not "
+                                                     "modelled), not {}", allocator_mode_name(s.allocator.mode)));
+    }
+  }
   if (s.offload_streams && *s.offload_streams > kMaxOffloadStreams) {
     throw InputError("offload_streams", fmt::format("must be between 0 and {}", kMaxOffloadStreams));
   }
@@ -724,6 +841,8 @@ nlohmann::json model_json(const ModelRef& m) {
   }
   j["compute"] = dtype_name(m.compute);
   j["lora"] = m.lora;
+  if (m.legacy) j["patcher"] = "legacy";
+  if (m.prefetch) j["prefetch"] = true;
   return j;
 }
 
@@ -779,6 +898,15 @@ std::string scenario_to_json(const Scenario& s, int indent) {
                  {"total", size_json(s.device.total)},
                  {"used_by_others", size_json(s.device.used_by_others)},
                  {"context_overhead", size_json(s.device.context_overhead)}};
+  if (s.device.h2d_gbps != kDefaultH2dGBps) j["device"]["h2d_gbps"] = s.device.h2d_gbps;
+  if (s.device.tflops != kDefaultTflops) j["device"]["tflops"] = s.device.tflops;
+  if (!s.device.events.empty()) {
+    nlohmann::json ev = nlohmann::json::array();
+    for (const OthersEvent& e : s.device.events) {
+      ev.push_back({{"at_ms", static_cast<double>(e.at_us) / 1000.0}, {e.take ? "take" : "free", size_json(e.bytes)}});
+    }
+    j["device"]["events"] = std::move(ev);
+  }
   nlohmann::json opts = nlohmann::json::object();
   for (const auto& [k, v] : s.allocator.options) opts[k] = option_value_json(v);
   j["allocator"] = {{"mode", allocator_mode_name(s.allocator.mode)}, {"options", opts}};
@@ -794,6 +922,7 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   j["models"] = std::move(models);
   j["workload"] = {{"width", s.workload.width}, {"height", s.workload.height}, {"batch", s.workload.batch},
                    {"frames", s.workload.frames}, {"cfg", s.workload.cfg},     {"text_tokens", s.workload.text_tokens}};
+  if (s.workload.steps != 1) j["workload"]["steps"] = s.workload.steps;
   if (s.offload_streams) j["offload_streams"] = *s.offload_streams;
   nlohmann::json pipe = nlohmann::json::array();
   for (const Stage& st : s.stages) pipe.push_back({{"op", stage_op_name(st.op)}, {"model", s.models[st.model].id}});

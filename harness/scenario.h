@@ -36,11 +36,29 @@ inline constexpr Bytes kMaxDeviceBytes = Bytes{1} << 50;  // 1 PiB
 // the same limits as the scenario's device.total. InputError(what, ...) otherwise.
 Bytes parse_device_total(std::string_view text, std::string_view what);
 
+// Another process (a second app, a game, the desktop) that takes or gives back device memory
+// while a case runs: at `at_us` microseconds of modelled time (docs/dynamic.md, "Time").
+struct OthersEvent {
+  std::uint64_t at_us = 0;
+  Bytes bytes = 0;
+  bool take = true;  // true: it allocates `bytes`; false: it frees `bytes` it held
+};
+
+// The modelled durations that give every op a place in time: copies to the device at
+// `h2d_gbps` (decimal GB/s: PCIe 4.0 x16 with pinned memory moves about 25), compute at
+// `tflops` (FLOP/s x 1e-12 a module's matmuls run at). Only dynamic VRAM's 2 s poll and
+// other processes' events depend on them; docs/dynamic.md.
+inline constexpr double kDefaultH2dGBps = 25.0;
+inline constexpr double kDefaultTflops = 100.0;
+
 struct DeviceSpec {
   std::string name = "sim";
   Bytes total = 24 * GiB;
-  Bytes used_by_others = 0;                     // other processes, the desktop
+  Bytes used_by_others = 0;                     // other processes, the desktop (at time 0)
   Bytes context_overhead = kDefaultContextOverhead;
+  std::vector<OthersEvent> events;              // other processes later, in time order
+  double h2d_gbps = kDefaultH2dGBps;
+  double tflops = kDefaultTflops;
   // What our process can use at all: total - others - context (0 if they exceed the total).
   Bytes available() const { return sat_sub(sat_sub(total, used_by_others), context_overhead); }
 };
@@ -66,9 +84,15 @@ struct AllocatorConfig {
 };
 
 enum class PredictorKind : std::uint8_t { comfy, exact };
-enum class Preset : std::uint8_t { oct2025, nov2025, dec2025 };
+// The dated ComfyUI states vramfuzz emulates: three of the classic accounting, two of dynamic
+// VRAM (comfy-aimdo), the default since ComfyUI 0.15 (2026-02-26). README "Presets" maps
+// releases to them.
+enum class Preset : std::uint8_t { oct2025, nov2025, dec2025, feb2026, sep2026 };
 std::string_view preset_name(Preset p);
+// Also "dynamic": the newest dynamic-VRAM preset.
 std::optional<Preset> parse_preset(std::string_view s);
+inline constexpr bool is_dynamic(Preset p) { return p == Preset::feb2026 || p == Preset::sep2026; }
+inline constexpr Preset kAllPresets[] = {Preset::oct2025, Preset::nov2025, Preset::dec2025, Preset::feb2026, Preset::sep2026};
 
 // How the offload buffer is budgeted (comfyui-accounting.md §2.4, §5).
 enum class AccountMode : std::uint8_t {
@@ -77,6 +101,40 @@ enum class AccountMode : std::uint8_t {
   lookahead  // PR #11096: cost_i + module_mem of the next NS modules in sorted order
 };
 std::string_view account_mode_name(AccountMode a);
+
+// comfy-aimdo's constants and the behaviour that changed between its versions
+// (reference/comfyui-dynamic-vram.md §2.5; the aimdo sources by tag). Structural constants
+// (32 MiB VBAR pages, 16 MiB cast-buffer chunks, 16 GiB cast reservation, the 10x VBAR request)
+// are named in harness/sim/aimdo.h; these are what a preset or an override sets.
+struct DynamicConstants {
+  // The simple term's headroom: aimdo's VRAM_HEADROOM, 256 MiB, or --reserve-vram where the
+  // preset passes it to aimdo (set_simple_vram_headroom, aimdo 2026-06-15).
+  Bytes simple_headroom = 256 * MiB;
+  bool reserve_sets_headroom = true;
+  // --vram-headroom: extra_vram_headroom, added to every deficit (aimdo 2026-06-15; 0 before).
+  Bytes vram_headroom = 0;
+  // budget_deficit's cuMemGetInfo poll runs at most once per this many ms; 0: a fresh reading on
+  // every call (aimdo before 2026-02-24's throttle reached the fault path).
+  std::uint32_t poll_ms = 2000;
+  // The cudaMallocAsync hook's deficit check runs at most once per this many ms (aimdo 0.2.x:
+  // 2000); 0: on every allocation.
+  std::uint32_t async_check_ms = 0;
+  // CUDA_MALLOC_HEADROOM: what the cuMemAlloc hook adds to the request before evicting.
+  Bytes malloc_headroom = 128 * MiB;
+  // The ledger of hooked allocations: false: 1 KiB floor, exact up to 1 MiB, whole 2 MiB pages
+  // above (aimdo 2026-04-23); true: every allocation rounded up to 2 MiB pages (before).
+  bool ledger_pages = false;
+  // vbar_fault collects spikes first (vbars_free(budget_deficit(0))) and checks the whole
+  // miss against a surplus before mapping (aimdo 2026-03-10, 2026-06-05); false: it evicts
+  // only when a page fails.
+  bool fault_surplus = true;
+  // Pages count their pins (aimdo 2026-04-27); false: one pinned flag per page.
+  bool pin_counts = true;
+  // A module whose fault fails goes through the offload stream's aimdo VRAMBuffer (grown in
+  // 16 MiB chunks, kept until the node ends); false: a plain torch allocation per module
+  // (before aimdo's VRAMBuffer reached Python, 2026-02-27).
+  bool aimdo_cast_buffers = true;
+};
 
 // Every constant of ComfyUI's classic accounting, with the value its preset gives it; each one
 // can be overridden in the scenario (`policy.overrides`) or on the CLI (`--reserve 600MiB`).
@@ -95,10 +153,12 @@ struct ComfyConstants {
   bool flash_attention = true;         // flash / PyTorch / xformers attention in the estimate
   Dtype lora_patch_dtype = Dtype::fp16;  // dtype LoRA is merged in at load (Oct-2025: fp32)
   bool patch_sync = true;              // PR #11144: synchronize after patching each module
+  DynamicConstants dynamic;            // dynamic presets only
 };
 
 // The constants of a dated preset (oct2025 = ComfyUI a125cd84; nov2025 = after #10733 and
-// #10953; dec2025 = after #11096, #11171, #11173, #11144).
+// #10953; dec2025 = after #11096, #11171, #11173, #11144; feb2026 = ComfyUI 0.15 with
+// comfy-aimdo 0.2.2; sep2026 = ComfyUI 0.31-0.38 with comfy-aimdo 0.4.10-0.5.5).
 ComfyConstants preset_constants(Preset p);
 
 struct Policy {
@@ -113,6 +173,7 @@ struct Policy {
   std::optional<Bytes> exact_reserve_only;
   bool exact_reserve_bound = false;
   std::string label() const;           // "comfy:dec2025", "exact:dec2025"
+  bool dynamic() const { return predictor == PredictorKind::comfy && is_dynamic(preset); }
   // The predictor this policy is, as one string: the label, then every constant whose value
   // differs from the preset's as sorted `key=value` pairs in canonical form (sizes as GiB / MiB /
   // KiB / bytes, whichever is exact; numbers in their shortest form; booleans true/false), e.g.
@@ -136,6 +197,12 @@ struct ModelRef {
   bool storage_given = false;  // false: the catalog's native dtype
   Dtype compute = Dtype::bf16;  // ComfyUI's manual-cast dtype (the dtype kernels run in)
   bool lora = false;            // a LoRA patches every weight of this model
+  // Dynamic presets: a model whose patcher is not ModelPatcherDynamic (custom nodes' patchers,
+  // e.g. GGUF loaders) is loaded through the classic path next to the dynamic ones.
+  bool legacy = false;
+  // Dynamic presets: the model faults and transfers each block's weights together before the
+  // block runs (comfy/model_prefetch.py; LTX-AV and MiniMax do, the catalog's models do not).
+  bool prefetch = false;
   std::shared_ptr<const ModelSpec> spec;  // resolved, finalized
 };
 
@@ -160,6 +227,8 @@ struct Scenario {
 
   // NUM_STREAMS as the runtime uses it (scenario value, else the policy's).
   std::uint32_t streams() const { return offload_streams ? *offload_streams : policy.constants.num_streams; }
+  // Whether model `m` runs through ModelPatcherDynamic (a dynamic preset, and not legacy).
+  bool dynamic_model(std::size_t m) const { return policy.dynamic() && !models[m].legacy; }
 };
 
 inline constexpr std::uint32_t kMaxOffloadStreams = 8;

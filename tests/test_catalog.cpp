@@ -109,7 +109,7 @@ TEST(Catalog, ExactCountsWhereTheReferenceComputedThem) {
   EXPECT_EQ(build("sd15-unet").params, 859'520'964u);
   // Our own derivations (per-block sums in models/arch/*.cpp).
   EXPECT_EQ(build("flux2-dev").params, 32'223'281'152u);
-  EXPECT_EQ(build("flux2-text-encoder").params, 17'343'754'240u);
+  EXPECT_EQ(build("flux2-text-encoder").params, 17'343'759'360u);  // with model.norm
   EXPECT_EQ(build("sd35-large").params, 8'056'627'520u);
   EXPECT_EQ(build("qwen-image").params, 20'430'401'088u);
   EXPECT_EQ(build("wan21-14b").params, 14'288'491'584u);
@@ -335,7 +335,8 @@ TEST(CatalogTextEncoders, Flux2MistralKeepsThirtyLayers) {
   EXPECT_EQ(m.arch.widest, 32768u);
   EXPECT_EQ(m.arch.text_tokens, 512u);
   // About 34.7 GB in bf16, the size of the file ComfyUI ships.
-  EXPECT_EQ(m.bytes, 34'687'508'480u);
+  EXPECT_EQ(m.bytes, 34'687'518'720u);  // with the final norm (10 KiB in bf16)
+  EXPECT_EQ(m.modules.back().name, "model.norm");
 }
 
 TEST(CatalogTextEncoders, T5AndClip) {

@@ -389,6 +389,11 @@ CudaBackend::Case::Outcome CudaBackend::Case::step(std::uint32_t i) {
       }
       break;
     case OpKind::flush_if_cached: st = flush_if_cached(); break;
+    case OpKind::vbar_prioritize:
+    case OpKind::vbar_fault:
+    case OpKind::vbar_unpin:
+    case OpKind::vbar_free:
+    case OpKind::node_end: break;  // dynamic programs are refused in execute()
   }
   if (!st) {
     fault(st, i);
@@ -692,6 +697,12 @@ ExecResult CudaBackend::execute(const Scenario& s, const Program& p, const ExecO
     r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
     r.error = fmt::format("the CUDA context is unusable after an earlier sticky error ({}); restart the process", *poisoned_);
     r.fatal = true;
+    return r;
+  }
+  if (p.dynamic) {
+    r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
+    r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
+    r.error = fmt::format("the cuda backend does not run dynamic VRAM ({}) yet; use --backend sim", s.policy.label());
     return r;
   }
   Case c(*this, s, p, opt, r);

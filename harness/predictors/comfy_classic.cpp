@@ -59,14 +59,27 @@ class ComfyPlanner {
       sp.op = st.op;
       sp.model = st.model;
       state_[st.model].last_used = i + 1;
+      // Dynamic VRAM: ModelPatcherDynamic stages the model (comfy_dynamic.cpp) after
+      // load_models_gpu has unloaded legacy models to make room; its placement happens at run
+      // time, so its stages have no predicted peak. Legacy models next to it are planned here.
+      const bool dynamic = s_.dynamic_model(st.model);
+      sp.dynamic = dynamic;
       if (st.op == StageOp::load) {
-        plan.loads.push_back(load(i, st.model));
+        plan.loads.push_back(dynamic ? load_dynamic(i, st.model) : load(i, st.model));
         sp.load_plan = static_cast<int>(plan.loads.size() - 1);
       } else if (st.op == StageOp::unload) {
         unload(st.model);
         sp.checked = false;
       }
-      fill_activation(sp);
+      if (dynamic) {
+        sp.checked = false;
+        // The patcher's free memory counts VBAR-resident bytes as free: at the start of a node
+        // (cast buffers reset, cache emptied) that is what torch tensors leave of the device.
+        sp.patcher_free = free_now();
+        fill_dynamic_activation(s_, sp, sp.patcher_free);
+      } else {
+        fill_activation(sp);
+      }
       sp.resident_total = resident_total();
       sp.offload_buffer = st.op == StageOp::unload ? 0 : state_[st.model].offload_buffer;
       sp.predicted_peak = sp.resident_total + sp.offload_buffer + (sp.checked ? sp.activation_allowance : 0);
@@ -126,7 +139,9 @@ class ComfyPlanner {
     if (free_now() >= target) return;
     std::vector<std::uint32_t> order;
     for (std::uint32_t m = 0; m < state_.size(); ++m) {
-      if (m != keep && state_[m].loaded > 0) order.push_back(m);
+      // Dynamic models give way at run time (their VBAR pages: the vbar_free op, and aimdo's
+      // hooks); their force-loaded weights are restored only when that is not enough: tiny.
+      if (m != keep && state_[m].loaded > 0 && !s_.dynamic_model(m)) order.push_back(m);
     }
     std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
       const Bytes off_a = spec(a).bytes - state_[a].loaded, off_b = spec(b).bytes - state_[b].loaded;
@@ -163,6 +178,30 @@ class ComfyPlanner {
     }
   }
 
+  // load_models_gpu for a dynamic model: legacy models are unloaded (smart memory) until
+  // 1.1 x the model's size + extra_mem is free, VBAR bytes of other dynamic models counting as
+  // free (ComfyUI subtracts their loaded size from the requirement instead); then staging.
+  LoadPlan load_dynamic(std::uint32_t stage, std::uint32_t m) {
+    const ModelSpec& model = spec(m);
+    LoadPlan evictions;
+    Bytes extra_mem = c_.inference_floor + c_.reserve;
+    if (model.kind == ModelKind::diffusion) {
+      extra_mem = std::max(extra_mem, estimate(m, multiply_batch(s_.workload.batch, c_.cfg_mult)) + c_.reserve);
+    } else if (model.kind == ModelKind::vae) {
+      extra_mem = std::max(extra_mem, estimate(m, s_.workload.batch) + c_.reserve);
+    }
+    free_memory(scale_bytes(model.bytes - std::min(model.bytes, state_[m].loaded), c_.unload_factor, "policy.unload_factor") + extra_mem,
+                m, evictions);
+    LoadPlan lp = stage_dynamic(s_, stage, m, free_now());
+    lp.evictions = std::move(evictions.evictions);
+    lp.extra_mem = extra_mem;
+    ModelState& st = state_[m];
+    st.resident = lp.resident;
+    st.loaded = lp.loaded;
+    st.offload_buffer = 0;
+    return lp;
+  }
+
   void unload(std::uint32_t m) {
     std::fill(state_[m].resident.begin(), state_[m].resident.end(), 0);
     state_[m].loaded = 0;
@@ -197,7 +236,11 @@ class ComfyPlanner {
 
     // Step 2-3: evict to 1.1 x need + extra_mem, then to min_req.
     const Bytes need = model.bytes - st.loaded;
-    free_memory(scale_bytes(need, c_.unload_factor, "policy.unload_factor") + lp.extra_mem, m, lp);
+    const Bytes target = scale_bytes(need, c_.unload_factor, "policy.unload_factor") + lp.extra_mem;
+    free_memory(target, m, lp);
+    // Next to dynamic models, free_memory also asks each of them to give up VBAR pages until the
+    // target is free (partially_unload): how many, only the run knows.
+    if (s_.policy.dynamic()) lp.free_target = target;
     if (free_now() < lp.min_req) free_memory(lp.min_req, m, lp);
 
     // Step 4: the weight budget. F counts this model's own loaded bytes as available.

@@ -1,5 +1,7 @@
 #include "harness/sim/device.h"
 
+#include <algorithm>
+
 namespace vf::sim {
 
 SimDevice::SimDevice(const DeviceSpec& spec) : spec_(spec), capacity_(spec.available()) {}
@@ -67,7 +69,28 @@ DeviceAddr SimDevice::reserve_address_range(Bytes size) {
   return base;
 }
 
-bool SimDevice::map(Bytes bytes) { return charge(bytes); }
-void SimDevice::unmap(Bytes bytes) { release(bytes); }
+bool SimDevice::map(Bytes bytes) {
+  if (!charge(bytes)) return false;
+  mapped_ += bytes;
+  return true;
+}
+
+void SimDevice::unmap(Bytes bytes) {
+  release(bytes);
+  mapped_ -= bytes;
+}
+
+bool SimDevice::others_take(Bytes bytes) {
+  if (bytes > capacity_ - charged_) return false;
+  capacity_ -= bytes;
+  spec_.used_by_others += bytes;
+  return true;
+}
+
+void SimDevice::others_release(Bytes bytes) {
+  const Bytes b = std::min(bytes, spec_.used_by_others);
+  spec_.used_by_others -= b;
+  capacity_ += b;
+}
 
 }  // namespace vf::sim

@@ -38,6 +38,13 @@ class SimDevice final : public DeviceLayer {
 
   Bytes capacity() const { return capacity_; }   // total - others - context
   Bytes charged() const { return charged_; }     // physical bytes our process holds
+  // Of those, the bytes mapped into reserved ranges (VMM pages) rather than cudaMalloc'd.
+  Bytes mapped() const { return mapped_; }
+  Bytes malloc_charged() const { return charged_ - mapped_; }
+  // Another process takes `bytes` (false, nothing changes, when they are not free: its own
+  // allocation fails) or gives back `bytes` it held.
+  bool others_take(Bytes bytes);
+  void others_release(Bytes bytes);
   Bytes peak_charged() const { return peak_charged_; }
   Bytes free() const { return capacity_ - charged_; }
   // The device-wide view (what NVML / cudaMemGetInfo would report as used): others + context +
@@ -68,6 +75,7 @@ class SimDevice final : public DeviceLayer {
   DeviceSpec spec_;
   Bytes capacity_ = 0;
   Bytes charged_ = 0;
+  Bytes mapped_ = 0;
   Bytes peak_charged_ = 0;
   DeviceAddr next_addr_ = 0x7f0000000000ull;
   std::vector<SmallPage> small_pages_;   // slots are reused once a page is released

@@ -9,7 +9,7 @@ namespace vf::sim {
 // Reserved for `raw` is the physical memory the driver charged for our buffers, so it moves in
 // whole pages while allocated moves by the 512 B-rounded size.
 void RawAllocator::sync_reserved() {
-  const Bytes now = device_.charged();
+  const Bytes now = device_.malloc_charged();  // VMM pages (dynamic VRAM's) are not ours
   if (now > stats_.reserved.current) {
     stats_.reserved.add(now - stats_.reserved.current);
   } else {

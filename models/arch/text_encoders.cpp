@@ -75,7 +75,7 @@ std::vector<Module> modules(Dtype native) {
 // and the first 30 of the 40 layers; the final norm and lm_head are never reached. Per layer:
 // q 4096x5120 (32 heads x 128), k and v 1024x5120 (8 KV heads x 128), o 5120x4096, SwiGLU gate
 // and up 32768x5120, down 5120x32768, two RMSNorms: 555,755,520. Total: 131072 x 5120 embedding
-// (671,088,640) + 30 x 555,755,520 = 17,343,754,240 parameters (34.69 GB in bf16).
+// (671,088,640) + 30 x 555,755,520 + 5120 = 17,343,759,360 parameters (34.69 GB in bf16).
 namespace mistral {
 constexpr std::uint64_t kVocab = 131072;
 constexpr std::uint64_t kHidden = 5120;
@@ -101,6 +101,7 @@ std::vector<Module> modules(Dtype native) {
     net.linear(sub(layer, "mlp.up_proj"), kHidden, kFf, false);
     net.linear(sub(layer, "mlp.down_proj"), kFf, kHidden, false);
   }
+  net.norm("model.norm", kHidden, false);
   return std::move(net).take();
 }
 }  // namespace mistral

@@ -1,0 +1,197 @@
+#include "harness/dynamic_runtime.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+
+namespace vf {
+
+std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, Bytes moved) {
+  auto copy_us = [&](Bytes bytes) { return static_cast<double>(bytes) / (s.device.h2d_gbps * 1e3); };
+  double us = 0;
+  switch (op.kind) {
+    case OpKind::h2d: us = copy_us(p.buffers[op.buffer].bytes); break;
+    case OpKind::vbar_fault: us = copy_us(moved); break;
+    case OpKind::compute: {
+      if (op.phase != Phase::forward || op.module == kNone) break;  // LoRA merges at load: no model time
+      std::uint64_t elements = 0;
+      for (const Tensor& t : s.models[op.model].spec->modules[op.module].tensors) {
+        if (t.role == TensorRole::weight) elements += t.numel;
+      }
+      const double flops = 2.0 * static_cast<double>(elements) * static_cast<double>(p.stage_rows[op.stage]);
+      us = flops / (s.device.tflops * 1e6);
+      break;
+    }
+    default: break;
+  }
+  return static_cast<std::uint64_t>(std::llround(us));
+}
+
+DynamicRuntime::DynamicRuntime(const Scenario& s, const Program& p, sim::Aimdo& aimdo, TorchView& torch)
+    : s_(s), p_(p), aimdo_(aimdo), torch_(torch), ns_(s.streams()), vbar_(s.models.size(), kNone), modules_(s.models.size()) {
+  for (std::size_t m = 0; m < s.models.size(); ++m) modules_[m].resize(s.models[m].spec->modules.size());
+}
+
+bool DynamicRuntime::runs(const Op& op) const {
+  if (op.when == When::always) return true;
+  const Last last = modules_[op.model][op.module].last;
+  return op.when == When::refused ? last == Last::refused : last != Last::resident;
+}
+
+std::uint32_t DynamicRuntime::vbar_of(std::uint32_t m) {
+  if (vbar_[m] == kNone) vbar_[m] = aimdo_.vbar_allocate(p_.vbars[m].request);
+  return vbar_[m];
+}
+
+std::uint64_t DynamicRuntime::first_page(std::uint32_t m, std::uint32_t i) const { return p_.vbars[m].offset[i] / sim::kVbarPage; }
+
+std::uint64_t DynamicRuntime::end_page(std::uint32_t m, std::uint32_t i) const {
+  const Bytes end = p_.vbars[m].offset[i] + p_.vbars[m].size[i];
+  return end / sim::kVbarPage + (end % sim::kVbarPage ? 1 : 0);
+}
+
+std::uint32_t DynamicRuntime::next_offload_stream() {
+  // get_offload_stream: the first call makes the streams and hands out the first; each later
+  // call moves to the next.
+  if (!streams_made_) {
+    streams_made_ = true;
+  } else {
+    stream_counter_ = (stream_counter_ + 1) % ns_;
+  }
+  return 1 + stream_counter_;
+}
+
+DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
+  const std::uint32_t m = op.model, i = op.module;
+  const Bytes offset = p_.vbars[m].offset[i], size = p_.vbars[m].size[i];
+  const std::uint32_t v = vbar_of(m);
+  if (op.flags & kFaultGroupStart) {
+    call_stream_ = 0;
+    call_offset_ = 0;
+  }
+  ModuleState& ms = modules_[m][i];
+  const sim::FaultResult r = aimdo_.fault(v, offset, size);
+  Result out;
+  if (r == sim::FaultResult::error) {
+    ms.last = Last::refused;
+    ms.serials.clear();
+    out.ok = false;
+    out.failure = "VBAR fault";
+    out.request = sim::kVbarPage;
+    out.detail = "a page could not be mapped even after an eviction (aimdo's VBAR_FAULT_ERROR; ComfyUI raises "
+                 "\"Fault failed: 2\")";
+    return out;
+  }
+  if (r != sim::FaultResult::refused) {
+    std::vector<std::uint32_t> serials;
+    const std::uint64_t end = end_page(m, i);
+    for (std::uint64_t pg = first_page(m, i); pg < end; ++pg) serials.push_back(aimdo_.serial(v, pg));
+    if (!ms.serials.empty() && serials == ms.serials) {
+      ms.last = Last::resident;
+      ++hits_;
+      return out;
+    }
+    ms.serials = std::move(serials);
+    ms.last = Last::copied;
+    ++copies_;
+    if (ns_ > 0 && call_stream_ == 0) call_stream_ = next_offload_stream();
+    out.moved = size;
+    return out;
+  }
+  ms.serials.clear();
+  ms.last = Last::refused;
+  ++refused_;
+  out.moved = size;
+  if (!s_.policy.constants.dynamic.aimdo_cast_buffers || ns_ == 0) return out;  // a torch buffer (conditional ops)
+  if (call_stream_ == 0) call_stream_ = next_offload_stream();
+  if (op.flags & kFaultSingle) {
+    if (m == largest_model_ && i == largest_module_) call_stream_ = next_offload_stream();
+    if (size > largest_size_) {
+      largest_model_ = m;
+      largest_module_ = i;
+      largest_size_ = size;
+    }
+  }
+  ms.cast_stream = call_stream_;
+  const Bytes required = call_offset_ + size;
+  const Bytes before = aimdo_.cast_size(call_stream_);
+  call_offset_ = required;
+  if (!aimdo_.cast_grow(call_stream_, required)) {
+    out.ok = false;
+    out.failure = "cast buffer grow";
+    out.request = round_up(required, sim::kCastChunk) - std::min(round_up(required, sim::kCastChunk), aimdo_.cast_size(call_stream_));
+    out.detail = required > sim::kCastReservation
+                     ? fmt::format("a cast of {} is larger than the {} cast buffer reservation (\"VRAM grow failed\")",
+                                   format_mib(required), format_mib(sim::kCastReservation))
+                     : fmt::format("VRAM grow failed: the cast buffer of offload stream {} could not grow from {} to {}",
+                                   call_stream_, format_mib(before), format_mib(round_up(required, sim::kCastChunk)));
+  }
+  return out;
+}
+
+DynamicRuntime::Result DynamicRuntime::execute(const Op& op) {
+  switch (op.kind) {
+    case OpKind::vbar_prioritize: aimdo_.prioritize(vbar_of(op.model)); return {};
+    case OpKind::vbar_fault: return fault(op);
+    case OpKind::vbar_unpin: {
+      ModuleState& ms = modules_[op.model][op.module];
+      if (ms.last == Last::copied || ms.last == Last::resident) {
+        aimdo_.unpin(vbar_[op.model], p_.vbars[op.model].offset[op.module], p_.vbars[op.model].size[op.module]);
+      }
+      return {};
+    }
+    case OpKind::vbar_free: {
+      const Bytes amount = p_.amounts[op.src];
+      if (!(op.flags & kVbarFreeToTarget)) {
+        if (vbar_[op.model] != kNone) aimdo_.free_memory(vbar_[op.model], amount);
+        return {};
+      }
+      // free_memory for a legacy load: the most-offloaded dynamic model first, each asked for
+      // what is still missing (model_unload -> partially_unload).
+      std::vector<std::uint32_t> order;
+      for (std::uint32_t m = 0; m < vbar_.size(); ++m) {
+        if (vbar_[m] != kNone) order.push_back(m);
+      }
+      auto offloaded = [&](std::uint32_t m) { return sat_sub(s_.models[m].spec->bytes, aimdo_.loaded_size(vbar_[m])); };
+      std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) { return offloaded(a) > offloaded(b); });
+      for (const std::uint32_t m : order) {
+        const Bytes free = torch_.free_memory();
+        if (free >= amount) break;
+        aimdo_.free_memory(vbar_[m], amount - free);
+      }
+      return {};
+    }
+    case OpKind::node_end:
+      aimdo_.cast_reset();
+      largest_model_ = largest_module_ = kNone;
+      largest_size_ = 0;
+      call_stream_ = 0;
+      call_offset_ = 0;
+      aimdo_.reset_watermark_limits();
+      torch_.synchronize();
+      torch_.empty_cache();
+      return {};
+    default: throw InfraError(fmt::format("dynamic runtime: op {} is not a dynamic VRAM op", op_kind_name(op.kind)));
+  }
+}
+
+Bytes DynamicRuntime::module_pinned(std::uint32_t m, std::uint32_t i) const {
+  if (m >= vbar_.size() || vbar_[m] == kNone || i == kNone || p_.vbars[m].size.empty() || p_.vbars[m].size[i] == 0) return 0;
+  const std::uint32_t v = vbar_[m];
+  Bytes b = 0;
+  for (std::uint64_t pg = first_page(m, i); pg < end_page(m, i) && pg < aimdo_.nr_pages(v); ++pg) {
+    if (aimdo_.mapped(v, pg) && aimdo_.pins(v, pg) > 0) b += sim::kVbarPage;
+  }
+  return b;
+}
+
+Bytes DynamicRuntime::module_cast(std::uint32_t m, std::uint32_t i) const {
+  if (m >= modules_.size() || i == kNone || i >= modules_[m].size() || modules_[m][i].last != Last::refused) return 0;
+  if (!s_.policy.constants.dynamic.aimdo_cast_buffers || ns_ == 0) return 0;  // a torch buffer, counted with the tensors
+  return p_.vbars[m].size[i];
+}
+
+}  // namespace vf

@@ -1,0 +1,106 @@
+// The run-time half of dynamic VRAM: what a backend does for the ops whose outcome is decided
+// while the program runs (vbar_prioritize, vbar_fault, vbar_unpin, vbar_free, node_end and the
+// ops conditional on a fault), on top of the aimdo model (harness/sim/aimdo.h). Both backends
+// use it: `sim` over the simulated device, `cuda` over real VMM pages.
+//
+// ComfyUI's side of each op (comfy/ops.py cast_modules_with_vbar, model_management's offload
+// streams and cast buffers, model_patcher's partially_unload):
+//   - a fault whose pages still carry the serials of the module's last copy is resident: no
+//     copy; otherwise the slice is copied in (its pages are new) and the serials saved;
+//   - a refused fault sends the weight through the offload stream's cast buffer: one offload
+//     stream per cast_modules_with_vbar call (get_offload_stream rotates over NUM_STREAMS), the
+//     call's refused modules at consecutive offsets; the module needing the largest cast so far
+//     takes one more rotation (LARGEST_AIMDO_CASTED_WEIGHT) so both streams do not grow to it;
+//   - vbar_free: partially_unload (pages of the model's VBAR from its top), or for a legacy
+//     load free_memory's loop: each dynamic model gives up pages until the target is free;
+//   - node_end: reset_cast_buffers (every cast buffer destroyed, the LARGEST rule reset),
+//     vbars_reset_watermark_limits, soft_empty_cache.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/exec.h"
+#include "harness/lower.h"
+#include "harness/scenario.h"
+#include "harness/sim/aimdo.h"
+
+namespace vf {
+
+// What the dynamic runtime needs of the backend's torch allocator.
+class TorchView {
+ public:
+  virtual ~TorchView() = default;
+  virtual void synchronize() = 0;
+  virtual void empty_cache() = 0;
+  // model_management.get_free_memory: the driver's free memory plus torch's reserved - active.
+  virtual Bytes free_memory() const = 0;
+};
+
+// The modelled duration of an op, in microseconds: copies to the device at device.h2d_gbps
+// (`moved` bytes: an h2d's buffer, a fault's copy), compute at device.tflops over 2 x weight
+// elements x the stage's rows; allocations, frees, conversions and syncs take none.
+std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, Bytes moved);
+
+class DynamicRuntime {
+ public:
+  DynamicRuntime(const Scenario& s, const Program& p, sim::Aimdo& aimdo, TorchView& torch);
+
+  // Whether a conditional op runs, given how its module's last fault went.
+  bool runs(const Op& op) const;
+
+  struct Result {
+    bool ok = true;
+    std::string failure;  // "cast buffer grow" or "VBAR fault" when !ok
+    Bytes request = 0;    // what did not fit
+    std::string detail;
+    Bytes moved = 0;      // bytes copied to the device (the op's modelled time)
+  };
+  // Runs a vbar_* or node_end op.
+  Result execute(const Op& op);
+
+  // For the oracle's account of an OOM: the pinned bytes of module (m, i)'s pages, and the
+  // cast-buffer bytes it uses while in flight (0 when its fault was not refused).
+  Bytes module_pinned(std::uint32_t m, std::uint32_t i) const;
+  Bytes module_cast(std::uint32_t m, std::uint32_t i) const;
+
+  std::uint64_t resident_hits() const { return hits_; }
+  std::uint64_t copies() const { return copies_; }
+  std::uint64_t refused() const { return refused_; }
+
+ private:
+  enum class Last : std::uint8_t { none, resident, copied, refused };
+  struct ModuleState {
+    Last last = Last::none;
+    std::vector<std::uint32_t> serials;  // of its pages when last copied (empty: no copy)
+    std::uint32_t cast_stream = 0;       // where a refused module went
+  };
+  std::uint32_t vbar_of(std::uint32_t m);
+  std::uint64_t first_page(std::uint32_t m, std::uint32_t i) const;
+  std::uint64_t end_page(std::uint32_t m, std::uint32_t i) const;
+  std::uint32_t next_offload_stream();
+  Result fault(const Op& op);
+
+  const Scenario& s_;
+  const Program& p_;
+  sim::Aimdo& aimdo_;
+  TorchView& torch_;
+  std::uint32_t ns_;
+  std::vector<std::uint32_t> vbar_;                 // per model: aimdo's VBAR id (kNone: not yet)
+  std::vector<std::vector<ModuleState>> modules_;   // [model][module]
+  // The current cast_modules_with_vbar call: its offload stream (0: none chosen yet) and offset.
+  std::uint32_t call_stream_ = 0;
+  Bytes call_offset_ = 0;
+  // get_offload_stream's rotation and LARGEST_AIMDO_CASTED_WEIGHT.
+  bool streams_made_ = false;
+  std::uint32_t stream_counter_ = 0;
+  std::uint32_t largest_model_ = kNone;
+  std::uint32_t largest_module_ = kNone;
+  Bytes largest_size_ = 0;
+  std::uint64_t hits_ = 0;
+  std::uint64_t copies_ = 0;
+  std::uint64_t refused_ = 0;
+};
+
+}  // namespace vf

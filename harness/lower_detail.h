@@ -1,0 +1,61 @@
+// Inside the lowering: the classic lowerer (lower.cpp) owns the program being built and lowers
+// the classic path; the dynamic lowering (lower_dynamic.cpp) lowers dynamic VRAM's stages into
+// the same program through this interface. Not a public header.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "harness/lower.h"
+
+namespace vf::lowering {
+
+// What the dynamic lowering asks of the program being built.
+class ProgramSink {
+ public:
+  virtual ~ProgramSink() = default;
+  virtual Program& program() = 0;
+  virtual std::uint16_t stage() const = 0;
+  virtual void emit(Op op) = 0;  // op.stage is set by the sink
+  virtual std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model,
+                              std::uint32_t module, std::uint32_t tensor, When when = When::always) = 0;
+  virtual void free(Phase ph, std::uint32_t buffer, When when = When::always) = 0;
+  // The forward conversions of module `i` of model `m` to its compute dtype (upcast / dequant,
+  // scaled fp8's second copy), reading tensor t from src[t] (kNone: a VBAR slice or cast
+  // buffer); appends the buffers to free after the compute to `temps`.
+  virtual void convert_module(std::uint32_t m, std::uint32_t i, const std::vector<std::uint32_t>& src,
+                              std::vector<std::uint32_t>& temps) = 0;
+};
+
+// ModelPatcherDynamic's stages (lower_dynamic.cpp; docs/dynamic.md "Lowering").
+class DynamicLowering {
+ public:
+  DynamicLowering(const Scenario& s, const Plan& plan, ProgramSink& out);
+  // Staging: the VBAR prioritized, force-loaded tensors moved (after the classic lowerer has
+  // done the load's evictions of legacy models).
+  void load(const LoadPlan& lp);
+  void forward(const StagePlan& sp);
+  void unload(std::uint32_t m);
+  // The end of a node (execution.py): cast buffers reset, watermark limits, soft_empty_cache.
+  void node_end();
+
+ private:
+  struct Block {
+    std::uint32_t first = 0;  // module range [first, last) in forward order, staged ones faulted together
+    std::uint32_t last = 0;
+  };
+  void fault(std::uint32_t m, std::uint32_t i, std::uint8_t flags);
+  void unpin(std::uint32_t m, std::uint32_t i);
+  void free_forced(std::uint32_t m);
+  std::vector<Block> blocks(std::uint32_t m) const;
+
+  const Scenario& s_;
+  const Plan& plan_;
+  ProgramSink& out_;
+  std::uint32_t ns_;
+  std::vector<std::vector<std::vector<std::uint32_t>>> forced_;  // [model][module][tensor] torch buffers
+  std::vector<const StagingPlan*> staging_;                      // per model: its current staging
+  std::uint32_t torch_cast_k_ = 0;  // rotation of torch cast buffers over the offload streams
+};
+
+}  // namespace vf::lowering

@@ -1,0 +1,156 @@
+// ComfyUI's dynamic VRAM predictor (ModelPatcherDynamic, comfy/model_patcher.py; the default since
+// ComfyUI 0.15): staging, not placement (reference/comfyui-dynamic-vram.md §2.1-2.2).
+//
+// load() sorts the modules ascending on (offload cost >= 64 KiB, -offload cost): the modules
+// whose cost is under 64 KiB first, then the rest by descending cost (the #11171 cost: storage
+// bytes plus a compute-dtype copy of weights stored in another dtype, or the LoRA estimate).
+// Walking that order, a module with the cast hook and more than 16 KiB gets a slice of the
+// model's VBAR (its weight and bias in their stored dtype, each rounded to 1 KiB, the slice at
+// a 512 B-aligned offset: lower offsets are faulted first and evicted last); smaller ones ("tiny
+// weights stall stream rotation") and modules without the cast hook are force-loaded as
+// ordinary torch tensors, as are every other parameter and buffer. The VBAR asks for 10 x the
+// model's size; aimdo caps it at the card's total in 32 MiB pages, so slices past the cap can
+// only ever be cast through a buffer. Where each staged weight lives is decided at run time by
+// comfy-aimdo (harness/sim/aimdo.h): the plan is the order and the force-loaded set.
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "harness/predictors/predictors.h"
+#include "harness/sim/aimdo.h"
+#include "models/activation.h"
+
+namespace vf {
+namespace {
+
+// Modules whose offload cost is under this sort first (the "small weights" class).
+constexpr Bytes kSmallCostClass = 64 * KiB;
+// Modules of at most this many bytes are force-loaded ("tiny weights stall stream rotation").
+constexpr Bytes kForceLoadBytes = 16 * KiB;
+
+// ModelPatcherDynamic keeps a model's buffers (not parameters) out of the "weights" count.
+bool is_buffer(const Tensor& t) { return t.role == TensorRole::other; }
+
+}  // namespace
+
+bool staged_tensor(const Tensor& t) {
+  return t.role == TensorRole::weight || t.role == TensorRole::bias || t.role == TensorRole::norm ||
+         t.role == TensorRole::embedding;
+}
+
+LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, Bytes free_before) {
+  const ModelRef& ref = s.models[m];
+  const ModelSpec& model = *ref.spec;
+  const std::size_t n = model.modules.size();
+  LoadPlan lp;
+  lp.stage = stage;
+  lp.model = m;
+  lp.dynamic = true;
+  lp.free_before = free_before;
+  StagingPlan& st = lp.staging;
+  st.vbar_request = model.bytes * sim::kVbarRequestFactor;
+  st.vbar_pages = sim::vbar_pages_for(st.vbar_request, s.device.total);
+
+  // The sort key: the #11171 offload cost for modules with the cast hook, their size otherwise.
+  ComfyConstants costs = s.policy.constants;
+  costs.dequant_term = true;
+  st.offload_cost.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Module& mod = model.modules[i];
+    st.offload_cost[i] = mod.cast_hook ? offload_cost(mod, ref.compute, ref.lora, costs) : mod.bytes;
+  }
+  st.order.resize(n);
+  std::iota(st.order.begin(), st.order.end(), 0);
+  std::sort(st.order.begin(), st.order.end(), [&](std::uint32_t a, std::uint32_t b) {
+    const Bytes ca = st.offload_cost[a], cb = st.offload_cost[b];
+    const bool big_a = ca >= kSmallCostClass, big_b = cb >= kSmallCostClass;
+    if (big_a != big_b) return !big_a;
+    if (ca != cb) return ca > cb;
+    if (model.modules[a].bytes != model.modules[b].bytes) return model.modules[a].bytes < model.modules[b].bytes;
+    return model.modules[a].name < model.modules[b].name;
+  });
+
+  st.slice_offset.assign(n, 0);
+  st.slice_size.assign(n, 0);
+  st.forced_module.assign(n, 0);
+  lp.resident.assign(n, 0);
+  lp.sorted = st.order;
+  Bytes cursor = 0;
+  const Bytes cap = st.vbar_pages * sim::kVbarPage;
+  for (const std::uint32_t i : st.order) {
+    const Module& mod = model.modules[i];
+    const bool staged = mod.cast_hook && mod.bytes > kForceLoadBytes;
+    Bytes slice = 0;
+    bool any_forced = false;
+    for (const Tensor& t : mod.tensors) {
+      if (staged && staged_tensor(t)) {
+        slice += round_up(t.bytes, sim::kTensorAlign);
+        if (ref.lora && t.role == TensorRole::weight) ++st.patches;  // a LowVramPatch per LoRA'd weight
+        continue;
+      }
+      // Force-loaded: moved to the device as it is stored (parameters are counted as "weights",
+      // buffers only in the bytes).
+      any_forced = true;
+      if (!is_buffer(t)) ++st.forced;
+      st.forced_bytes += t.bytes;
+    }
+    if (slice != 0) {
+      cursor = round_up(cursor, sim::kSliceAlign);
+      st.slice_offset[i] = cursor;
+      st.slice_size[i] = slice;
+      cursor += slice;
+      st.staged += slice;
+      if (cursor > cap) ++st.slices_beyond_cap;
+    }
+    if (!staged && any_forced) {
+      st.forced_module[i] = 1;
+      lp.resident[i] = 1;
+    }
+  }
+  st.vbar_end = cursor;
+  lp.loaded = st.forced_bytes;
+  lp.offloaded = st.staged;
+  lp.log_line = fmt::format("Model {} prepared for dynamic VRAM loading. {}MB Staged. {} patches attached.{}", ref.id,
+                            st.staged / MiB, st.patches,
+                            st.forced > 0 ? fmt::format(" Force pre-loaded {} weights: {} KB.", st.forced, st.forced_bytes / KiB) : "");
+  return lp;
+}
+
+void fill_dynamic_activation(const Scenario& s, StagePlan& sp, Bytes patcher_free) {
+  const ModelRef& ref = s.models[sp.model];
+  const ModelSpec& m = *ref.spec;
+  const ComfyConstants& c = s.policy.constants;
+  const std::uint32_t batch = s.workload.batch;
+  const std::string what = fmt::format("models[{}]", sp.model);
+  auto estimate = [&](std::uint32_t b) { return comfy_memory_required(m, s.workload, b, ref.compute, c.flash_attention, what); };
+  sp.run_batch = batch;
+  sp.passes = 1;
+  Bytes est = 0;
+  if (m.kind == ModelKind::diffusion) {
+    // samplers.py: conds are batched while 1.5 x memory_required (the BaseModel's, unpadded) is
+    // under the patcher's free memory.
+    est = estimate(batch);
+    if (s.workload.cfg > 1.0) {
+      const Bytes both = estimate(batch * 2);
+      if (static_cast<double>(both) * c.cond_batch_safety < static_cast<double>(patcher_free)) {
+        sp.run_batch = batch * 2;
+        est = both;
+      } else {
+        sp.passes = 2;
+      }
+    }
+  } else if (m.kind == ModelKind::vae) {
+    // VAE.decode: batch_number = patcher free memory / the decode estimate of one image.
+    const Bytes one = std::max<Bytes>(estimate(1), 1);
+    sp.decode_batch = static_cast<std::uint32_t>(std::clamp<Bytes>(patcher_free / one, 1, batch));
+    sp.run_batch = sp.decode_batch;
+    sp.passes = (batch + sp.decode_batch - 1) / sp.decode_batch;
+    est = estimate(sp.decode_batch);
+  }
+  sp.activation_allowance = std::max(c.inference_floor, est);
+  const std::uint32_t rows = m.kind == ModelKind::text_encoder ? 1 : sp.run_batch;
+  sp.activation_bytes = activation_working_set(m, s.workload, rows, ref.compute, what);
+}
+
+}  // namespace vf
