@@ -1,0 +1,204 @@
+// Dynamic VRAM end to end: ModelPatcherDynamic's staging with the reference's numbers (the FLUX.2
+// text encoder of reference/comfyui-dynamic-vram.md §5), the lowered ops, the sim run, and the
+// oracle's property (an avoidable OOM is a finding, a workload too big is an expected OOM).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "harness/campaign.h"
+#include "harness/core/error.h"
+#include "harness/exec.h"
+#include "harness/lower.h"
+#include "harness/oracle.h"
+#include "harness/predict.h"
+#include "harness/scenario.h"
+#include "harness/sim/aimdo.h"
+
+namespace vf {
+namespace {
+
+Scenario te_scenario(Bytes total, std::string_view policy = "comfy:sep2026") {
+  Catalog catalog;
+  const std::string json = fmt::format(R"({{"device": {{"total": {}}}, "allocator": "async", "policy": "{}",
+    "models": [{{"id": "te", "source": "catalog:flux2-text-encoder", "storage": "fp8_e4m3fn", "scaled": false, "compute": "fp32"}}]}})",
+                                       total, policy);
+  return parse_scenario_json(json, catalog, "te.json");
+}
+
+const Module& module_named(const ModelSpec& m, std::string_view name) {
+  const auto it = std::find_if(m.modules.begin(), m.modules.end(), [&](const Module& x) { return x.name == name; });
+  EXPECT_NE(it, m.modules.end()) << name;
+  return *it;
+}
+
+std::uint32_t index_of(const ModelSpec& m, std::string_view name) {
+  return static_cast<std::uint32_t>(&module_named(m, name) - m.modules.data());
+}
+
+TEST(DynamicStaging, Flux2TextEncoderStages17180MBWithTheEmbeddingFirstAndForceLoadsItsNorms) {
+  const Scenario s = te_scenario(24 * GiB);
+  const Plan plan = predict(s);
+  ASSERT_TRUE(plan.dynamic);
+  ASSERT_EQ(plan.loads.size(), 1u);
+  const LoadPlan& lp = plan.loads[0];
+  ASSERT_TRUE(lp.dynamic);
+  const StagingPlan& st = lp.staging;
+  const ModelSpec& m = *s.models[0].spec;
+  // ComfyUI's own line, as the real run printed it.
+  EXPECT_EQ(lp.log_line, "Model te prepared for dynamic VRAM loading. 17180MB Staged. 0 patches attached. "
+                         "Force pre-loaded 61 weights: 610 KB.");
+  EXPECT_EQ(st.staged, 17180 * MiB);  // 1280 + 90 x 160 + 60 x 20 + 60 x 5 MiB
+  EXPECT_EQ(st.forced, 61u);
+  EXPECT_EQ(st.forced_bytes, 61u * 5120 * 2);
+  EXPECT_EQ(st.vbar_request, m.bytes * 10);
+  EXPECT_EQ(format_mib(st.vbar_request), "171805.96 MiB");
+  EXPECT_EQ(st.vbar_pages, 768u);  // capped at the 24 GiB card
+  // Staging order: the 61 norms (offload cost under 64 KiB) first, then by descending cost: the
+  // embedding (1280 MiB + its 2560 MiB fp32 copy), the 90 MLP projections (160 + 640 MiB), q and
+  // o (20 + 80 MiB), k and v (5 + 20 MiB) last.
+  ASSERT_EQ(st.order.size(), 272u);
+  for (std::size_t k = 0; k < 61; ++k) EXPECT_TRUE(st.forced_module[st.order[k]]) << m.modules[st.order[k]].name;
+  const std::uint32_t embed = index_of(m, "model.embed_tokens");
+  EXPECT_EQ(st.order[61], embed);
+  EXPECT_EQ(st.slice_offset[embed], 0u);
+  EXPECT_EQ(st.slice_size[embed], 1280 * MiB);
+  for (std::size_t k = 62; k < 62 + 90; ++k) {
+    EXPECT_NE(m.modules[st.order[k]].name.find(".mlp."), std::string::npos) << k;
+    EXPECT_EQ(st.slice_size[st.order[k]], 160 * MiB);
+  }
+  for (std::size_t k = 152; k < 152 + 60; ++k) EXPECT_EQ(st.slice_size[st.order[k]], 20 * MiB) << m.modules[st.order[k]].name;
+  for (std::size_t k = 212; k < 272; ++k) EXPECT_EQ(st.slice_size[st.order[k]], 5 * MiB) << m.modules[st.order[k]].name;
+  // Slices follow each other in that order, 512 B-aligned (all of these are page multiples).
+  EXPECT_EQ(st.slice_offset[st.order[62]], 1280 * MiB);
+  EXPECT_EQ(st.slice_offset[st.order[271]], 17175 * MiB);
+  EXPECT_EQ(st.vbar_end, 17180 * MiB);
+  // A 12 GiB card caps the VBAR at 384 pages: every slice past 12 GiB always goes through a
+  // cast buffer.
+  const Plan small = predict(te_scenario(12 * GiB));
+  EXPECT_EQ(small.loads[0].staging.vbar_pages, 384u);
+  EXPECT_EQ(small.loads[0].staging.slices_beyond_cap, 142u);
+  // No predicted peak for a dynamic stage.
+  for (const StagePlan& sp : plan.stages) {
+    EXPECT_TRUE(sp.dynamic);
+    EXPECT_FALSE(sp.checked);
+  }
+  EXPECT_TRUE(plan.fits);
+}
+
+TEST(DynamicStaging, SlicesAre1KiBAlignedPerTensorAndPlacedAt512ByteOffsets) {
+  Catalog catalog;
+  // A Linear of 10,241 bf16 elements (20,482 B -> 21,504 B aligned) with a 3-element bias (6 B ->
+  // 1 KiB), one of 20,000 fp32 elements (80,000 B -> 80,896 B), and a tiny 8 KiB one.
+  const std::string json = R"({"device": {"total": "8GiB"}, "allocator": "async", "policy": "comfy:sep2026",
+    "models": [{"id": "m", "source": "inline", "modules": [
+      {"name": "a", "tensors": [{"name": "weight", "shape": [10241, 1], "dtype": "bf16"}, {"name": "bias", "shape": [3], "dtype": "bf16"}]},
+      {"name": "b", "tensors": [{"name": "weight", "shape": [20000, 1], "dtype": "fp32"}]},
+      {"name": "tiny", "tensors": [{"name": "weight", "shape": [64, 64], "dtype": "bf16"}]}]}]})";
+  const Scenario s = parse_scenario_json(json, catalog, "x.json");
+  const Plan plan = predict(s);
+  const StagingPlan& st = plan.loads[0].staging;
+  // Offload costs (bf16 compute): a 20,488 B and tiny 8,192 B are under 64 KiB: the first class,
+  // by descending cost; b's fp32 weight needs a bf16 copy: 80,000 + 40,000 = 120,000 B, the
+  // second class. tiny (8 KiB <= 16 KiB) is force-loaded.
+  EXPECT_EQ(st.offload_cost[0], 20488u);
+  EXPECT_EQ(st.offload_cost[1], 120000u);
+  EXPECT_EQ(st.order, (std::vector<std::uint32_t>{0, 2, 1}));
+  EXPECT_EQ(st.slice_offset[0], 0u);
+  EXPECT_EQ(st.slice_size[0], 21504u + 1024u);  // each tensor to a 1 KiB multiple
+  EXPECT_EQ(st.slice_offset[1], 22528u);        // 512 B-aligned already
+  EXPECT_EQ(st.slice_size[1], 80896u);
+  EXPECT_EQ(st.slice_size[2], 0u);
+  EXPECT_TRUE(st.forced_module[2]);
+  EXPECT_EQ(st.forced, 1u);
+  EXPECT_EQ(st.forced_bytes, 8192u);
+  EXPECT_EQ(st.staged, 22528u + 80896u);
+}
+
+CaseResult run_sim(const Scenario& s) {
+  SimBackend backend;
+  return run_case(s, backend, false);
+}
+
+TEST(DynamicRun, OnACardThatHoldsItAllTheSecondNodeFindsEveryModuleResident) {
+  Scenario s = te_scenario(48 * GiB);
+  s.stages = {{StageOp::load, 0}, {StageOp::forward, 0}, {StageOp::forward, 0}};
+  const CaseResult r = run_sim(s);
+  ASSERT_FALSE(r.exec.error) << *r.exec.error;
+  ASSERT_TRUE(r.exec.dynamic);
+  const DynamicReport& d = *r.exec.dynamic;
+  EXPECT_EQ(r.verdict.kind, VerdictKind::pass) << r.verdict.message;
+  EXPECT_EQ(d.faults, 2u * 211);
+  EXPECT_EQ(d.copies, 211u);         // the first node copies every staged module in
+  EXPECT_EQ(d.resident_hits, 211u);  // the second finds every copy intact
+  EXPECT_EQ(d.refused, 0u);
+  EXPECT_EQ(d.pages_evicted, 0u);
+  EXPECT_EQ(d.vbar_peak, round_up(17180 * MiB, sim::kVbarPage));  // 537 pages: slices share pages
+  // 17180 MiB at 25 GB/s and the matmuls of 512 tokens at 100 TFLOP/s.
+  EXPECT_GT(d.elapsed_us, 700'000u);
+}
+
+TEST(DynamicRun, AWorkloadThatCannotFitIsAnExpectedOomNotAFinding) {
+  // One 4 GiB bf16 weight computed in fp32 on an 8 GiB card: its 8 GiB fp32 copy alone is the card.
+  Catalog catalog;
+  const std::string json = R"({"device": {"total": "8GiB"}, "allocator": "async", "policy": "comfy:sep2026",
+    "models": [{"id": "big", "source": "inline", "compute": "fp32", "modules": [
+      {"name": "proj", "tensors": [{"name": "weight", "shape": [65536, 32768], "dtype": "bf16"}]}]}]})";
+  const CaseResult r = run_sim(parse_scenario_json(json, catalog, "x.json"));
+  ASSERT_TRUE(r.exec.oom);
+  EXPECT_TRUE(r.verdict.expected_oom) << r.verdict.message;
+  EXPECT_FALSE(r.verdict.finding());
+  EXPECT_NE(r.verdict.message.find("could not have"), std::string::npos) << r.verdict.message;
+  ASSERT_TRUE(r.exec.dynamic && r.exec.dynamic->oom);
+  EXPECT_FALSE(r.exec.dynamic->oom->avoidable());
+  EXPECT_EQ(r.exec.dynamic->oom->request, 8 * GiB);
+}
+
+TEST(DynamicPresets, DatedPresetsDifferWhereAimdoDid) {
+  const ComfyConstants feb = preset_constants(Preset::feb2026), sep = preset_constants(Preset::sep2026);
+  EXPECT_EQ(feb.dynamic.poll_ms, 0u);
+  EXPECT_EQ(sep.dynamic.poll_ms, 2000u);
+  EXPECT_EQ(feb.dynamic.malloc_headroom, 0u);
+  EXPECT_EQ(sep.dynamic.malloc_headroom, 128 * MiB);
+  EXPECT_TRUE(feb.dynamic.ledger_pages);
+  EXPECT_FALSE(sep.dynamic.ledger_pages);
+  EXPECT_FALSE(feb.dynamic.aimdo_cast_buffers);
+  EXPECT_TRUE(sep.dynamic.aimdo_cast_buffers);
+  // The classic constants legacy models are planned with are dec2025's.
+  EXPECT_EQ(sep.reserve, preset_constants(Preset::dec2025).reserve);
+  EXPECT_EQ(parse_policy("comfy:dynamic", "p").label(), "comfy:sep2026");
+  // --reserve-vram sets aimdo's simple headroom too (sep2026), not in feb2026.
+  Policy p = parse_policy("comfy:sep2026", "p");
+  apply_policy_override(p, "reserve", "1GiB", "--reserve");
+  EXPECT_EQ(p.constants.dynamic.simple_headroom, 1 * GiB);
+  Policy f = parse_policy("comfy:feb2026", "p");
+  apply_policy_override(f, "reserve", "1GiB", "--reserve");
+  EXPECT_EQ(f.constants.dynamic.simple_headroom, 256 * MiB);
+  EXPECT_THROW(apply_policy_override(f, "vram_headroom", "1GiB", "--set"), InputError);
+  Policy c = parse_policy("comfy:dec2025", "p");
+  EXPECT_THROW(apply_policy_override(c, "vram_headroom", "1GiB", "--set"), InputError);
+  EXPECT_THROW(parse_policy("exact:sep2026", "p"), InputError);
+}
+
+TEST(DynamicPresets, ScenariosComfyUICannotRunAreRefusedNamingTheField) {
+  Catalog catalog;
+  auto load = [&](std::string_view allocator, std::string_view policy) {
+    const std::string json = fmt::format(R"({{"device": {{"total": "8GiB"}}, "allocator": "{}", "policy": "{}",
+      "models": [{{"source": "catalog:clip-l"}}]}})", allocator, policy);
+    return parse_scenario_json(json, catalog, "x.json");
+  };
+  try {
+    load("caching-expandable", "comfy:sep2026");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("allocator.mode"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expandable_segments"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load("caching", "comfy:feb2026"), InputError);
+  EXPECT_NO_THROW(load("async", "comfy:feb2026"));
+  EXPECT_NO_THROW(load("caching-expandable", "comfy:dec2025"));
+}
+
+}  // namespace
+}  // namespace vf
