@@ -116,6 +116,7 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     }
   }
   ms.cast_stream = call_stream_;
+  ms.cast_offset = call_offset_;
   const Bytes required = call_offset_ + size;
   const Bytes before = aimdo_.cast_size(call_stream_);
   call_offset_ = required;
@@ -191,7 +192,9 @@ Bytes DynamicRuntime::module_pinned(std::uint32_t m, std::uint32_t i) const {
 Bytes DynamicRuntime::module_cast(std::uint32_t m, std::uint32_t i) const {
   if (m >= modules_.size() || i == kNone || i >= modules_[m].size() || modules_[m][i].last != Last::refused) return 0;
   if (!s_.policy.constants.dynamic.aimdo_cast_buffers || ns_ == 0) return 0;  // a torch buffer, counted with the tensors
-  return p_.vbars[m].size[i];
+  const ModuleState& ms = modules_[m][i];
+  const Bytes mapped = aimdo_.cast_size(ms.cast_stream);
+  return std::min(p_.vbars[m].size[i], sat_sub(mapped, ms.cast_offset));
 }
 
 }  // namespace vf

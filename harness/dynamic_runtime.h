@@ -61,7 +61,8 @@ class DynamicRuntime {
   Result execute(const Op& op);
 
   // For the oracle's account of an OOM: the pinned bytes of module (m, i)'s pages, and the
-  // cast-buffer bytes it uses while in flight (0 when its fault was not refused).
+  // cast-buffer bytes mapped for it while in flight (0 when its fault was not refused; what a
+  // failed grow did not map is the request, not counted here).
   Bytes module_pinned(std::uint32_t m, std::uint32_t i) const;
   Bytes module_cast(std::uint32_t m, std::uint32_t i) const;
 
@@ -74,7 +75,8 @@ class DynamicRuntime {
   struct ModuleState {
     Last last = Last::none;
     std::vector<std::uint32_t> serials;  // of its pages when last copied (empty: no copy)
-    std::uint32_t cast_stream = 0;       // where a refused module went
+    std::uint32_t cast_stream = 0;       // where a refused module went, and at what offset
+    Bytes cast_offset = 0;
   };
   std::uint32_t vbar_of(std::uint32_t m);
   std::uint64_t first_page(std::uint32_t m, std::uint32_t i) const;

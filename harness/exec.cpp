@@ -287,20 +287,28 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
 
 std::string format_trace(const Scenario& s, const Program& p, const ExecResult& r, std::uint32_t first, std::uint32_t last) {
   std::string out;
-  Bytes prev_reserved = 0;
+  Bytes prev_reserved = 0, prev_vbar = 0, prev_cast = 0;
+  const bool dynamic = r.dynamic.has_value();
   for (const TraceRow& row : r.trace) {
     const Op& op = p.ops[row.op];
     const bool shown = row.op >= first && row.op <= last;
-    if (shown && (op.kind == OpKind::alloc || op.kind == OpKind::free || row.reserved != prev_reserved)) {
+    const bool aimdo_moved = dynamic && (row.vbar != prev_vbar || row.cast != prev_cast || op.kind == OpKind::vbar_fault);
+    const bool oom_here = r.oom && r.oom->op == row.op;
+    if (shown && (op.kind == OpKind::alloc || op.kind == OpKind::free || row.reserved != prev_reserved || aimdo_moved || oom_here)) {
       const std::int64_t delta = static_cast<std::int64_t>(row.reserved) - static_cast<std::int64_t>(prev_reserved);
       const Bytes module = op.buffer != kNone && op.kind != OpKind::compute ? p.buffers[op.buffer].bytes : 0;
-      out += fmt::format("[{} {}] reserved: {:.2f} MB ({}{:.2f} MB), allocated: {:.2f} MB, live: {:.2f} MB, {} {:.2f} MB  {}{}\n",
+      out += fmt::format("[{} {}] reserved: {:.2f} MB ({}{:.2f} MB), allocated: {:.2f} MB, live: {:.2f} MB, {} {:.2f} MB  {}{}{}\n",
                          phase_name(op.phase), row.op, to_mib(row.reserved), delta < 0 ? "- " : "+ ",
                          std::abs(static_cast<double>(delta)) / MiB, to_mib(row.allocated), to_mib(row.live),
                          op_kind_name(op.kind), to_mib(module), describe_op(s, p, row.op),
-                         r.oom && r.oom->op == row.op ? "   <-- OOM" : "");
+                         dynamic ? fmt::format("  [vbar {:.0f} MB, cast {:.0f} MB, t {:.1f} ms]", to_mib(row.vbar), to_mib(row.cast),
+                                               static_cast<double>(row.time_us) / 1e3)
+                                 : std::string(),
+                         oom_here ? "   <-- OOM" : "");
     }
     prev_reserved = row.reserved;
+    prev_vbar = row.vbar;
+    prev_cast = row.cast;
   }
   return out;
 }

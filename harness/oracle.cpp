@@ -48,7 +48,54 @@ std::string mib(Bytes b) { return format_mib(b); }
 // the workload does not fit: an expected OOM. Another process's allocation of no more than
 // aimdo's headroom that fails while aimdo holds unpinned pages is a finding too (the poll that
 // would have freed them was stale, or aimdo's ledger missed memory).
+// The paragraph a dynamic VRAM finding carries: what its mechanism did, in the runtime's terms.
+std::string explain(std::string_view mech, const DynamicOom& o, const Scenario& s, const DynamicReport& d) {
+  if (mech == "torch-cache") {
+    if (s.allocator.mode == AllocatorMode::async) {
+      return fmt::format("The cudaMallocAsync pool kept {} of freed blocks: PyTorch sets the pool's release threshold to "
+                         "UINT64_MAX, so it gives memory back only at empty_cache (ComfyUI's soft_empty_cache when a node "
+                         "ends). aimdo hooks cudaMallocAsync but cannot trim the pool, and its ledger stopped counting those "
+                         "bytes when they were freed, so it saw room that the driver did not have; once every unpinned VBAR "
+                         "page was evicted, the {} had nowhere to go.",
+                         mib(o.torch_cache), o.what);
+    }
+    return fmt::format("PyTorch's caching allocator held {} in cached blocks of its segments. aimdo sees the allocator only "
+                       "where it calls cudaMalloc (a new segment, through the cuMemAlloc hook) and cannot evict cached "
+                       "blocks; PyTorch releases whole unused segments only on its own OOM retry, and a segment with one "
+                       "live block not at all.",
+                       mib(o.torch_cache));
+  }
+  if (mech == "cast-buffer") {
+    return fmt::format("aimdo's cast buffers held {}, of which the module in flight used {}: a refused fault sends its "
+                       "weight through the offload stream's VRAMBuffer, which grows in 16 MiB chunks and is given back only "
+                       "when the node ends (reset_cast_buffers), so each stream keeps the size of the largest cast it ever "
+                       "carried while other modules run. {} of {} faults were refused in this run.",
+                       mib(o.cast_slack + o.needed_cast), mib(o.needed_cast), d.refused, d.faults);
+  }
+  if (mech == "prefetch-pins") {
+    return fmt::format("{} of VBAR pages were pinned for modules not being computed: a model that prefetches faults a whole "
+                       "block's weights before the block runs and unpins them only when the next block is popped, so "
+                       "eviction could not reclaim them for this {}.",
+                       mib(o.prefetch_pins), o.what);
+  }
+  if (mech == "other-weights") {
+    return fmt::format("{} of torch tensors belonged to models that were not running (legacy models' resident weights, "
+                       "other models' force-loaded tensors): aimdo evicts only VBAR pages, never torch tensors, and "
+                       "load_models_gpu unloads no model for a dynamic one.",
+                       mib(o.other_weights));
+  }
+  if (mech == "resident-pages") {
+    return fmt::format("{} of unpinned VBAR pages survived the eviction (below a VBAR's watermark limit).", mib(o.resident_pages));
+  }
+  return fmt::format("{} went to rounding: the allocator's block rounding and the driver's 2 MiB pages for small cudaMalloc "
+                     "allocations, which aimdo's ledger books at their requested size.",
+                     mib(o.rounding));
+}
+
 void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
+  v.rests_on = fmt::format("modelled: the {} allocator and comfy-aimdo ({}) on the simulated device; activations from "
+                           "vramfuzz's formula (models/activation.cpp)",
+                           allocator_mode_name(s.allocator.mode), s.policy.label());
   const std::string_view mode = allocator_mode_name(s.allocator.mode);
   const DynamicReport* d = r.dynamic ? &*r.dynamic : nullptr;
   const std::string summary =
@@ -98,6 +145,7 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
                             "needs only {}; the rest was slack: {} (largest: {})",
                             at, o.what, mib(o.request), mib(o.free), r.oom->detail.empty() ? "no detail" : r.oom->detail, need, slack,
                             mech);
+    v.explanation = explain(mech, o, s, *d);
     return;
   }
   if (d) {
@@ -117,6 +165,21 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
           mib(f.bytes), static_cast<double>(f.at_us) / 1e6, mib(f.free), mib(headroom), mib(f.evictable),
           f.others_changed ? "its last poll predates the other processes' latest allocation" : "aimdo's ledger missed memory the device used",
           static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free), f.others_changed ? "" : " then");
+      v.explanation =
+          f.others_changed
+              ? fmt::format("aimdo sees other processes only through its cuMemGetInfo poll, at most one every {} ms: the "
+                            "simple term counts aimdo's own ledger against the card's total, and the delta term works from "
+                            "the last poll. The poll {:.3f} s before this allocation saw {} free; another process has taken "
+                            "memory since, so aimdo kept filling the card as if it had not, and the headroom it promises other "
+                            "processes ({}) was not there when one asked for {}. A fresh poll would have evicted the {} of "
+                            "unpinned pages it held.",
+                            k.poll_ms, static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free), mib(headroom), mib(f.bytes),
+                            mib(f.evictable))
+              : fmt::format("aimdo's own view said {} was free, but the driver had only {}: its ledger misses memory the "
+                            "process holds (the cudaMallocAsync pool's cached blocks it subtracted at free, the driver's page "
+                            "rounding), so the headroom it promises other processes ({}) was not there when one asked for {}, "
+                            "while it held {} of unpinned pages.",
+                            mib(f.believed_free), mib(f.free), mib(headroom), mib(f.bytes), mib(f.evictable));
       return;
     }
   }

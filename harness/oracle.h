@@ -27,6 +27,11 @@ struct Verdict {
   Bytes reserve = 0;
   bool expected_oom = false;   // an OOM where the plan said it does not fit: not a finding
   std::string message;         // one line for people
+  // Dynamic VRAM findings: what the mechanism in the signature did, in a paragraph (the first of
+  // a repro.md); empty otherwise.
+  std::string explanation;
+  // What the verdict rests on: exact bytes, a modelled allocator, a modelled activation.
+  std::string rests_on;
   bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom; }
 };
 

@@ -85,6 +85,24 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
   j["peaks"] = {{"reserved", c.exec.reserved_peak}, {"allocated", c.exec.allocated_peak}, {"live", c.exec.live_peak},
                 {"device_used", c.exec.device_peak}};
   j["trace_around_peak"] = debug_lines(s, c, v.op, 10);
+  if (!v.explanation.empty()) j["explanation"] = v.explanation;
+  if (!v.rests_on.empty()) j["rests_on"] = v.rests_on;
+  if (c.exec.dynamic) {
+    const DynamicReport& d = *c.exec.dynamic;
+    nlohmann::ordered_json dj = {{"faults", d.faults},         {"resident_hits", d.resident_hits}, {"copies", d.copies},
+                                 {"refused", d.refused},       {"pages_evicted", d.pages_evicted}, {"polls", d.polls},
+                                 {"elapsed_us", d.elapsed_us}, {"vbar_peak", d.vbar_peak},         {"cast_peak", d.cast_peak}};
+    if (d.oom) {
+      const DynamicOom& o = *d.oom;
+      dj["at_oom"] = {{"what", o.what},           {"request", o.request},         {"free", o.free},
+                      {"context", o.context},     {"others", o.others},           {"headroom", o.headroom},
+                      {"needed_tensors", o.needed_tensors}, {"needed_pages", o.needed_pages}, {"needed_cast", o.needed_cast},
+                      {"torch_cache", o.torch_cache}, {"cast_slack", o.cast_slack}, {"prefetch_pins", o.prefetch_pins},
+                      {"other_weights", o.other_weights}, {"resident_pages", o.resident_pages}, {"rounding", o.rounding},
+                      {"necessary", o.necessary()}, {"total", o.total}};
+    }
+    j["dynamic"] = std::move(dj);
+  }
   j["reliability"] = {{"runs", r.confirm_runs},
                       {"reproduced", r.reproduced},
                       {"rate", r.confirm_runs ? static_cast<double>(r.reproduced) / r.confirm_runs : 0.0},
@@ -113,19 +131,30 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   const Verdict& v = c.verdict;
   std::string md = fmt::format("# [vramfuzz] {}\n\n", repro_title(r));
   md += fmt::format("**Verdict:** {}\n\n", v.message);
+  if (!v.explanation.empty()) md += fmt::format("**Why:** {}\n\n", v.explanation);
+  if (!v.rests_on.empty()) md += fmt::format("**Rests on:** {}\n\n", v.rests_on);
   md += fmt::format("**Environment:** {} ({}); vramfuzz {}\n\n", c.exec.backend, c.exec.environment, tool_version());
   md += fmt::format("**Reliability:** reproduced {} of {} runs{}\n\n", r.reproduced, r.confirm_runs,
                     r.flaky ? " (**flaky**: below the reliability threshold)" : "");
   md += "## Minimal scenario\n\n| | |\n|---|---|\n";
   md += fmt::format("| device | {} ({} used by others, {} CUDA context) |\n", format_size(s.device.total),
                     format_mib(s.device.used_by_others), format_mib(s.device.context_overhead));
+  if (!s.device.events.empty()) {
+    std::string ev;
+    for (const OthersEvent& e : s.device.events) {
+      ev += fmt::format("{}{} {} at {:.3f} s", ev.empty() ? "" : "; ", e.take ? "takes" : "frees", format_mib(e.bytes),
+                        static_cast<double>(e.at_us) / 1e6);
+    }
+    md += fmt::format("| other processes | {} |\n", ev);
+  }
   std::string opts;
   for (const auto& [k, val] : s.allocator.options) opts += fmt::format(" {}={}", k, val);
   md += fmt::format("| allocator | {}{} |\n", allocator_mode_name(s.allocator.mode), opts);
   md += fmt::format("| policy | {} (reserve {}) |\n", s.policy.key(), format_mib(c.plan.reserve));
   md += fmt::format("| offload streams | {} |\n", s.streams());
-  md += fmt::format("| workload | {}x{}, batch {}, frames {}, cfg {} |\n", s.workload.width, s.workload.height,
-                    s.workload.batch, s.workload.frames, s.workload.cfg);
+  md += fmt::format("| workload | {}x{}, batch {}, frames {}, cfg {}{} |\n", s.workload.width, s.workload.height,
+                    s.workload.batch, s.workload.frames, s.workload.cfg,
+                    s.workload.steps != 1 ? fmt::format(", {} steps", s.workload.steps) : std::string());
   md += fmt::format("| models | {} |\n", describe_models(s));
   std::string stages;
   for (const Stage& st : s.stages) stages += fmt::format("{}{} {}", stages.empty() ? "" : " -> ", stage_op_name(st.op), s.models[st.model].id);
@@ -146,7 +175,27 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   }
   md += "## What the predictor said (ComfyUI log lines)\n\n```\n";
   for (const LoadPlan& lp : c.plan.loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);
-  md += "```\n\n## Predicted vs measured\n\n| stage | predicted | + reserve | measured (allocator reserved peak) | overshoot |\n|---|---:|---:|---:|---:|\n";
+  md += "```\n\n";
+  if (c.exec.dynamic && c.exec.dynamic->oom) {
+    // Dynamic VRAM predicts no peak: what filled the card at the failure, after aimdo's eviction.
+    const DynamicOom& o = *c.exec.dynamic->oom;
+    md += fmt::format("## The card at the failure ({} of {}, {} free)\n\n| needed by the failing op | bytes | | slack | bytes |\n"
+                      "|---|---:|---|---|---:|\n",
+                      o.what, format_mib(o.request), format_mib(o.free));
+    const std::pair<std::string_view, Bytes> need[] = {{"CUDA context", o.context},          {"other processes", o.others},
+                                                       {"aimdo headroom", o.headroom},       {"running model's tensors", o.needed_tensors},
+                                                       {"module's VBAR pages", o.needed_pages}, {"its cast-buffer extent", o.needed_cast},
+                                                       {"the request", o.request}};
+    const std::pair<std::string_view, Bytes> slack[] = {{"torch cache", o.torch_cache},     {"cast-buffer slack", o.cast_slack},
+                                                        {"prefetch pins", o.prefetch_pins}, {"other models' weights", o.other_weights},
+                                                        {"unreached pages", o.resident_pages}, {"rounding", o.rounding},
+                                                        {"free", o.free}};
+    for (std::size_t i = 0; i < std::size(need); ++i) {
+      md += fmt::format("| {} | {} | | {} | {} |\n", need[i].first, format_mib(need[i].second), slack[i].first, format_mib(slack[i].second));
+    }
+    md += fmt::format("| **necessary** | **{}** | | of the card | {} |\n\n", format_mib(o.necessary()), format_mib(o.total));
+  }
+  md += "## Predicted vs measured\n\n| stage | predicted | + reserve | measured (allocator reserved peak) | overshoot |\n|---|---:|---:|---:|---:|\n";
   for (const StagePlan& sp : c.plan.stages) {
     if (!sp.checked || sp.stage >= c.exec.stage_reserved_peak.size()) continue;
     const std::int64_t over = static_cast<std::int64_t>(c.exec.stage_reserved_peak[sp.stage]) -
