@@ -68,12 +68,24 @@ RC_GTEST_PROP(PipelineProps, PlanAndProgramInvariants, ()) {
   RC_ASSERT(r.verdict.kind != VerdictKind::error);
   for (const LoadPlan& lp : r.plan.loads) {
     const ModelSpec& m = *s.models[lp.model].spec;
-    RC_ASSERT(lp.resident.size() == m.modules.size());  // resident + offloaded = all modules
-    Bytes resident = 0;
-    for (std::size_t i = 0; i < m.modules.size(); ++i) resident += lp.resident[i] ? m.modules[i].bytes : 0;
-    RC_ASSERT(resident == lp.loaded);
-    RC_ASSERT(lp.loaded + lp.offloaded == m.bytes);
-    if (lp.full_load) RC_ASSERT(lp.offload_buffer == 0u);
+    RC_ASSERT(lp.resident.size() == m.modules.size());
+    RC_ASSERT(lp.lowvram.size() == m.modules.size());
+    // Each module is on the device, cast on the fly (cast-hook modules only), or in host memory;
+    // the log's figures and the uncounted rest add up to the model.
+    Bytes resident = 0, lowvram = 0;
+    for (std::size_t i = 0; i < m.modules.size(); ++i) {
+      RC_ASSERT(!(lp.resident[i] && lp.lowvram[i]));
+      if (lp.lowvram[i]) RC_ASSERT(m.modules[i].cast_hook);
+      resident += lp.resident[i] ? m.modules[i].bytes : 0;
+      lowvram += lp.lowvram[i] ? m.modules[i].bytes : 0;
+    }
+    RC_ASSERT(lowvram == lp.offloaded);
+    RC_ASSERT(lp.loaded <= resident);
+    RC_ASSERT(lp.loaded + lp.offloaded + lp.uncounted == m.bytes);
+    if (lp.full_load) {
+      RC_ASSERT(lp.offload_buffer == 0u);
+      RC_ASSERT(resident == m.bytes);
+    }
   }
   for (const StagePlan& sp : r.plan.stages) {
     if (sp.checked) RC_ASSERT(sp.predicted_peak >= sp.resident_total);
