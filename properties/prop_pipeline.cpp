@@ -21,7 +21,9 @@
 #include "harness/campaign.h"
 #include "harness/core/json_in.h"
 #include "harness/overhead.h"
+#include "harness/predictors/predictors.h"
 #include "harness/shrink.h"
+#include "properties/classic_before18.h"
 
 namespace vf {
 namespace {
@@ -132,6 +134,94 @@ RC_GTEST_PROP(PipelineProps, P3Dec2025CoversTheTransientWindow, ()) {
     RC_CLASSIFY(true, "offloaded");
     RC_ASSERT(lp.realistic_transient <= lp.offload_buffer);
   }
+}
+
+// ---- models whose every module has the cast hook plan as before issue #18 -----------------------
+
+// `s` with the modules that have no cast hook taken out of every model (containers go with them:
+// a container never has the cast hook), so Wan, SD3.5 and the FLUX.2 VAE are still drawn.
+Scenario only_cast_hook_modules(Scenario s) {
+  for (ModelRef& ref : s.models) {
+    const auto& mods = ref.spec->modules;
+    if (std::all_of(mods.begin(), mods.end(), [](const Module& m) { return m.cast_hook; })) continue;
+    auto copy = std::make_shared<ModelSpec>(*ref.spec);
+    std::erase_if(copy->modules, [](const Module& m) { return !m.cast_hook; });
+    finalize_model(*copy, ref.id);
+    ref.source = "inline";
+    ref.spec = std::move(copy);
+  }
+  return s;
+}
+
+// Every field of the plan, against the planner frozen before #18 told raw modules apart. The two
+// fields it did not have follow from the old ones: with every module cast-hooked, a module not
+// on the device is cast on the fly, and nothing is left out of the log's figures.
+RC_GTEST_PROP(PipelineProps, CastHookModelsPlanAsBefore, ()) {
+  Scenario s = only_cast_hook_modules(generate(GenConfig{}));
+  // Re-load the first model after the others: evictions, and a walk over what is left.
+  if (s.models.size() > 1 && *rc::gen::arbitrary<bool>()) {
+    s.stages.push_back({StageOp::load, 0});
+    s.stages.push_back({StageOp::forward, 0});
+  }
+  const Plan now = plan_comfy_classic(s);
+  const Plan before = before18::plan_comfy_classic(s);
+  RC_ASSERT(now.policy == before.policy);
+  RC_ASSERT(now.reserve == before.reserve);
+  RC_ASSERT(now.streams == before.streams);
+  RC_ASSERT(now.available == before.available);
+  RC_ASSERT(now.loads.size() == before.loads.size());
+  for (std::size_t i = 0; i < now.loads.size(); ++i) {
+    const LoadPlan& a = now.loads[i];
+    const LoadPlan& b = before.loads[i];
+    RC_ASSERT(a.stage == b.stage);
+    RC_ASSERT(a.model == b.model);
+    RC_ASSERT(a.free_before == b.free_before);
+    RC_ASSERT(a.est_max == b.est_max);
+    RC_ASSERT(a.est_min == b.est_min);
+    RC_ASSERT(a.extra_mem == b.extra_mem);
+    RC_ASSERT(a.min_req == b.min_req);
+    RC_ASSERT(a.evictions.size() == b.evictions.size());
+    for (std::size_t e = 0; e < a.evictions.size(); ++e) {
+      RC_ASSERT(a.evictions[e].model == b.evictions[e].model);
+      RC_ASSERT(a.evictions[e].modules == b.evictions[e].modules);
+      RC_ASSERT(a.evictions[e].bytes == b.evictions[e].bytes);
+    }
+    RC_ASSERT(a.usable == b.usable);
+    RC_ASSERT(a.full_load == b.full_load);
+    RC_ASSERT(a.loaded == b.loaded);
+    RC_ASSERT(a.offloaded == b.offloaded);
+    RC_ASSERT(a.uncounted == 0u);
+    RC_ASSERT(a.offload_buffer == b.offload_buffer);
+    RC_ASSERT(a.lowvram_patches == b.lowvram_patches);
+    RC_ASSERT(a.resident == b.resident);
+    RC_ASSERT(a.lowvram.size() == b.resident.size());
+    for (std::size_t m = 0; m < a.lowvram.size(); ++m) RC_ASSERT(a.lowvram[m] == (b.resident[m] ? 0 : 1));
+    RC_ASSERT(a.sorted == b.sorted);
+    RC_ASSERT(a.offload_cost == b.offload_cost);
+    RC_ASSERT(a.realistic_transient == b.realistic_transient);
+    RC_ASSERT(a.transient_module == b.transient_module);
+    RC_ASSERT(a.log_line == b.log_line);
+  }
+  RC_CLASSIFY(std::any_of(now.loads.begin(), now.loads.end(), [](const LoadPlan& lp) { return !lp.full_load; }), "partial");
+  RC_CLASSIFY(std::any_of(now.loads.begin(), now.loads.end(), [](const LoadPlan& lp) { return !lp.evictions.empty(); }), "evictions");
+  RC_ASSERT(now.stages.size() == before.stages.size());
+  for (std::size_t i = 0; i < now.stages.size(); ++i) {
+    const StagePlan& a = now.stages[i];
+    const StagePlan& b = before.stages[i];
+    RC_ASSERT(a.stage == b.stage);
+    RC_ASSERT(a.op == b.op);
+    RC_ASSERT(a.model == b.model);
+    RC_ASSERT(a.checked == b.checked);
+    RC_ASSERT(a.resident_total == b.resident_total);
+    RC_ASSERT(a.offload_buffer == b.offload_buffer);
+    RC_ASSERT(a.activation_allowance == b.activation_allowance);
+    RC_ASSERT(a.activation_bytes == b.activation_bytes);
+    RC_ASSERT(a.run_batch == b.run_batch);
+    RC_ASSERT(a.passes == b.passes);
+    RC_ASSERT(a.predicted_peak == b.predicted_peak);
+    RC_ASSERT(a.load_plan == b.load_plan);
+  }
+  RC_ASSERT(format_plan(s, now) == format_plan(s, before));
 }
 
 // ---- known-bad presets must be caught ----------------------------------------------------------
