@@ -1160,6 +1160,8 @@ TEST_F(Import, CliImportPrintsTheModelAndWritesTheFragment) {
   EXPECT_NE(p.out.find("family vae_kl"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("bytes by dtype:"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("largest modules:"), std::string::npos) << p.out;
+  // The BatchNorm's running statistics: 2 x 128 fp32 buffers.
+  EXPECT_NE(p.out.find("without a cast hook: 1 module, 1024 B (1 leaf of buffers only)\n"), std::string::npos) << p.out;
   ASSERT_TRUE(fs::exists(dir_ / "ae.json"));
   Catalog catalog;
   std::ifstream in(dir_ / "ae.json");
