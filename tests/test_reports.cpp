@@ -255,6 +255,7 @@ TEST_F(Reports, SummaryCarriesTheTraceOfEachRepro) {
       }
     }
     EXPECT_FALSE(c["loads"].empty());
+    for (const Json& l : c["loads"]) EXPECT_TRUE(l["uncounted"].is_number_unsigned()) << l.dump();
     EXPECT_FALSE(c["around_peak"].empty());
     if (c["verdict"]["kind"] == "oom") {
       EXPECT_TRUE(c["oom"].is_object());
