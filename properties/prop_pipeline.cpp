@@ -93,6 +93,12 @@ RC_GTEST_PROP(PipelineProps, PlanAndProgramInvariants, ()) {
     if (sp.checked) RC_ASSERT(sp.predicted_peak >= sp.resident_total);
   }
   RC_ASSERT(check_program(r.program) == std::string());
+  // Only modules with the cast hook are transferred per forward; a raw one stays where it is.
+  for (const Op& op : r.program.ops) {
+    if (op.phase != Phase::forward || op.kind != OpKind::h2d) continue;
+    const Buffer& b = r.program.buffers[op.buffer];
+    RC_ASSERT(s.models[b.model].spec->modules[b.module].cast_hook);
+  }
   if (!r.exec.oom) {
     // Every allocation was freed by the unloads, and the allocator handed everything back.
     RC_ASSERT(live_peaks(r.program).peak >= r.plan.stages.back().resident_total);
