@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "harness/core/error.h"
+
 namespace vf {
 namespace {
 
@@ -157,15 +159,28 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   // Allocator and policy.
   s.allocator.mode = cfg.allocator ? *cfg.allocator : pick(c, kAllAllocatorModes);
   if (cfg.allocator) s.allocator.options = cfg.allocator_options;
-  std::string policy;
+  // The policies to draw from (--policy a,b or every preset), less those ComfyUI cannot run with
+  // the allocator: expandable segments only under the classic presets (ComfyUI strips them
+  // since), comfy:feb2026 only with cudaMallocAsync.
+  std::vector<std::string> candidates;
   if (cfg.policy) {
-    const std::vector<std::string> listed = split_list(*cfg.policy);
-    policy = listed[c.draw(0, listed.size() - 1)];
+    candidates = split_list(*cfg.policy);
   } else {
-    // Expandable segments exist only under the classic presets (ComfyUI strips them since).
-    const std::size_t n = s.allocator.mode == AllocatorMode::caching_expandable ? 3 : std::size(kPolicies);
-    policy = std::string(kPolicies[c.draw(0, n - 1)]);
+    for (std::string_view p : kPolicies) candidates.emplace_back(p);
   }
+  // (A drawn allocator is drawn again for a dynamic preset.)
+  if (cfg.allocator && s.allocator.mode != AllocatorMode::async) {
+    const bool expandable = s.allocator.mode == AllocatorMode::caching_expandable;
+    std::erase_if(candidates, [&](const std::string& p) {
+      const Policy probe = parse_policy(p, "--policy");
+      return probe.dynamic() && (expandable || probe.preset == Preset::feb2026);
+    });
+  }
+  if (candidates.empty()) {
+    throw InputError("--policy", fmt::format("no policy of \"{}\" can run with the {} allocator", cfg.policy.value_or(""),
+                                             allocator_mode_name(s.allocator.mode)));
+  }
+  const std::string policy = candidates[c.draw(0, candidates.size() - 1)];
   s.policy = parse_policy(policy, "--policy");
   if (s.policy.dynamic() && !cfg.allocator) {
     s.allocator.mode = s.policy.preset == Preset::feb2026 ? AllocatorMode::async : pick(c, kDynamicAllocators);

@@ -82,11 +82,13 @@ class Lowerer final : public lowering::ProgramSink {
   Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()), dynamic_(s, plan, *this) {
     weights_.resize(s.models.size());
     resident_.resize(s.models.size());
+    lowvram_.resize(s.models.size());
     for (std::size_t m = 0; m < s.models.size(); ++m) {
       const auto& mods = s.models[m].spec->modules;
       weights_[m].resize(mods.size());
       for (std::size_t i = 0; i < mods.size(); ++i) weights_[m][i].assign(mods[i].tensors.size(), kNone);
       resident_[m].assign(mods.size(), 0);
+      lowvram_[m].assign(mods.size(), 0);
     }
     prog_.streams = 1 + ns_;
     prog_.dynamic = plan.dynamic;
@@ -197,12 +199,25 @@ class Lowerer final : public lowering::ProgramSink {
   }
   void free(Phase ph, std::uint32_t b) { free(ph, b, When::always); }
 
+  // Back to host memory. From then on a cast-hook module is cast on the fly (ComfyUI's
+  // partially_unload marks it so); a raw one is read where it is.
   void unload_module(Phase ph, std::uint32_t m, std::uint32_t mod) {
     for (std::uint32_t& b : weights_[m][mod]) {
       if (b != kNone) free(ph, b);
       b = kNone;
     }
     resident_[m][mod] = 0;
+    lowvram_[m][mod] = s_.models[m].spec->modules[mod].cast_hook ? 1 : 0;
+  }
+
+  void move_to_device(std::uint32_t m, std::uint32_t i) {
+    const Module& mod = s_.models[m].spec->modules[i];
+    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
+      const std::uint32_t b = alloc(Phase::load, mod.tensors[t].bytes, 0, BufferKind::weight, m, i, t);
+      emit(OpKind::h2d, Phase::load, 0, b);
+      weights_[m][i][t] = b;
+    }
+    resident_[m][i] = 1;
   }
 
   // Evictions to make room (smart memory partial unloads), then ComfyUI's soft_empty_cache.
@@ -235,18 +250,14 @@ class Lowerer final : public lowering::ProgramSink {
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       if (resident_[m][i] && !lp.resident[i]) unload_module(Phase::load, m, i);
     }
+    lowvram_[m] = lp.lowvram;
     // Resident modules are moved in the walk's order; LoRA is merged right after each module
     // arrives: a compute copy of the weight and the patched result in the patch dtype, then the
     // result is rounded back into the stored weight (the backup lives on the host).
     for (std::uint32_t i : lp.sorted) {
       if (!lp.resident[i] || resident_[m][i]) continue;
       const Module& mod = model.modules[i];
-      for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-        const std::uint32_t b = alloc(Phase::load, mod.tensors[t].bytes, 0, BufferKind::weight, m, i, t);
-        emit(OpKind::h2d, Phase::load, 0, b);
-        weights_[m][i][t] = b;
-      }
-      resident_[m][i] = 1;
+      move_to_device(m, i);
       if (!ref.lora) continue;
       bool patched = false;
       for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
@@ -262,6 +273,11 @@ class Lowerer final : public lowering::ProgramSink {
         patched = true;
       }
       if (patched && c.patch_sync) emit(OpKind::sync, Phase::patch, 0);
+    }
+    // Then a full load's model.to(device) moves what the walk does not list (containers of raw
+    // tensors, modules of buffers), in forward order and unpatched.
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+      if (lp.resident[i] && !resident_[m][i]) move_to_device(m, i);
     }
   }
 
@@ -311,7 +327,7 @@ class Lowerer final : public lowering::ProgramSink {
     const ModelSpec& model = *ref.spec;
     std::vector<std::uint32_t> offloaded;
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-      if (!resident_[m][i]) offloaded.push_back(i);
+      if (!resident_[m][i] && lowvram_[m][i]) offloaded.push_back(i);
     }
     // Every sampling step repeats the passes (a diffusion model's node runs `steps` of them).
     const std::uint32_t passes = sp.passes * (model.kind == ModelKind::diffusion ? s_.workload.steps : 1);
@@ -326,6 +342,12 @@ class Lowerer final : public lowering::ProgramSink {
           convert(m, i, weights_[m][i], temps);
           emit_compute(m, i, act);
           for (std::uint32_t b : temps) free(Phase::forward, b);
+          continue;
+        }
+        if (!lowvram_[m][i]) {
+          // A raw module in host memory is not transferred: the model's own code reads what it
+          // needs of it where it is (docs/lowering.md).
+          emit(OpKind::compute, Phase::forward, 0, act);
           continue;
         }
         // The CPU runs up to NS transfers ahead of the module being computed.
@@ -383,6 +405,7 @@ class Lowerer final : public lowering::ProgramSink {
   lowering::DynamicLowering dynamic_;
   std::vector<std::vector<std::vector<std::uint32_t>>> weights_;  // [model][module][tensor] -> buffer
   std::vector<std::vector<std::uint8_t>> resident_;
+  std::vector<std::vector<std::uint8_t>> lowvram_;  // [model][module]: cast on the fly, transferred per forward
 };
 
 }  // namespace

@@ -3,7 +3,8 @@
 // forward order, resident weights whose storage dtype differs from the compute dtype get an
 // upcast/dequant transient, and offloaded weights get a transfer buffer on offload stream
 // i mod N (issued up to N modules ahead, as a CPU running ahead of the GPU does), a cross-stream
-// wait, the upcast/dequant transient, the compute, and frees on the right streams. Rules and
+// wait, the upcast/dequant transient, the compute, and frees on the right streams. A raw module
+// (no cast hook) the plan leaves in host memory is neither moved nor transferred. Rules and
 // their sources: docs/lowering.md.
 #pragma once
 

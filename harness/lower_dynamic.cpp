@@ -81,7 +81,15 @@ void DynamicLowering::load(const LoadPlan& lp) {
   prio.phase = Phase::load;
   prio.model = static_cast<std::uint16_t>(m);
   out_.emit(prio);
-  for (const std::uint32_t i : st.order) {
+  // The walk's modules in its order, then those outside it (containers' own parameters, modules of
+  // buffers only), all moved now.
+  std::vector<std::uint32_t> moved = st.order;
+  std::vector<std::uint8_t> in_walk(model.modules.size(), 0);
+  for (const std::uint32_t i : st.order) in_walk[i] = 1;
+  for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+    if (!in_walk[i]) moved.push_back(i);
+  }
+  for (const std::uint32_t i : moved) {
     const Module& mod = model.modules[i];
     forced_[m][i].assign(mod.tensors.size(), kNone);
     bool patched = false;

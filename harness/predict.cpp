@@ -28,6 +28,14 @@ Plan predict(const Scenario& s) {
   return plan;
 }
 
+namespace {
+
+// MiB, or bytes where two decimals of MiB would print a non-zero size as 0.00 (a BatchNorm's
+// statistics are 1 KiB).
+std::string mib_or_bytes(Bytes b) { return b > 0 && b < MiB / 100 ? fmt::format("{} B", b) : format_mib(b); }
+
+}  // namespace
+
 std::string format_plan(const Scenario& s, const Plan& p) {
   std::string out = fmt::format("policy {}  reserve {}  offload streams {}  device {} ({} available)\n", p.policy,
                                 format_mib(p.reserve), p.streams, format_size(s.device.total), format_mib(p.available));
@@ -52,7 +60,15 @@ std::string format_plan(const Scenario& s, const Plan& p) {
       continue;
     }
     if (lp.free_target) out += fmt::format("           next to dynamic models: VBAR pages evicted until {} is free\n", format_mib(lp.free_target));
-    if (!lp.full_load) {
+    if (lp.uncounted > 0) {
+      // In neither of the log's figures: where they are is the plan's, not ComfyUI's, to say.
+      Bytes on_device = 0;
+      for (std::size_t i = 0; i < lp.resident.size(); ++i) on_device += lp.resident[i] ? ref.spec->modules[i].bytes : 0;
+      const Bytes there = on_device - lp.loaded;
+      out += fmt::format("           uncounted {} (modules without the cast hook: {} on the device, {} in host memory)\n",
+                         mib_or_bytes(lp.uncounted), mib_or_bytes(there), mib_or_bytes(lp.uncounted - there));
+    }
+    if (lp.offloaded > 0) {
       out += fmt::format("           realistic transient {} (module {}) vs buffer {}\n", format_mib(lp.realistic_transient),
                          ref.spec->modules[lp.transient_module].name, format_mib(lp.offload_buffer));
     }

@@ -32,6 +32,7 @@ struct StagingPlan {
   std::uint32_t patches = 0;       // LowVramPatch objects attached ("P patches attached")
   std::uint32_t forced = 0;        // force-loaded parameters ("Force pre-loaded K weights")
   Bytes forced_bytes = 0;          // model_loaded_weight_memory ("S KB"): parameters and buffers
+  Bytes uncounted = 0;             // containers' own parameters: on the device, in no figure
   std::vector<std::uint32_t> order;       // the staging order (module indices)
   std::vector<Bytes> offload_cost;        // per module: the sort key's cost (#11171 rules)
   std::vector<Bytes> slice_offset;        // per module
@@ -51,14 +52,24 @@ struct LoadPlan {
   Bytes min_req = 0;          // max(I, est_min + R)
   std::vector<Eviction> evictions;
   std::int64_t usable = 0;    // the weight budget after subtracting what was loaded ("U MB usable")
-  bool full_load = false;
-  Bytes loaded = 0;           // resident bytes of this model after the load
+  bool full_load = false;     // ComfyUI's full_load: the budget exceeds the model, everything goes to the device
+  // The log line's figures. `loaded` ("L MB loaded"): the modules the walk placed on the device
+  // (on a full load every module it lists). `offloaded` ("O MB offloaded"): the modules cast on
+  // the fly. `uncounted`: the rest, in neither figure: raw modules (no cast hook) that did not
+  // fit and modules the walk does not list (containers of raw tensors, modules of buffers only).
+  // loaded + offloaded + uncounted = the model's bytes; where each module is, is `resident`.
+  Bytes loaded = 0;
   Bytes offloaded = 0;
+  Bytes uncounted = 0;
   Bytes offload_buffer = 0;   // B: what the walk reserved for offloaded modules' transients
   std::uint32_t lowvram_patches = 0;
-  std::vector<std::uint8_t> resident;     // per module, after this load
-  std::vector<std::uint32_t> sorted;      // the walk order (descending offload cost)
-  std::vector<Bytes> offload_cost;        // per module
+  // Per module, after this load: on the device (placed by the walk, moved by a full load, or left
+  // there by an earlier load), and cast on the fly (transferred at every forward). A module that is
+  // neither is in host memory and is not transferred: a raw one the walk did not place.
+  std::vector<std::uint8_t> resident;
+  std::vector<std::uint8_t> lowvram;
+  std::vector<std::uint32_t> sorted;      // the walk: the modules it lists, by descending offload cost
+  std::vector<Bytes> offload_cost;        // per module (a module without the cast hook: its bytes)
   Bytes realistic_transient = 0;  // P3: worst forward-order window of NS+1 offloaded modules
   std::uint32_t transient_module = 0;     // the module converted in that window
   std::string log_line;           // "loaded partially; U MB usable, L MB loaded, ..."
@@ -111,7 +122,8 @@ Plan predict(const Scenario& s);
 // the device as torch tensors.
 bool staged_tensor(const Tensor& t);
 
-// The offload cost ComfyUI sorts by (module_mem + the upcast/dequant or LoRA term, §2.4).
+// The offload cost ComfyUI sorts by (module_mem + the upcast/dequant or LoRA term, §2.4; the
+// term only for modules with the cast hook).
 Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c);
 
 // Printable plan: the ComfyUI-style lines plus the per-stage prediction table.

@@ -492,12 +492,16 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   // would only name the total).
   Bytes model_bytes = 0;
   std::uint64_t model_numel = 0;
+  std::vector<std::uint8_t> hook_given(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn mj = j.at(i);
     mj.expect_object({"name", "tensors", "cast_hook"});
     Module m;
     m.name = mj.at("name").str();
-    if (auto v = mj.opt("cast_hook")) m.cast_hook = v->boolean();
+    if (auto v = mj.opt("cast_hook")) {
+      m.cast_hook = v->boolean();
+      hook_given[i] = 1;
+    }
     const JsonIn tj = mj.at("tensors");
     if (tj.size() == 0) tj.fail("a module needs at least one tensor");
     for (std::size_t t = 0; t < tj.size(); ++t) {
@@ -527,6 +531,12 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       m.tensors.push_back(std::move(tensor));
     }
     modules.push_back(std::move(m));
+  }
+  // The names say which modules are containers (parameters below them): their own tensors are
+  // raw, so they have no cast hook unless the file says otherwise (finalize_model rejects that).
+  mark_containers(modules);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!hook_given[i]) modules[i].cast_hook = !modules[i].container;
   }
   return modules;
 }

@@ -719,6 +719,13 @@ ImportedModel build_imported_model(std::vector<SourceTensor> tensors, const Sour
   spec.name = options.name.empty() ? "model" : options.name;
   spec.family = family;
   apply_family(spec, names);
+  // The tensor layout says which modules are containers: a module with tensors of its own and
+  // parameters below it (Wan's blocks.N.modulation beside blocks.N.self_attn.q, SD3.5's root
+  // pos_embed). Castable ops are leaves, so a container's own tensors are raw, whatever their names.
+  mark_containers(spec.modules);
+  for (Module& m : spec.modules) {
+    if (m.container) m.cast_hook = false;
+  }
   finalize_model(spec, origin);
   if (spec.bytes > kMaxModelBytes) throw InputError(origin, fmt::format("the model is {} bytes, more than the 256 TiB limit", spec.bytes));
   // The stored bytes of every tensor must be what dtype.h computes for its shape: a mismatch is a

@@ -1,10 +1,14 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <string>
+#include <unordered_set>
 
 #include <fmt/format.h>
+
+#include "harness/core/error.h"
 
 namespace vf {
 
@@ -68,7 +72,36 @@ std::string child_path(std::string_view parent, std::string_view field, std::siz
 // published parameter counts (and PyTorch's parameters()) leave both out.
 bool counts_as_parameter(TensorRole r) { return r != TensorRole::scale && r != TensorRole::other; }
 
+// The path of the module that owns `m` ("a.b" for "a.b.c", the root "" for "a"); the root has
+// none.
+std::optional<std::string_view> parent_of(std::string_view name) {
+  if (name.empty()) return std::nullopt;
+  const std::size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
+}
+
+bool below(std::string_view name, std::string_view ancestor) {
+  if (ancestor.empty()) return !name.empty();
+  return name.size() > ancestor.size() && name.compare(0, ancestor.size(), ancestor) == 0 && name[ancestor.size()] == '.';
+}
+
 }  // namespace
+
+bool owns_parameters(const Module& m) {
+  return std::any_of(m.tensors.begin(), m.tensors.end(), [](const Tensor& t) { return t.role != TensorRole::other; });
+}
+
+void mark_containers(std::vector<Module>& modules) {
+  // Every module above one that owns parameters. A path already in the set has its own
+  // ancestors in it too, so each chain stops at the first one it meets.
+  std::unordered_set<std::string> parents;
+  for (const Module& m : modules) {
+    if (!owns_parameters(m)) continue;
+    auto p = parent_of(m.name);
+    while (p && parents.emplace(*p).second) p = parent_of(*p);
+  }
+  for (Module& m : modules) m.container = parents.count(m.name) != 0;
+}
 
 std::string_view family_name(Family f) {
   for (const FamilyName& n : kFamilies) {
@@ -89,9 +122,20 @@ void finalize_model(ModelSpec& m, std::string_view path) {
   Bytes model_bytes = 0;
   const std::string params_what = fmt::format("{}{}params", path, path.empty() ? "" : ".");
   const std::string bytes_what = fmt::format("{}{}bytes", path, path.empty() ? "" : ".");
+  mark_containers(m.modules);
   for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
     Module& mod = m.modules[mi];
     const std::string module_path = child_path(path, "modules", mi);
+    if (mod.container && mod.cast_hook) {
+      // ComfyUI's castable ops (Linear, Conv, Norm, Embedding) are leaves: a module with
+      // parameters below it is a container, and its own tensors are raw.
+      const auto child = std::find_if(m.modules.begin(), m.modules.end(),
+                                      [&](const Module& c) { return below(c.name, mod.name) && owns_parameters(c); });
+      throw InputError(module_path + ".cast_hook",
+                       fmt::format("module \"{}\" has parameters below it (\"{}\"), so it is a container and its own tensors "
+                                   "are raw: a container has no cast hook (set \"cast_hook\": false or leave it out)",
+                                   mod.name, child->name));
+    }
     Bytes module_bytes = 0;
     for (std::size_t ti = 0; ti < mod.tensors.size(); ++ti) {
       Tensor& t = mod.tensors[ti];

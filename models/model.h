@@ -42,8 +42,22 @@ struct Module {
   // ComfyUI's cast hook: true for the Linear / Conv / Norm / Embedding ops that can be cast
   // (and therefore offloaded and cast on the fly). Modules without it are never offloaded.
   bool cast_hook = true;
+  // Derived from the names (finalize_model): some module below this one ("name." + more, or any
+  // module at all below the root "") owns parameters, so this is a PyTorch container whose own
+  // tensors sit beside its children's (Wan's `blocks.N.modulation`, SD3.5's root `pos_embed`).
+  // ComfyUI's load walk skips such a module altogether. A container never has the cast hook.
+  bool container = false;
   Bytes bytes = 0;  // derived: sum of tensor bytes (ComfyUI's module_mem)
 };
+
+// Whether `m` owns a parameter (PyTorch's named_parameters): a tensor of any role but `other`,
+// which holds buffers. A module of buffers only is not in ComfyUI's load walk unless it has the
+// cast hook.
+bool owns_parameters(const Module& m);
+
+// Sets `container` on every module from the names: true where a module with parameters lies
+// below it. Called by finalize_model; exposed for parsers that default `cast_hook` from it.
+void mark_containers(std::vector<Module>& modules);
 
 enum class ModelKind : std::uint8_t { diffusion, text_encoder, vae };
 std::string_view kind_name(ModelKind k);
@@ -95,8 +109,9 @@ struct ModelSpec {
   Bytes bytes = 0;              // derived: total storage bytes
 };
 
-// Fills the derived fields (numel, bytes per tensor and module, params and bytes of the model).
-// `path` prefixes error messages ("models[0]"); throws InputError on overflow.
+// Fills the derived fields (numel, bytes per tensor and module, containers, params and bytes of
+// the model). `path` prefixes error messages ("models[0]"); throws InputError on overflow and on
+// a container with the cast hook (`models[0].modules[3].cast_hook`).
 void finalize_model(ModelSpec& m, std::string_view path);
 
 }  // namespace vf

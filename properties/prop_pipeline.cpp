@@ -21,7 +21,9 @@
 #include "harness/campaign.h"
 #include "harness/core/json_in.h"
 #include "harness/overhead.h"
+#include "harness/predictors/predictors.h"
 #include "harness/shrink.h"
+#include "properties/classic_before18.h"
 
 namespace vf {
 namespace {
@@ -36,6 +38,9 @@ Catalog& shared_catalog() {
   static Catalog catalog;
   return catalog;
 }
+
+// The classic presets, for the properties of the classic planner and of `exact`.
+constexpr const char* kClassicPolicies = "comfy:oct2025,comfy:nov2025,comfy:dec2025";
 
 std::string case_file() {
   const char* e = std::getenv("VF_PROPERTY_CASE");
@@ -68,17 +73,61 @@ RC_GTEST_PROP(PipelineProps, PlanAndProgramInvariants, ()) {
   RC_ASSERT(r.verdict.kind != VerdictKind::error);
   for (const LoadPlan& lp : r.plan.loads) {
     const ModelSpec& m = *s.models[lp.model].spec;
-    RC_ASSERT(lp.resident.size() == m.modules.size());  // resident + offloaded = all modules
-    Bytes resident = 0;
-    for (std::size_t i = 0; i < m.modules.size(); ++i) resident += lp.resident[i] ? m.modules[i].bytes : 0;
-    RC_ASSERT(resident == lp.loaded);
-    RC_ASSERT(lp.loaded + lp.offloaded == m.bytes);
-    if (lp.full_load) RC_ASSERT(lp.offload_buffer == 0u);
+    RC_ASSERT(lp.resident.size() == m.modules.size());
+    if (lp.dynamic) {
+      // Staging: each module is staged (a VBAR slice holding its weight and bias, each tensor
+      // rounded to 1 KiB) or force-loaded; slices are 512 B-aligned, in staging order, disjoint;
+      // every byte of the model is in a slice, the counted force-loaded bytes or the uncounted.
+      const StagingPlan& st = lp.staging;
+      Bytes in_slices = 0, end = 0;
+      for (const std::uint32_t i : st.order) {
+        if (st.slice_size[i] == 0) continue;
+        RC_ASSERT(st.slice_offset[i] % 512 == 0u);
+        RC_ASSERT(st.slice_offset[i] >= end);
+        end = st.slice_offset[i] + st.slice_size[i];
+        Bytes staged = 0;
+        for (const Tensor& t : m.modules[i].tensors) staged += staged_tensor(t) ? t.bytes : 0;
+        RC_ASSERT(st.slice_size[i] >= staged);
+        RC_ASSERT(st.slice_size[i] - staged < 1024u * m.modules[i].tensors.size());
+        in_slices += staged;
+      }
+      RC_ASSERT(end == st.vbar_end);
+      for (std::size_t i = 0; i < m.modules.size(); ++i) {
+        RC_ASSERT(st.slice_size[i] != 0 || st.forced_module[i] != 0);
+        RC_ASSERT(!(st.slice_size[i] != 0 && st.forced_module[i] != 0));
+      }
+      RC_ASSERT(in_slices + st.forced_bytes + st.uncounted == m.bytes);
+      RC_ASSERT(st.vbar_request == m.bytes * 10);
+      continue;
+    }
+    RC_ASSERT(lp.lowvram.size() == m.modules.size());
+    // Each module is on the device, cast on the fly (cast-hook modules only), or in host memory;
+    // the log's figures and the uncounted rest add up to the model.
+    Bytes resident = 0, lowvram = 0;
+    for (std::size_t i = 0; i < m.modules.size(); ++i) {
+      RC_ASSERT(!(lp.resident[i] && lp.lowvram[i]));
+      if (lp.lowvram[i]) RC_ASSERT(m.modules[i].cast_hook);
+      resident += lp.resident[i] ? m.modules[i].bytes : 0;
+      lowvram += lp.lowvram[i] ? m.modules[i].bytes : 0;
+    }
+    RC_ASSERT(lowvram == lp.offloaded);
+    RC_ASSERT(lp.loaded <= resident);
+    RC_ASSERT(lp.loaded + lp.offloaded + lp.uncounted == m.bytes);
+    if (lp.full_load) {
+      RC_ASSERT(lp.offload_buffer == 0u);
+      RC_ASSERT(resident == m.bytes);
+    }
   }
   for (const StagePlan& sp : r.plan.stages) {
     if (sp.checked) RC_ASSERT(sp.predicted_peak >= sp.resident_total);
   }
   RC_ASSERT(check_program(r.program) == std::string());
+  // Only modules with the cast hook are transferred per forward; a raw one stays where it is.
+  for (const Op& op : r.program.ops) {
+    if (op.phase != Phase::forward || op.kind != OpKind::h2d) continue;
+    const Buffer& b = r.program.buffers[op.buffer];
+    RC_ASSERT(s.models[b.model].spec->modules[b.module].cast_hook);
+  }
   if (!r.exec.oom) {
     // Every allocation was freed by the unloads, and the allocator handed everything back.
     RC_ASSERT(live_peaks(r.program).peak >= r.plan.stages.back().resident_total);
@@ -120,6 +169,96 @@ RC_GTEST_PROP(PipelineProps, P3Dec2025CoversTheTransientWindow, ()) {
     RC_CLASSIFY(true, "offloaded");
     RC_ASSERT(lp.realistic_transient <= lp.offload_buffer);
   }
+}
+
+// ---- models whose every module has the cast hook plan as before issue #18 -----------------------
+
+// `s` with the modules that have no cast hook taken out of every model (containers go with them:
+// a container never has the cast hook), so Wan, SD3.5 and the FLUX.2 VAE are still drawn.
+Scenario only_cast_hook_modules(Scenario s) {
+  for (ModelRef& ref : s.models) {
+    const auto& mods = ref.spec->modules;
+    if (std::all_of(mods.begin(), mods.end(), [](const Module& m) { return m.cast_hook; })) continue;
+    auto copy = std::make_shared<ModelSpec>(*ref.spec);
+    std::erase_if(copy->modules, [](const Module& m) { return !m.cast_hook; });
+    finalize_model(*copy, ref.id);
+    ref.source = "inline";
+    ref.spec = std::move(copy);
+  }
+  return s;
+}
+
+// Every field of the plan, against the planner frozen before #18 told raw modules apart. The two
+// fields it did not have follow from the old ones: with every module cast-hooked, a module not
+// on the device is cast on the fly, and nothing is left out of the log's figures.
+RC_GTEST_PROP(PipelineProps, CastHookModelsPlanAsBefore, ()) {
+  GenConfig classic;
+  classic.policy = kClassicPolicies;
+  Scenario s = only_cast_hook_modules(generate(classic));
+  // Re-load the first model after the others: evictions, and a walk over what is left.
+  if (s.models.size() > 1 && *rc::gen::arbitrary<bool>()) {
+    s.stages.push_back({StageOp::load, 0});
+    s.stages.push_back({StageOp::forward, 0});
+  }
+  const Plan now = plan_comfy_classic(s);
+  const Plan before = before18::plan_comfy_classic(s);
+  RC_ASSERT(now.policy == before.policy);
+  RC_ASSERT(now.reserve == before.reserve);
+  RC_ASSERT(now.streams == before.streams);
+  RC_ASSERT(now.available == before.available);
+  RC_ASSERT(now.loads.size() == before.loads.size());
+  for (std::size_t i = 0; i < now.loads.size(); ++i) {
+    const LoadPlan& a = now.loads[i];
+    const LoadPlan& b = before.loads[i];
+    RC_ASSERT(a.stage == b.stage);
+    RC_ASSERT(a.model == b.model);
+    RC_ASSERT(a.free_before == b.free_before);
+    RC_ASSERT(a.est_max == b.est_max);
+    RC_ASSERT(a.est_min == b.est_min);
+    RC_ASSERT(a.extra_mem == b.extra_mem);
+    RC_ASSERT(a.min_req == b.min_req);
+    RC_ASSERT(a.evictions.size() == b.evictions.size());
+    for (std::size_t e = 0; e < a.evictions.size(); ++e) {
+      RC_ASSERT(a.evictions[e].model == b.evictions[e].model);
+      RC_ASSERT(a.evictions[e].modules == b.evictions[e].modules);
+      RC_ASSERT(a.evictions[e].bytes == b.evictions[e].bytes);
+    }
+    RC_ASSERT(a.usable == b.usable);
+    RC_ASSERT(a.full_load == b.full_load);
+    RC_ASSERT(a.loaded == b.loaded);
+    RC_ASSERT(a.offloaded == b.offloaded);
+    RC_ASSERT(a.uncounted == 0u);
+    RC_ASSERT(a.offload_buffer == b.offload_buffer);
+    RC_ASSERT(a.lowvram_patches == b.lowvram_patches);
+    RC_ASSERT(a.resident == b.resident);
+    RC_ASSERT(a.lowvram.size() == b.resident.size());
+    for (std::size_t m = 0; m < a.lowvram.size(); ++m) RC_ASSERT(a.lowvram[m] == (b.resident[m] ? 0 : 1));
+    RC_ASSERT(a.sorted == b.sorted);
+    RC_ASSERT(a.offload_cost == b.offload_cost);
+    RC_ASSERT(a.realistic_transient == b.realistic_transient);
+    RC_ASSERT(a.transient_module == b.transient_module);
+    RC_ASSERT(a.log_line == b.log_line);
+  }
+  RC_CLASSIFY(std::any_of(now.loads.begin(), now.loads.end(), [](const LoadPlan& lp) { return !lp.full_load; }), "partial");
+  RC_CLASSIFY(std::any_of(now.loads.begin(), now.loads.end(), [](const LoadPlan& lp) { return !lp.evictions.empty(); }), "evictions");
+  RC_ASSERT(now.stages.size() == before.stages.size());
+  for (std::size_t i = 0; i < now.stages.size(); ++i) {
+    const StagePlan& a = now.stages[i];
+    const StagePlan& b = before.stages[i];
+    RC_ASSERT(a.stage == b.stage);
+    RC_ASSERT(a.op == b.op);
+    RC_ASSERT(a.model == b.model);
+    RC_ASSERT(a.checked == b.checked);
+    RC_ASSERT(a.resident_total == b.resident_total);
+    RC_ASSERT(a.offload_buffer == b.offload_buffer);
+    RC_ASSERT(a.activation_allowance == b.activation_allowance);
+    RC_ASSERT(a.activation_bytes == b.activation_bytes);
+    RC_ASSERT(a.run_batch == b.run_batch);
+    RC_ASSERT(a.passes == b.passes);
+    RC_ASSERT(a.predicted_peak == b.predicted_peak);
+    RC_ASSERT(a.load_plan == b.load_plan);
+  }
+  RC_ASSERT(format_plan(s, now) == format_plan(s, before));
 }
 
 // ---- known-bad presets must be caught ----------------------------------------------------------
@@ -344,6 +483,7 @@ void check_p4(AllocatorMode mode) {
   RapidCheckChoices choices;
   GenConfig cfg;
   cfg.allocator = mode;
+  cfg.policy = kClassicPolicies;  // `exact` takes its placement from a classic preset
   Scenario s = generate_scenario(choices, cfg, shared_catalog());
   const auto sets = bound_option_sets(mode);
   const std::size_t set = choices.draw(0, sets.size() - 1);

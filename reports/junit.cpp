@@ -80,7 +80,14 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
         tc.classname = fmt::format("vramfuzz.{}.{}", policy, alloc);
         tc.time = seconds * static_cast<double>(n) / static_cast<double>(total_cases) / 2.0;
         if (n == 0) {
-          tc.skipped_message = fmt::format("no case of this campaign ran {} with {}", policy, alloc);
+          const bool dynamic = policy.rfind("comfy:feb2026", 0) == 0 || policy.rfind("comfy:sep2026", 0) == 0;
+          if (dynamic && alloc == "caching-expandable") {
+            tc.skipped_message = "dynamic VRAM cannot run with expandable segments: ComfyUI removes expandable_segments:True";
+          } else if (policy.rfind("comfy:feb2026", 0) == 0 && alloc != "async") {
+            tc.skipped_message = "comfy:feb2026 is modelled with cudaMallocAsync only";
+          } else {
+            tc.skipped_message = fmt::format("no case of this campaign ran {} with {}", policy, alloc);
+          }
           cases.push_back(std::move(tc));
           continue;
         }

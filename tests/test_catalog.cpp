@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "harness/core/error.h"
 #include "models/catalog.h"
 #include "models/storage.h"
@@ -376,6 +378,62 @@ TEST(CatalogVae, Flux2VaeHasA32ChannelLatent) {
   EXPECT_EQ(m.arch.latent_channels, 32u);
 }
 
+// ---- modules without a cast hook --------------------------------------------------------------
+
+// The modules without a cast hook in every catalog model, against the published PyTorch modules
+// (ComfyUI's comfy/ldm code): Wan's WanAttentionBlock and Head own a `modulation` nn.Parameter
+// beside their child layers; SD3.5's MMDiT registers `pos_embed` as a buffer of the root; the
+// FLUX.2 VAE's `bn` is a torch.nn.BatchNorm2d(affine=False): running statistics only, no
+// parameters, no children. Nothing else in the catalog sits outside a castable op.
+TEST(Catalog, CastHookLessModulesAreWhereThePublishedModelsHaveThem) {
+  for (const CatalogEntry& e : catalog_entries()) {
+    SCOPED_TRACE(std::string(e.name));
+    const ModelSpec m = build(e.name, e.native_dtype);
+    std::vector<std::string> raw, containers;
+    for (const Module& mod : m.modules) {
+      if (!mod.cast_hook) raw.push_back(mod.name);
+      if (mod.container) {
+        containers.push_back(mod.name);
+        EXPECT_FALSE(mod.cast_hook) << mod.name;
+      }
+    }
+    if (e.name == "wan21-14b") {
+      std::vector<std::string> want;
+      for (int i = 0; i < 40; ++i) want.push_back(fmt::format("blocks.{}", i));
+      want.push_back("head");
+      EXPECT_EQ(raw, want);
+      EXPECT_EQ(containers, want);
+      for (int i = 0; i < 40; ++i) {
+        const Module& block = module(m, fmt::format("blocks.{}", i));
+        ASSERT_EQ(block.tensors.size(), 1u);
+        EXPECT_EQ(block.tensors[0].name, "modulation");
+        EXPECT_EQ(block.tensors[0].shape, (Shape{1, 6, 5120}));
+        EXPECT_TRUE(owns_parameters(block));  // an nn.Parameter, not a buffer
+        EXPECT_TRUE(module(m, fmt::format("blocks.{}.ffn.0", i)).cast_hook);
+      }
+      EXPECT_EQ(tensor(m, "head.modulation").shape, (Shape{1, 2, 5120}));
+      EXPECT_TRUE(module(m, "head.head").cast_hook);
+    } else if (e.name == "sd35-large") {
+      EXPECT_EQ(raw, (std::vector<std::string>{""}));
+      EXPECT_EQ(containers, (std::vector<std::string>{""}));
+      const Module& root = module(m, "");
+      ASSERT_EQ(root.tensors.size(), 1u);
+      EXPECT_EQ(root.tensors[0].name, "pos_embed");
+      EXPECT_FALSE(owns_parameters(root));  // a buffer
+    } else if (e.name == "flux2-vae") {
+      EXPECT_EQ(raw, (std::vector<std::string>{"bn"}));
+      EXPECT_TRUE(containers.empty());
+      const Module& bn = module(m, "bn");
+      ASSERT_EQ(bn.tensors.size(), 2u);
+      EXPECT_EQ(bn.tensors[0].shape, (Shape{128}));  // 2 x 2 patches x 32 latent channels
+      EXPECT_FALSE(owns_parameters(bn));
+    } else {
+      EXPECT_TRUE(raw.empty()) << raw.front();
+      EXPECT_TRUE(containers.empty()) << containers.front();
+    }
+  }
+}
+
 // ---- storage rules ----------------------------------------------------------------------------
 
 TEST(CatalogStorage, Flux1Fp8ScaledQuantizesEveryMatrix) {
@@ -541,6 +599,46 @@ TEST(CatalogModelSpec, NamesRoundTrip) {
   EXPECT_EQ(kind_name(ModelKind::text_encoder), "text_encoder");
   EXPECT_EQ(role_name(TensorRole::embedding), "embedding");
   EXPECT_EQ(role_name(TensorRole::other), "other");
+}
+
+TEST(CatalogModelSpec, ContainersAreTheModulesWithParametersBelowThem) {
+  auto mod = [](std::string name, TensorRole role, bool cast_hook) {
+    Module m;
+    m.name = std::move(name);
+    m.cast_hook = cast_hook;
+    m.tensors.push_back(Tensor{"t", {4, 4}, Dtype::bf16, role, 0, 0});
+    return m;
+  };
+  ModelSpec m;
+  m.modules = {mod("blk", TensorRole::bias, false),  mod("blk.lin", TensorRole::weight, true),
+               mod("blk2", TensorRole::weight, true), mod("stats", TensorRole::other, false),
+               mod("stats.buf", TensorRole::other, false), mod("a.b", TensorRole::weight, false),
+               mod("a.b.c.d", TensorRole::weight, true)};
+  finalize_model(m, "models[0]");
+  std::vector<bool> containers;
+  for (const Module& x : m.modules) containers.push_back(x.container);
+  // blk holds blk.lin's parameters; "blk2" is not below "blk"; a child of buffers only does not
+  // make `stats` a container; a.b has a parameter two levels down.
+  EXPECT_EQ(containers, (std::vector<bool>{true, false, false, false, false, true, false}));
+  EXPECT_FALSE(owns_parameters(m.modules[3]));
+  // Below the root is every other module: a root that owns tensors is a container when any
+  // other module owns parameters, and a leaf when it is alone.
+  m.modules.push_back(mod("", TensorRole::other, false));
+  finalize_model(m, "models[0]");
+  EXPECT_TRUE(m.modules.back().container);
+  ModelSpec alone;
+  alone.modules = {mod("", TensorRole::weight, false)};
+  finalize_model(alone, "models[0]");
+  EXPECT_FALSE(alone.modules[0].container);
+  // A container never has the cast hook: the path names the flag.
+  m.modules[0].cast_hook = true;
+  try {
+    finalize_model(m, "models[0]");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "models[0].modules[0].cast_hook");
+    EXPECT_NE(std::string(e.what()).find("module \"blk\" has parameters below it (\"blk.lin\")"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CatalogModelSpec, FinalizeSumsAndNamesTheOverflowingTensor) {

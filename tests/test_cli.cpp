@@ -680,6 +680,27 @@ TEST_F(Cli, ModelsPrintBinaryUnitsLabelledAsSuch) {
   }
 }
 
+TEST_F(Cli, ModelsShowNamesTheModulesWithoutACastHook) {
+  // Wan: 41 x [1, 6 or 2, 5120] bf16 modulations (40 x 61440 + 20480 B = 2.36 MiB), each beside
+  // its block's layers; SD3.5: the root's pos_embed buffer; FLUX.2 VAE: bn's two fp32 [128].
+  const Proc wan = run({"models", "show", "wan21-14b"});
+  EXPECT_EQ(wan.exit_code, 0) << describe(wan);
+  EXPECT_NE(wan.out.find("without a cast hook: 41 modules, 2.36 MiB (41 containers of raw tensors beside their children)\n"),
+            std::string::npos)
+      << wan.out;
+  const Proc sd35 = run({"models", "show", "sd35-large", "--modules"});
+  EXPECT_EQ(sd35.exit_code, 0) << describe(sd35);
+  EXPECT_NE(sd35.out.find("without a cast hook: 1 module, 171.00 MiB (1 container of raw tensors beside its children)\n"),
+            std::string::npos)
+      << sd35.out;
+  EXPECT_NE(sd35.out.find("  (root)  "), std::string::npos) << sd35.out;
+  EXPECT_NE(sd35.out.find("pos_embed[1, 36864, 2432] bf16  [container]\n"), std::string::npos) << sd35.out;
+  const Proc vae = run({"models", "show", "flux2-vae"});
+  EXPECT_NE(vae.out.find("without a cast hook: 1 module, 1024 B (1 leaf of buffers only)\n"), std::string::npos) << vae.out;
+  const Proc flux = run({"models", "show", "flux1-dev"});
+  EXPECT_EQ(flux.out.find("without a cast hook"), std::string::npos) << flux.out;
+}
+
 TEST_F(Cli, ModelsShowUnscaledIsForFp8AndInt8StorageOnly) {
   // --unscaled means something for fp8 / int8 storage only (as a scenario's "scaled").
   expect_bad_input({"models", "show", "flux1-dev", "--unscaled"}, "--unscaled: applies to fp8 and int8 storage only, not bf16");

@@ -202,6 +202,7 @@ void expect_same_modules(const ModelSpec& got, const ModelSpec& want) {
     const Module& w = *it->second;
     EXPECT_EQ(m.bytes, w.bytes);
     EXPECT_EQ(m.cast_hook, w.cast_hook);
+    EXPECT_EQ(m.container, w.container);
     ASSERT_EQ(m.tensors.size(), w.tensors.size());
     for (std::size_t i = 0; i < m.tensors.size(); ++i) {
       SCOPED_TRACE(m.tensors[i].name);
@@ -775,6 +776,47 @@ TEST_F(Import, KeepsUnmodelledBuffersAsRawBytesAndRejectsUnmodelledWeights) {
                      {"nf4.safetensors: byte 9:", "tensor \"x.weight\": dtype U8 cannot be modelled"});
 }
 
+// The tensor layout says which modules are containers: tensors of their own beside parameters
+// below them. Their own tensors are raw (no castable op owns them), whatever their names.
+TEST_F(Import, ContainersFromTheTensorLayoutHaveNoCastHook) {
+  write_st(dir_ / "raw.safetensors", {
+                                         {"pos_embed", "BF16", {1, 16, 64}},
+                                         {"blocks.0.modulation", "BF16", {1, 6, 64}},
+                                         {"blocks.0.self_attn.q.weight", "BF16", {64, 64}},
+                                         {"blk.weight", "BF16", {64, 64}},
+                                         {"blk.lin.weight", "BF16", {64, 64}},
+                                         {"blk.lin.bias", "BF16", {64}},
+                                         {"bn.running_mean", "F32", {8}},
+                                         {"bn.running_var", "F32", {8}},
+                                     });
+  const ImportedModel r = import_model_file((dir_ / "raw.safetensors").string(), {.name = "raw", .family = Family::generic});
+  const ModelSpec& m = r.model;
+  const auto at = [&](const std::string& name) -> const Module& { return m.modules[index_of(m, name)]; };
+  EXPECT_TRUE(at("").container);
+  EXPECT_FALSE(at("").cast_hook);
+  EXPECT_TRUE(at("blocks.0").container);
+  EXPECT_FALSE(at("blocks.0").cast_hook);
+  EXPECT_EQ(at("blocks.0").tensors[0].role, TensorRole::bias);  // Wan's modulation: a parameter
+  EXPECT_TRUE(at("blk").container);
+  EXPECT_FALSE(at("blk").cast_hook);  // a "weight", but beside blk.lin: not a castable op's
+  EXPECT_EQ(at("blk").tensors[0].role, TensorRole::weight);
+  for (const char* leaf : {"blocks.0.self_attn.q", "blk.lin"}) {
+    EXPECT_FALSE(at(leaf).container) << leaf;
+    EXPECT_TRUE(at(leaf).cast_hook) << leaf;
+  }
+  // BatchNorm running statistics: a leaf of buffers, no cast hook, not a container.
+  EXPECT_FALSE(at("bn").container);
+  EXPECT_FALSE(at("bn").cast_hook);
+  EXPECT_FALSE(owns_parameters(at("bn")));
+  // As an inline fragment, the model reads back the same.
+  Catalog catalog;
+  const std::string doc = fmt::format(
+      R"({{"device": {{"total": "8GiB"}}, "allocator": "raw", "policy": "comfy:dec2025", "models": [{}]}})",
+      model_fragment_json(m, "raw"));
+  const Scenario s = parse_scenario_json(doc, catalog, "fragment.json");
+  expect_same_modules(*s.models[0].spec, m);
+}
+
 TEST_F(Import, AsksForTheFamilyWhenTheNamesCannotTell) {
   write_st(dir_ / "odd.safetensors", {{"foo.proj.weight", "F16", {64, 64}}, {"foo.proj.bias", "F16", {64}}});
   expect_input_error([&] { import_model_file((dir_ / "odd.safetensors").string(), {}); },
@@ -1118,6 +1160,8 @@ TEST_F(Import, CliImportPrintsTheModelAndWritesTheFragment) {
   EXPECT_NE(p.out.find("family vae_kl"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("bytes by dtype:"), std::string::npos) << p.out;
   EXPECT_NE(p.out.find("largest modules:"), std::string::npos) << p.out;
+  // The BatchNorm's running statistics: 2 x 128 fp32 buffers.
+  EXPECT_NE(p.out.find("without a cast hook: 1 module, 1024 B (1 leaf of buffers only)\n"), std::string::npos) << p.out;
   ASSERT_TRUE(fs::exists(dir_ / "ae.json"));
   Catalog catalog;
   std::ifstream in(dir_ / "ae.json");

@@ -180,5 +180,243 @@ TEST(Predict, LoraMergeAtLoadAndLowVramPatchesWhenOffloaded) {
   EXPECT_EQ(tp.loads[0].offload_buffer, 80 * MiB);
 }
 
+// ---- modules without a cast hook (issue #18) -------------------------------------------------
+//
+// ComfyUI's classic walk, side by side with vramfuzz on four minimal models: bf16 storage and
+// compute, offload streams 0, no context overhead, the presets' own reserve R = 400 MiB and floor
+// 0.8 GiB (858993459 B), so I = 0.8 GiB + 400 MiB, and the device holds I + x: a text encoder's
+// min_req is I, so the weight budget is exactly x. "Linear 1024 x N" is a weight [N, 1024] with no
+// bias, so every figure is a whole MiB.
+
+constexpr Bytes kInferenceFloor = 858993459;  // 0.8 GiB as ComfyUI computes it
+constexpr Bytes kReserve = 400 * MiB;
+
+Scenario raw_case(std::string_view policy, Bytes x, std::string_view modules) {
+  const std::string text = fmt::format(
+      R"({{"device": {{"total": {}, "context_overhead": 0}}, "allocator": "raw", "policy": "{}",
+          "models": [{{"id": "m", "kind": "text_encoder", "compute": "bf16", "modules": [{}]}}],
+          "offload_streams": 0, "pipeline": [{{"op": "load", "model": "m"}}, {{"op": "forward", "model": "m"}}]}})",
+      kInferenceFloor + kReserve + x, policy, modules);
+  Catalog catalog;
+  return parse_scenario_json(text, catalog, "test");
+}
+
+// A: a raw leaf `nc` [1024, 1024] (2 MiB) beside a Linear 1024 x 1024 (2 MiB).
+constexpr const char* kCaseA =
+    R"({"name": "nc", "cast_hook": false, "tensors": [{"name": "weight", "shape": [1024, 1024], "dtype": "bf16"}]},
+       {"name": "lin", "tensors": [{"name": "weight", "shape": [1024, 1024], "dtype": "bf16"}]})";
+// B and C: a container `blk` holding a raw tensor beside its child `blk.lin` (Linear 1024 x 1024).
+// No cast_hook is given: the names make `blk` a container, and a container has none.
+std::string container_case(std::uint64_t raw_rows) {
+  return fmt::format(
+      R"({{"name": "blk", "tensors": [{{"name": "gate", "shape": [{}, 1024], "dtype": "bf16"}}]}},
+         {{"name": "blk.lin", "tensors": [{{"name": "weight", "shape": [1024, 1024], "dtype": "bf16"}}]}})",
+      raw_rows);
+}
+// D: a raw fp32 leaf [1024, 1024] (4 MiB) beside a bf16 Linear 1024 x 2560 (5 MiB).
+constexpr const char* kCaseD =
+    R"({"name": "nc", "cast_hook": false, "tensors": [{"name": "weight", "shape": [1024, 1024], "dtype": "fp32"}]},
+       {"name": "lin", "tensors": [{"name": "weight", "shape": [2560, 1024], "dtype": "bf16"}]})";
+
+// Transfers the forward stage issues, as (module, bytes).
+std::vector<std::pair<std::uint32_t, Bytes>> forward_transfers(const Program& prog) {
+  std::vector<std::pair<std::uint32_t, Bytes>> out;
+  for (const Op& op : prog.ops) {
+    if (op.phase == Phase::forward && op.kind == OpKind::h2d) out.emplace_back(prog.buffers[op.buffer].module, prog.buffers[op.buffer].bytes);
+  }
+  return out;
+}
+
+TEST(PredictRaw, CaseARawLeafThatDoesNotFitStaysButRaisesTheBuffer) {
+  // Budget 1 MiB < 4 MiB: the walk. Costs: nc 2 MiB (raw: its bytes), lin 2 MiB (bf16 -> bf16);
+  // the tie goes to the name, descending: nc, lin. With NS = 0 the potential is the cost:
+  //   nc:  max(0, 2) = 2; 0 + 2 + 2 = 4 >= 1 -> buffer 2; no cast hook: it stays in host memory
+  //   lin: max(2, 2) = 2; 0 + 2 + 2 = 4 >= 1 -> offloaded (2 MiB), buffer 2
+  // vramfuzz before: nc offloaded too, "4.00 MB offloaded, 2.00 MB buffer".
+  const Scenario s = raw_case("comfy:dec2025", 1 * MiB, kCaseA);
+  const Plan p = predict(s);
+  const LoadPlan& lp = p.loads[0];
+  EXPECT_EQ(lp.usable, static_cast<std::int64_t>(1 * MiB));
+  EXPECT_EQ(lp.offload_cost, (std::vector<Bytes>{2 * MiB, 2 * MiB}));
+  EXPECT_EQ(lp.sorted, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_FALSE(lp.full_load);
+  EXPECT_EQ(lp.resident, (std::vector<std::uint8_t>{0, 0}));
+  EXPECT_EQ(lp.lowvram, (std::vector<std::uint8_t>{0, 1}));
+  EXPECT_EQ(lp.loaded, 0u);
+  EXPECT_EQ(lp.offloaded, 2 * MiB);
+  EXPECT_EQ(lp.uncounted, 2 * MiB);
+  EXPECT_EQ(lp.offload_buffer, 2 * MiB);
+  EXPECT_EQ(lp.log_line,
+            "loaded partially; 1.00 MB usable, 0.00 MB loaded, 2.00 MB offloaded, 2.00 MB buffer reserved, lowvram patches: 0");
+  // Only lin is transferred per forward (2 MiB, the transient window too); nc is never copied.
+  EXPECT_EQ(lp.realistic_transient, 2 * MiB);
+  EXPECT_EQ(lp.transient_module, 1u);
+  EXPECT_EQ(p.stages[1].resident_total, 0u);
+  EXPECT_EQ(p.stages[1].predicted_peak, 2 * MiB + kInferenceFloor);  // buffer + max(floor, no estimate)
+  const Program prog = lower(s, p);
+  EXPECT_EQ(check_program(prog), "");
+  EXPECT_EQ(forward_transfers(prog), (std::vector<std::pair<std::uint32_t, Bytes>>{{1, 2 * MiB}}));
+}
+
+TEST(PredictRaw, CaseBContainerIsLeftOutOfAFullLoadsLoadedFigure) {
+  // Budget 100 MiB > 4 MiB: a full load. The walk lists blk.lin only (blk holds a raw tensor
+  // beside a child with parameters: ComfyUI skips it), so the log counts 2 MiB; model.to(device)
+  // then moves blk too, and the device holds all 4 MiB. vramfuzz before: "4.00 MB loaded".
+  const Scenario s = raw_case("comfy:dec2025", 100 * MiB, container_case(1024));
+  const ModelSpec& m = *s.models[0].spec;
+  EXPECT_TRUE(m.modules[0].container);
+  EXPECT_FALSE(m.modules[0].cast_hook);
+  EXPECT_FALSE(m.modules[1].container);
+  EXPECT_TRUE(m.modules[1].cast_hook);
+  const Plan p = predict(s);
+  const LoadPlan& lp = p.loads[0];
+  EXPECT_TRUE(lp.full_load);
+  EXPECT_EQ(lp.sorted, (std::vector<std::uint32_t>{1}));
+  EXPECT_EQ(lp.resident, (std::vector<std::uint8_t>{1, 1}));
+  EXPECT_EQ(lp.loaded, 2 * MiB);
+  EXPECT_EQ(lp.offloaded, 0u);
+  EXPECT_EQ(lp.uncounted, 2 * MiB);
+  EXPECT_EQ(lp.offload_buffer, 0u);
+  EXPECT_EQ(lp.log_line, "loaded completely; 100.00 MB usable, 2.00 MB loaded, full load: True");
+  EXPECT_EQ(p.stages[1].resident_total, 4 * MiB);  // what is on the device
+  EXPECT_EQ(p.stages[1].predicted_peak, 4 * MiB + kInferenceFloor);
+  // Load: blk.lin as the walk places it, then blk with the rest of the model; no transfers after.
+  const Program prog = lower(s, p);
+  EXPECT_EQ(check_program(prog), "");
+  std::vector<std::uint32_t> moved;
+  for (const Op& op : prog.ops) {
+    if (op.phase == Phase::load && op.kind == OpKind::h2d) moved.push_back(prog.buffers[op.buffer].module);
+  }
+  EXPECT_EQ(moved, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_TRUE(forward_transfers(prog).empty());
+}
+
+TEST(PredictRaw, CaseCContainerIsSkippedSoTheWalkLoadsCompletely) {
+  // Budget 5 MiB < 6 MiB: the walk, over blk.lin alone: potential 2, 0 + 2 + 2 = 4 < 5 ->
+  // resident. Nothing is cast on the fly, so "loaded completely", but not a full load; blk's
+  // 4 MiB stay in host memory, in neither figure. vramfuzz before: "loaded partially; 0.00 MB
+  // loaded, 6.00 MB offloaded, 4.00 MB buffer reserved".
+  const Scenario s = raw_case("comfy:dec2025", 5 * MiB, container_case(2048));
+  const Plan p = predict(s);
+  const LoadPlan& lp = p.loads[0];
+  EXPECT_FALSE(lp.full_load);
+  EXPECT_EQ(lp.resident, (std::vector<std::uint8_t>{0, 1}));
+  EXPECT_EQ(lp.lowvram, (std::vector<std::uint8_t>{0, 0}));
+  EXPECT_EQ(lp.loaded, 2 * MiB);
+  EXPECT_EQ(lp.offloaded, 0u);
+  EXPECT_EQ(lp.uncounted, 4 * MiB);
+  EXPECT_EQ(lp.offload_buffer, 0u);
+  EXPECT_EQ(lp.log_line, "loaded completely; 5.00 MB usable, 2.00 MB loaded, full load: False");
+  EXPECT_EQ(p.stages[1].resident_total, 2 * MiB);
+  EXPECT_EQ(p.stages[1].predicted_peak, 2 * MiB + kInferenceFloor);
+  const Program prog = lower(s, p);
+  EXPECT_EQ(check_program(prog), "");
+  EXPECT_TRUE(forward_transfers(prog).empty());  // blk is read in host memory, never copied
+  // The plan printout says where the uncounted bytes are, and has no transient line.
+  const std::string text = format_plan(s, p);
+  EXPECT_NE(text.find("uncounted 4.00 MiB (modules without the cast hook: 0.00 MiB on the device, 4.00 MiB in host memory)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("realistic transient"), std::string::npos) << text;
+}
+
+TEST(PredictRaw, CaseDRawModuleHasNoConversionTermAndSortsSecond) {
+  // The raw fp32 tensor costs its 4 MiB (no bf16 copy: nothing casts it), the Linear 5 MiB, so
+  // the Linear goes first. Budget 9 MiB, model 9 MiB: the walk.
+  //   lin: potential 5; 0 + 5 + 5 = 10 >= 9 -> offloaded, buffer 5
+  //   nc:  max(5, 4) = 5; 0 + 4 + 5 = 9 >= 9 -> stays, buffer 5
+  // vramfuzz before: nc cost 4 + 2 = 6 sorted first, "9.00 MB offloaded, 6.00 MB buffer".
+  const Scenario s = raw_case("comfy:dec2025", 9 * MiB, kCaseD);
+  const Plan p = predict(s);
+  const LoadPlan& lp = p.loads[0];
+  EXPECT_EQ(lp.offload_cost, (std::vector<Bytes>{4 * MiB, 5 * MiB}));
+  EXPECT_EQ(lp.sorted, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_EQ(lp.lowvram, (std::vector<std::uint8_t>{0, 1}));
+  EXPECT_EQ(lp.offloaded, 5 * MiB);
+  EXPECT_EQ(lp.uncounted, 4 * MiB);
+  EXPECT_EQ(lp.offload_buffer, 5 * MiB);
+  EXPECT_EQ(lp.log_line,
+            "loaded partially; 9.00 MB usable, 0.00 MB loaded, 5.00 MB offloaded, 5.00 MB buffer reserved, lowvram patches: 0");
+  // Forward: lin's 5 MiB transfer and nothing for nc: no copy, no fp32 -> bf16 upcast.
+  const Program prog = lower(s, p);
+  EXPECT_EQ(check_program(prog), "");
+  EXPECT_EQ(forward_transfers(prog), (std::vector<std::pair<std::uint32_t, Bytes>>{{1, 5 * MiB}}));
+  for (const Op& op : prog.ops) EXPECT_NE(op.kind, OpKind::upcast);
+  EXPECT_EQ(lp.realistic_transient, 5 * MiB);
+}
+
+TEST(PredictRaw, EveryPresetPlansRawModulesTheSameWay) {
+  // nov2025 with NS = 0 budgets cost + 0 x largest: the same walk as dec2025, and without a
+  // dequant term (the raw module never had one) D sorts the same way too.
+  for (const Preset preset : {Preset::nov2025, Preset::dec2025}) {
+    const std::string policy = preset == Preset::nov2025 ? "comfy:nov2025" : "comfy:dec2025";
+    SCOPED_TRACE(policy);
+    EXPECT_EQ(predict(raw_case(policy, 1 * MiB, kCaseA)).loads[0].log_line,
+              "loaded partially; 1.00 MB usable, 0.00 MB loaded, 2.00 MB offloaded, 2.00 MB buffer reserved, lowvram patches: 0");
+    EXPECT_EQ(predict(raw_case(policy, 100 * MiB, container_case(1024))).loads[0].log_line,
+              "loaded completely; 100.00 MB usable, 2.00 MB loaded, full load: True");
+    EXPECT_EQ(predict(raw_case(policy, 5 * MiB, container_case(2048))).loads[0].log_line,
+              "loaded completely; 5.00 MB usable, 2.00 MB loaded, full load: False");
+    EXPECT_EQ(predict(raw_case(policy, 9 * MiB, kCaseD)).loads[0].log_line,
+              "loaded partially; 9.00 MB usable, 0.00 MB loaded, 5.00 MB offloaded, 5.00 MB buffer reserved, lowvram patches: 0");
+  }
+  // oct2025's 128 MiB weight floor loads all four completely; the log's figure counts the listed
+  // modules: the raw leaf of A and D is listed, the container of B and C is not.
+  const auto oct = [](Bytes x, const std::string& modules) { return predict(raw_case("comfy:oct2025", x, modules)).loads[0]; };
+  EXPECT_EQ(oct(1 * MiB, kCaseA).log_line, "loaded completely; 128.00 MB usable, 4.00 MB loaded, full load: True");
+  EXPECT_EQ(oct(100 * MiB, container_case(1024)).log_line, "loaded completely; 128.00 MB usable, 2.00 MB loaded, full load: True");
+  EXPECT_EQ(oct(5 * MiB, container_case(2048)).log_line, "loaded completely; 128.00 MB usable, 2.00 MB loaded, full load: True");
+  EXPECT_EQ(oct(9 * MiB, kCaseD).log_line, "loaded completely; 128.00 MB usable, 9.00 MB loaded, full load: True");
+}
+
+TEST(PredictRaw, EvictionLeavesAContainerOnTheDeviceUnlessTheModelIsDetached) {
+  // R = 10 MiB, floor 10 MiB: I = 20 MiB, NS = 0 (the preset's 2 streams do not matter here).
+  // P: container blk (raw 2 MiB) + blk.lin 8 MiB + p2 8 MiB = 18 MiB; 60 MiB device: P loads
+  // fully (budget 40 > 18), the log counts 16 MiB, ComfyUI counts all 18 as loaded.
+  const std::string p_model = model_json(
+      "P", "text_encoder",
+      {R"({"name": "blk", "tensors": [{"name": "gate", "shape": [1024, 1024], "dtype": "bf16"}]})",
+       module_json("blk.lin", 2048, 2048, "bf16"), module_json("p2", 2048, 2048, "bf16")});
+  const std::string pipeline =
+      R"([{"op":"load","model":"P"},{"op":"forward","model":"P"},{"op":"load","model":"Q"},{"op":"forward","model":"Q"}])";
+  {
+    // Q = 32 MiB: free 42 < 1.1 x 32 + 20 = 55.2, shortfall 13.2 MiB < P's 18: partially_unload
+    // moves blk.lin and p2 (16 MiB) and cannot move blk, which stays on the device. Free 58:
+    // Q loads fully (budget 38 > 32); the device holds blk 2 + Q 32.
+    const Scenario s = scenario("60MiB", {p_model, model_json("Q", "text_encoder", {module_json("q", 4096, 4096, "bf16")})},
+                                pipeline, "comfy:dec2025", R"(, "offload_streams": 0)");
+    const Plan p = predict(s);
+    EXPECT_EQ(p.loads[0].log_line, "loaded completely; 40.00 MB usable, 16.00 MB loaded, full load: True");
+    EXPECT_EQ(p.stages[1].resident_total, 18 * MiB);
+    ASSERT_EQ(p.loads[1].evictions.size(), 1u);
+    EXPECT_EQ(p.loads[1].evictions[0].modules, (std::vector<std::uint32_t>{1, 2}));
+    EXPECT_EQ(p.loads[1].evictions[0].bytes, 16 * MiB);
+    EXPECT_TRUE(p.loads[1].full_load);
+    EXPECT_EQ(p.loads[1].usable, static_cast<std::int64_t>(38 * MiB));
+    EXPECT_EQ(p.stages[3].resident_total, 34 * MiB);
+    const Program prog = lower(s, p);
+    EXPECT_EQ(check_program(prog), "");
+    int evict_frees = 0;
+    for (const Op& op : prog.ops) evict_frees += op.phase == Phase::evict && op.kind == OpKind::free;
+    EXPECT_EQ(evict_frees, 2);
+  }
+  {
+    // Q = 40 MiB: shortfall 64 - 42 = 22 MiB is more than P's 18: model_unload detaches P, blk
+    // included. Free 60, budget 40 = Q's size: not a full load, and q (cost 40, 0 + 40 + 40 >= 40)
+    // is cast on the fly.
+    const Scenario s = scenario("60MiB", {p_model, model_json("Q", "text_encoder", {module_json("q", 5120, 4096, "bf16")})},
+                                pipeline, "comfy:dec2025", R"(, "offload_streams": 0)");
+    const Plan p = predict(s);
+    ASSERT_EQ(p.loads[1].evictions.size(), 1u);
+    EXPECT_EQ(p.loads[1].evictions[0].modules, (std::vector<std::uint32_t>{1, 2, 0}));
+    EXPECT_EQ(p.loads[1].evictions[0].bytes, 18 * MiB);
+    EXPECT_EQ(p.loads[1].usable, static_cast<std::int64_t>(40 * MiB));
+    EXPECT_EQ(p.loads[1].log_line,
+              "loaded partially; 40.00 MB usable, 0.00 MB loaded, 40.00 MB offloaded, 40.00 MB buffer reserved, lowvram patches: 0");
+    EXPECT_EQ(p.stages[3].resident_total, 0u);
+    EXPECT_EQ(check_program(lower(s, p)), "");
+  }
+}
+
 }  // namespace
 }  // namespace vf

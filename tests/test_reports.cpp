@@ -195,7 +195,7 @@ TEST_F(Reports, SchemaRejectsAFailureWithoutMessage) {
   EXPECT_NE(p.err.find("message"), std::string::npos) << test::describe(p);
 }
 
-TEST_F(Reports, DrawnPolicyGivesTwentyFourTestcases) {
+TEST_F(Reports, DrawnPolicyGivesFortyTestcases) {
   Catalog catalog;
   SimBackend sim;
   CampaignConfig cfg;
@@ -204,8 +204,10 @@ TEST_F(Reports, DrawnPolicyGivesTwentyFourTestcases) {
   const CampaignResult r = run_campaign(cfg, catalog, sim);
   const Json d = report::summary_from_campaign(cfg, r, report::run_info("fuzz", "x", "sim", ""));
   const std::string xml = report::junit_xml(d, ".");
-  EXPECT_EQ(count(xml, "<testcase "), 24u) << "3 presets x 4 modes x 2 properties";
-  EXPECT_EQ(count(xml, "<testsuite "), 3u);
+  EXPECT_EQ(count(xml, "<testcase "), 40u) << "5 presets x 4 modes x 2 properties";
+  EXPECT_EQ(count(xml, "<testsuite "), 5u);
+  // Combinations ComfyUI cannot run are skipped, saying why.
+  EXPECT_NE(xml.find("ComfyUI removes expandable_segments"), std::string::npos);
   if (which("xmllint").empty()) return;
   const fs::path f = dir() / "drawn.xml";
   std::ofstream(f) << xml;
@@ -255,6 +257,7 @@ TEST_F(Reports, SummaryCarriesTheTraceOfEachRepro) {
       }
     }
     EXPECT_FALSE(c["loads"].empty());
+    for (const Json& l : c["loads"]) EXPECT_TRUE(l["uncounted"].is_number_unsigned()) << l.dump();
     EXPECT_FALSE(c["around_peak"].empty());
     if (c["verdict"]["kind"] == "oom") {
       EXPECT_TRUE(c["oom"].is_object());

@@ -488,6 +488,33 @@ TEST(ScenarioErrors, UnknownNestedField) {
   expect_error(doc, "workload.widht", {"unknown field", "width"});
 }
 
+// A module with parameters below it (by name) is a container: its own tensors are raw, so it has
+// no cast hook unless one is given, and giving one is an error.
+TEST(Scenario, ContainerModulesHaveNoCastHook) {
+  json doc = base_inline();
+  doc["models"][0]["modules"].push_back(json::parse(
+      R"({"name": "blocks.0", "tensors": [{"name": "modulation", "shape": [1, 6, 64], "dtype": "bf16", "role": "bias"}]})"));
+  const Scenario s = load(doc);
+  const ModelSpec& spec = *s.models[0].spec;
+  std::vector<bool> containers, hooks;
+  for (const Module& m : spec.modules) {
+    containers.push_back(m.container);
+    hooks.push_back(m.cast_hook);
+  }
+  EXPECT_EQ(containers, (std::vector<bool>{false, false, false, false, true}));
+  EXPECT_EQ(hooks, (std::vector<bool>{true, true, true, false, false}));
+  // Written out explicitly, and read back the same.
+  const std::string text = scenario_to_json(s);
+  EXPECT_EQ(json::parse(text)["models"][0]["modules"][4]["cast_hook"], false);
+  EXPECT_EQ(scenario_to_json(load_text(text)), text);
+
+  doc["models"][0]["modules"][4]["cast_hook"] = true;
+  expect_error(doc, "models[0].modules[4].cast_hook",
+               {"module \"blocks.0\" has parameters below it (\"blocks.0.fc\")", "a container has no cast hook"});
+  doc["models"][0]["modules"][4]["cast_hook"] = false;
+  EXPECT_FALSE(load(doc).models[0].spec->modules[4].cast_hook);
+}
+
 TEST(ScenarioErrors, UnknownFieldInInlineTensor) {
   json doc = base_inline();
   doc["models"][0]["modules"][1]["tensors"][0]["dtpye"] = "fp16";

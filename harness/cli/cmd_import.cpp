@@ -73,6 +73,7 @@ int do_import(const ImportFlags& f) {
       ++d.second;
     }
   }
+  text += cast_hook_summary(m);
   text += "bytes by dtype:\n";
   for (const auto& [d, v] : by_dtype) text += fmt::format("  {:<12} {:>16} {:>7} tensors\n", d, format_mib(v.first), v.second);
   std::vector<const Module*> largest;

@@ -61,6 +61,7 @@ int do_show(const std::string& name, const std::string& storage, bool unscaled, 
   }
   for (const auto& [d, b] : by_dtype) std::fputs(fmt::format("  {:<12} {}\n", d, format_mib(b)).c_str(), stdout);
   if (largest) std::fputs(fmt::format("largest module: {} ({})\n", largest->name, format_mib(largest->bytes)).c_str(), stdout);
+  std::fputs(cast_hook_summary(m).c_str(), stdout);
   if (modules) {
     for (const Module& mod : m.modules) {
       std::string tensors;
@@ -69,7 +70,11 @@ int do_show(const std::string& name, const std::string& storage, bool unscaled, 
         for (std::uint64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
         tensors += fmt::format(" {}[{}] {}", t.name, shape, dtype_name(t.dtype));
       }
-      std::fputs(fmt::format("  {:<48} {:>14} {}\n", mod.name, format_mib(mod.bytes), tensors).c_str(), stdout);
+      const std::string_view tag = module_tag(mod);
+      std::fputs(fmt::format("  {:<48} {:>14} {}{}\n", mod.name.empty() ? "(root)" : mod.name, format_mib(mod.bytes), tensors,
+                             tag.empty() ? "" : fmt::format("  [{}]", tag))
+                     .c_str(),
+                 stdout);
     }
   }
   return kExitOk;

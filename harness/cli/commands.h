@@ -52,6 +52,11 @@ void add_gpu_check(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 
+// What `models show` and `models import` say about the modules without a cast hook (empty when
+// every module has one), and the tag `--modules` puts on each (common.cpp; docs/models.md).
+std::string cast_hook_summary(const ModelSpec& m);
+std::string_view module_tag(const Module& m);
+
 // " --name value" for each non-empty value, values shell-quoted: the pieces of recorded commands.
 std::string option_text(std::string_view name, const std::string& value);
 

@@ -123,6 +123,36 @@ std::pair<std::string, std::string> split_kv(const std::string& kv, const std::s
   return {kv.substr(0, eq), kv.substr(eq + 1)};
 }
 
+std::string_view module_tag(const Module& m) {
+  if (m.cast_hook) return "";
+  if (m.container) return "container";
+  return owns_parameters(m) ? "raw" : "buffers";
+}
+
+std::string cast_hook_summary(const ModelSpec& m) {
+  std::size_t containers = 0, raw = 0, buffers = 0;
+  Bytes bytes = 0;
+  for (const Module& mod : m.modules) {
+    const std::string_view tag = module_tag(mod);
+    if (tag.empty()) continue;
+    bytes += mod.bytes;
+    containers += tag == "container";
+    raw += tag == "raw";
+    buffers += tag == "buffers";
+  }
+  if (containers + raw + buffers == 0) return "";
+  std::string parts;
+  auto part = [&](std::size_t n, std::string_view what) {
+    if (n > 0) parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", n, what);
+  };
+  part(containers, containers == 1 ? "container of raw tensors beside its children" : "containers of raw tensors beside their children");
+  part(raw, raw == 1 ? "raw leaf with parameters" : "raw leaves with parameters");
+  part(buffers, buffers == 1 ? "leaf of buffers only" : "leaves of buffers only");
+  const std::string size = bytes < MiB / 100 ? fmt::format("{} B", bytes) : format_mib(bytes);
+  const std::size_t n = containers + raw + buffers;
+  return fmt::format("without a cast hook: {} module{}, {} ({})\n", n, n == 1 ? "" : "s", size, parts);
+}
+
 std::string option_text(std::string_view name, const std::string& value) {
   return value.empty() ? std::string() : fmt::format(" {} {}", name, shell_quote(value));
 }

@@ -28,12 +28,34 @@ bool is_parameter(const Tensor& t) {
          t.role == TensorRole::embedding;
 }
 
+// How ComfyUI's load walk treats a module (ModelPatcher._load_list, then load).
+enum class Walk : std::uint8_t {
+  cast,      // listed, with the cast hook: resident if it fits, else offloaded and cast on the fly
+  raw,       // listed, raw parameters without the cast hook: resident if it fits, else left where it is
+  unlisted,  // never listed: a container (raw tensors beside children with parameters), or a
+             // module of buffers only; only a full load's model.to(device) moves it
+};
+
+Walk walk_kind(const Module& m) {
+  if (m.container) return Walk::unlisted;
+  if (m.cast_hook) return Walk::cast;
+  return owns_parameters(m) ? Walk::raw : Walk::unlisted;
+}
+
+bool has_weight(const Module& m) {
+  return std::any_of(m.tensors.begin(), m.tensors.end(), [](const Tensor& t) { return t.role == TensorRole::weight; });
+}
+
 std::uint32_t multiply_batch(std::uint32_t batch, double mult) {
   return static_cast<std::uint32_t>(std::max(1.0, std::floor(batch * mult + 0.5)));
 }
 
 struct ModelState {
-  std::vector<std::uint8_t> resident;
+  std::vector<std::uint8_t> resident;  // per module: on the device now
+  Bytes on_device = 0;                 // the bytes of the resident modules
+  // ComfyUI's model_loaded_weight_memory: what it counts as loaded. The walk counts only what it
+  // placed, so a module it left on the device (a raw module that no longer fits, a container after
+  // a full load and an eviction) is on the device without being counted.
   Bytes loaded = 0;
   Bytes offload_buffer = 0;
   std::uint64_t last_used = 0;  // stage counter, for eviction tie-breaks (most recent first)
@@ -89,9 +111,10 @@ class ComfyPlanner {
   }
 
  private:
+  // What is on the device: the free memory ComfyUI measures is the device's.
   Bytes resident_total() const {
     Bytes t = 0;
-    for (const ModelState& m : state_) t += m.loaded;
+    for (const ModelState& m : state_) t += m.on_device;
     return t;
   }
   Bytes free_now() const { return sat_sub(available_, resident_total()); }
@@ -141,7 +164,7 @@ class ComfyPlanner {
     for (std::uint32_t m = 0; m < state_.size(); ++m) {
       // Dynamic models give way at run time (their VBAR pages: the vbar_free op, and aimdo's
       // hooks); their force-loaded weights are restored only when that is not enough: tiny.
-      if (m != keep && state_[m].loaded > 0 && !s_.dynamic_model(m)) order.push_back(m);
+      if (m != keep && state_[m].on_device > 0 && !s_.dynamic_model(m)) order.push_back(m);
     }
     std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
       const Bytes off_a = spec(a).bytes - state_[a].loaded, off_b = spec(b).bytes - state_[b].loaded;
@@ -154,26 +177,46 @@ class ComfyPlanner {
       if (shortfall == 0) break;
       Eviction ev;
       ev.model = m;
-      // partially_unload walks modules in ascending offload cost.
+      ModelState& st = state_[m];
       const ModelRef& ref = s_.models[m];
+      auto evict = [&](std::uint32_t mod) {
+        const Bytes b = spec(m).modules[mod].bytes;
+        st.resident[mod] = 0;
+        st.on_device -= b;
+        st.loaded = sat_sub(st.loaded, b);
+        ev.bytes += b;
+        ev.modules.push_back(mod);
+      };
+      // partially_unload walks the listed modules in ascending offload cost. It cannot move the
+      // unlisted ones, nor a raw module whose weight a LoRA patched (no cast hook to patch it
+      // on the fly).
       std::vector<std::uint32_t> mods;
-      for (std::uint32_t i = 0; i < state_[m].resident.size(); ++i) {
-        if (state_[m].resident[i]) mods.push_back(i);
+      for (std::uint32_t i = 0; i < st.resident.size(); ++i) {
+        const Module& mod = spec(m).modules[i];
+        const Walk w = walk_kind(mod);
+        const bool movable = w == Walk::cast || (w == Walk::raw && !(ref.lora && has_weight(mod)));
+        if (st.resident[i] && movable) mods.push_back(i);
       }
       std::vector<Bytes> cost(mods.size());
       for (std::size_t k = 0; k < mods.size(); ++k) cost[k] = offload_cost(spec(m).modules[mods[k]], ref.compute, ref.lora, c_);
       std::vector<std::size_t> idx(mods.size());
       std::iota(idx.begin(), idx.end(), 0);
       std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return cost[a] < cost[b]; });
+      // model_unload: a shortfall of at least what ComfyUI counts as loaded detaches the whole
+      // model; a smaller one unloads partially, and detaches too when that cannot cover it.
+      // Detached, everything left on the device goes and nothing counts as loaded.
+      const bool detach = shortfall >= st.loaded;
       for (std::size_t k : idx) {
-        if (ev.bytes >= shortfall) break;
-        const std::uint32_t mod = mods[k];
-        state_[m].resident[mod] = 0;
-        state_[m].loaded -= spec(m).modules[mod].bytes;
-        ev.bytes += spec(m).modules[mod].bytes;
-        ev.modules.push_back(mod);
+        if (!detach && ev.bytes >= shortfall) break;
+        evict(mods[k]);
       }
-      if (state_[m].loaded == 0) state_[m].offload_buffer = 0;
+      if (detach || ev.bytes < shortfall) {
+        for (std::uint32_t i = 0; i < st.resident.size(); ++i) {
+          if (st.resident[i]) evict(i);
+        }
+        st.loaded = 0;
+      }
+      if (st.loaded == 0) st.offload_buffer = 0;
       lp.evictions.push_back(std::move(ev));
     }
   }
@@ -198,12 +241,14 @@ class ComfyPlanner {
     ModelState& st = state_[m];
     st.resident = lp.resident;
     st.loaded = lp.loaded;
+    st.on_device = lp.staging.forced_bytes + lp.staging.uncounted;
     st.offload_buffer = 0;
     return lp;
   }
 
   void unload(std::uint32_t m) {
     std::fill(state_[m].resident.begin(), state_[m].resident.end(), 0);
+    state_[m].on_device = 0;
     state_[m].loaded = 0;
     state_[m].offload_buffer = 0;
   }
@@ -252,34 +297,48 @@ class ComfyPlanner {
     const i64 budget_total = std::max<i64>(budget, 0);
 
     lp.offload_cost.resize(model.modules.size());
-    for (std::size_t i = 0; i < model.modules.size(); ++i) {
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       lp.offload_cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
+      if (walk_kind(model.modules[i]) != Walk::unlisted) lp.sorted.push_back(i);
     }
-    lp.sorted.resize(model.modules.size());
-    std::iota(lp.sorted.begin(), lp.sorted.end(), 0);
     std::sort(lp.sorted.begin(), lp.sorted.end(), [&](std::uint32_t a, std::uint32_t b) {
       if (lp.offload_cost[a] != lp.offload_cost[b]) return lp.offload_cost[a] > lp.offload_cost[b];
       if (model.modules[a].bytes != model.modules[b].bytes) return model.modules[a].bytes > model.modules[b].bytes;
       return model.modules[a].name > model.modules[b].name;
     });
 
-    lp.resident.assign(model.modules.size(), 0);
+    lp.lowvram.assign(model.modules.size(), 0);
     if (budget_total > as_signed(model.bytes)) {
-      // Step 5, full load: everything resident, no buffer.
+      // Step 5, full load: the walk places every listed module and reserves no buffer, then
+      // model.to(device) moves the rest, and ComfyUI counts the whole model as loaded. Its log
+      // line, printed in between, counts what the walk placed.
       lp.full_load = true;
-      std::fill(lp.resident.begin(), lp.resident.end(), 1);
-      lp.loaded = model.bytes;
+      lp.resident.assign(model.modules.size(), 1);
+      for (std::uint32_t i : lp.sorted) lp.loaded += model.modules[i].bytes;
+      st.loaded = model.bytes;
     } else {
+      // Whatever the walk does not place stays where it was.
+      lp.resident = st.resident;
       walk(model, lp, budget_total);
+      st.loaded = lp.loaded;
     }
-    lp.offloaded = model.bytes - lp.loaded;
+    std::uint32_t lowvram_modules = 0;
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+      if (!lp.lowvram[i]) continue;
+      lp.offloaded += model.modules[i].bytes;
+      ++lowvram_modules;
+    }
+    lp.uncounted = model.bytes - lp.loaded - lp.offloaded;
     st.resident = lp.resident;
-    st.loaded = lp.loaded;
+    st.on_device = 0;
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) st.on_device += lp.resident[i] ? model.modules[i].bytes : 0;
     st.offload_buffer = lp.offload_buffer;
     transient_window(ref, lp);
-    lp.log_line = lp.full_load
-                      ? fmt::format("loaded completely; {:.2f} MB usable, {:.2f} MB loaded, full load: True",
-                                    static_cast<double>(lp.usable) / MiB, to_mib(lp.loaded))
+    // "loaded partially" when a module is cast on the fly, else "loaded completely", a walk
+    // included where every listed module fitted or only raw ones did not ("full load: False").
+    lp.log_line = lowvram_modules == 0
+                      ? fmt::format("loaded completely; {:.2f} MB usable, {:.2f} MB loaded, full load: {}",
+                                    static_cast<double>(lp.usable) / MiB, to_mib(lp.loaded), lp.full_load ? "True" : "False")
                       : fmt::format("loaded partially; {:.2f} MB usable, {:.2f} MB loaded, {:.2f} MB offloaded, "
                                     "{:.2f} MB buffer reserved, lowvram patches: {}",
                                     static_cast<double>(lp.usable) / MiB, to_mib(lp.loaded), to_mib(lp.offloaded),
@@ -287,11 +346,13 @@ class ComfyPlanner {
     return lp;
   }
 
-  // ModelPatcher.load's greedy walk (§2.4 step 3): in sorted order, a module is resident if
-  // loaded + module_mem + potential < budget; a miss raises the buffer to its potential.
+  // ModelPatcher.load's greedy walk (§2.4 step 3) over the listed modules: in sorted order, a
+  // module is resident if loaded + module_mem + potential < budget; a miss raises the buffer to
+  // its potential and marks a cast-hook module for casting on the fly. A raw module that misses
+  // is not moved: it stays where it was (lp.resident holds that on entry).
   void walk(const ModelSpec& model, LoadPlan& lp, i64 budget) {
     Bytes largest = 0;
-    for (const Module& mod : model.modules) largest = std::max(largest, mod.bytes);
+    for (std::uint32_t i : lp.sorted) largest = std::max(largest, model.modules[i].bytes);
     Bytes loaded = 0;
     Bytes buffer = 0;
     const bool lora = s_.models[lp.model].lora;
@@ -313,7 +374,11 @@ class ComfyPlanner {
         loaded += mod.bytes;
       } else {
         buffer = potential;
-        if (lora && mod.cast_hook) ++lp.lowvram_patches;
+        if (mod.cast_hook) {
+          lp.resident[i] = 0;
+          lp.lowvram[i] = 1;
+          if (lora) ++lp.lowvram_patches;
+        }
       }
     }
     lp.loaded = loaded;
@@ -324,11 +389,12 @@ class ComfyPlanner {
   // modules: all their storage bytes, plus the compute-dtype copy (and LoRA temporaries) of the
   // one being converted. Counted in the predictor's own units (no allocator rounding: that is
   // what P1 and the allocator overhead bound measure), so P3 checks the #11171 invariant itself.
+  // Only modules cast on the fly are transferred; a raw module left in host memory is not.
   void transient_window(const ModelRef& ref, LoadPlan& lp) const {
     const ModelSpec& model = *ref.spec;
     std::vector<std::uint32_t> off;
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-      if (!lp.resident[i]) off.push_back(i);
+      if (lp.lowvram[i]) off.push_back(i);
     }
     for (std::size_t j = 0; j < off.size(); ++j) {
       Bytes w = 0;
@@ -361,6 +427,9 @@ Plan plan_comfy_classic(const Scenario& s) { return ComfyPlanner(s).run(); }
 
 Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c) {
   Bytes cost = m.bytes;
+  // Only a module that casts its weights converts them: a raw module (no cast hook) costs its
+  // bytes, LoRA or not.
+  if (!m.cast_hook) return cost;
   if (!c.dequant_term) return cost;
   for (const Tensor& t : m.tensors) {
     if (!is_parameter(t)) continue;

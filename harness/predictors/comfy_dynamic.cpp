@@ -52,16 +52,19 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
   st.vbar_request = model.bytes * sim::kVbarRequestFactor;
   st.vbar_pages = sim::vbar_pages_for(st.vbar_request, s.device.total);
 
-  // The sort key: the #11171 offload cost for modules with the cast hook, their size otherwise.
+  // The modules of the load walk (_load_list): every module with the cast hook or parameters of
+  // its own, but no container (a module whose children hold parameters: its own are moved to the
+  // device beside the walk, uncounted). The sort key: the #11171 offload cost for modules with
+  // the cast hook, their size otherwise.
   ComfyConstants costs = s.policy.constants;
   costs.dequant_term = true;
-  st.offload_cost.resize(n);
-  for (std::size_t i = 0; i < n; ++i) {
+  st.offload_cost.assign(n, 0);
+  for (std::uint32_t i = 0; i < n; ++i) {
     const Module& mod = model.modules[i];
+    if (mod.container || !(mod.cast_hook || owns_parameters(mod))) continue;
+    st.order.push_back(i);
     st.offload_cost[i] = mod.cast_hook ? offload_cost(mod, ref.compute, ref.lora, costs) : mod.bytes;
   }
-  st.order.resize(n);
-  std::iota(st.order.begin(), st.order.end(), 0);
   std::sort(st.order.begin(), st.order.end(), [&](std::uint32_t a, std::uint32_t b) {
     const Bytes ca = st.offload_cost[a], cb = st.offload_cost[b];
     const bool big_a = ca >= kSmallCostClass, big_b = cb >= kSmallCostClass;
@@ -78,7 +81,9 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
   lp.sorted = st.order;
   Bytes cursor = 0;
   const Bytes cap = st.vbar_pages * sim::kVbarPage;
+  std::vector<std::uint8_t> walked(n, 0);
   for (const std::uint32_t i : st.order) {
+    walked[i] = 1;
     const Module& mod = model.modules[i];
     const bool staged = mod.cast_hook && mod.bytes > kForceLoadBytes;
     Bytes slice = 0;
@@ -107,6 +112,17 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
       st.forced_module[i] = 1;
       lp.resident[i] = 1;
     }
+  }
+  // Outside the walk: containers' own parameters are moved to the device uncounted; every buffer
+  // is moved and counted in model_loaded_weight_memory.
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (walked[i]) continue;
+    for (const Tensor& t : model.modules[i].tensors) {
+      if (is_buffer(t)) st.forced_bytes += t.bytes;
+      else st.uncounted += t.bytes;
+    }
+    st.forced_module[i] = 1;
+    lp.resident[i] = 1;
   }
   st.vbar_end = cursor;
   lp.loaded = st.forced_bytes;
