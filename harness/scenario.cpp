@@ -697,6 +697,21 @@ void validate_scenario(const Scenario& s) {
   }
   if (s.device.available() == 0) throw InputError("device", "memory used by others plus the context leave nothing of the device");
   if (s.workload.steps < 1 || s.workload.steps > kMaxSteps) throw InputError("workload.steps", fmt::format("must be between 1 and {}", kMaxSteps));
+  {
+    Bytes held = s.device.used_by_others;
+    for (std::size_t i = 0; i < s.device.events.size(); ++i) {
+      const OthersEvent& e = s.device.events[i];
+      const std::string field = fmt::format("device.events[{}]", i);
+      if (i > 0 && e.at_us < s.device.events[i - 1].at_us) throw InputError(field, "events must be in time order");
+      if (e.bytes == 0) throw InputError(field, "must be more than 0 bytes");
+      if (e.take) {
+        held += e.bytes;
+      } else {
+        if (e.bytes > held) throw InputError(field, fmt::format("frees {} while other processes hold at most {}", format_mib(e.bytes), format_mib(held)));
+        held -= e.bytes;
+      }
+    }
+  }
   if (s.policy.dynamic()) {
     // What ComfyUI can run under dynamic VRAM: its cuda_malloc.py strips expandable_segments from
     // PYTORCH_CUDA_ALLOC_CONF, and comfy-aimdo 0.2.2 (feb2026) replaced cudaMalloc by a VMM buffer

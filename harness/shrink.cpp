@@ -111,6 +111,7 @@ class Shrinker {
       progress |= simplify_workload();
       progress |= simplify_dtypes();
       progress |= simplify_allocator_and_streams();
+      if (best_.policy.dynamic()) progress |= simplify_dynamic();
       progress |= shrink_device();
       progress |= round_shapes();
       // Last resort, when nothing else moves: the overshoot is a sum of many small parts.
@@ -430,6 +431,8 @@ class Shrinker {
     try_set([](Workload& w) { w.frames = 1; }, "frames 1");
     try_set([](Workload& w) { w.cfg = 1.0; }, "cfg 1");
     try_set([](Workload& w) { w.text_tokens = 0; }, "default text tokens");
+    try_set([](Workload& w) { w.steps = 1; }, "1 step");
+    if (best_.workload.steps > 2) try_set([](Workload& w) { w.steps = 2; }, "2 steps");
     for (std::uint32_t side : {256u, 512u, 768u, 1024u}) {
       if (side >= std::max(best_.workload.width, best_.workload.height)) break;
       if (accept_workload_side(side)) {
@@ -483,6 +486,47 @@ class Shrinker {
             break;
           }
         }
+      }
+    }
+    return any;
+  }
+
+  // Dynamic VRAM's extras: other processes' events, block prefetch, legacy patchers.
+  bool simplify_dynamic() {
+    bool any = false;
+    for (std::size_t i = best_.device.events.size(); i-- > 0;) {
+      if (i >= best_.device.events.size()) continue;
+      Scenario c = best_;
+      c.device.events.erase(c.device.events.begin() + static_cast<std::ptrdiff_t>(i));
+      // What is given back later cannot be more than what is still held.
+      Bytes held = c.device.used_by_others;
+      std::erase_if(c.device.events, [&](OthersEvent& e) {
+        if (e.take) {
+          held += e.bytes;
+          return false;
+        }
+        e.bytes = std::min(e.bytes, held);
+        held -= e.bytes;
+        return e.bytes == 0;
+      });
+      any |= accept(c, fmt::format("drop other processes' event {}", i));
+    }
+    // Earlier events: a shorter case (fewer modules, fewer steps) still reaches them.
+    if (!best_.device.events.empty() && best_.device.events.back().at_us > 1000) {
+      Scenario c = best_;
+      for (OthersEvent& e : c.device.events) e.at_us /= 2;
+      any |= accept(c, "other processes' events at half the time");
+    }
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      if (best_.models[m].prefetch) {
+        Scenario c = best_;
+        c.models[m].prefetch = false;
+        any |= accept(c, fmt::format("no prefetch on {}", c.models[m].id));
+      }
+      if (best_.models[m].legacy) {
+        Scenario c = best_;
+        c.models[m].legacy = false;
+        any |= accept(c, fmt::format("{} through ModelPatcherDynamic", c.models[m].id));
       }
     }
     return any;
