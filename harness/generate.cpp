@@ -148,6 +148,20 @@ void draw_dynamic(Choices& c, Scenario& s) {
 
 }  // namespace
 
+std::vector<std::string> split_policy_list(std::string_view text) { return split_list(text); }
+
+std::string parse_policy_list(std::string_view text, std::string_view what,
+                              const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::string out;
+  for (const std::string& one : split_list(text)) {
+    if (one.empty()) throw InputError(std::string(what), fmt::format("an empty policy in \"{}\"", text));
+    Policy p = parse_policy(one, what);
+    for (const auto& [k, v] : overrides) apply_policy_override(p, k, v, "--set");
+    out += (out.empty() ? "" : ",") + p.label();
+  }
+  return out;
+}
+
 Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   Scenario s;
   // Device.

@@ -12,7 +12,7 @@
 namespace vf {
 
 struct GenConfig {
-  std::optional<std::string> policy;         // "comfy:dec2025"; unset: drawn
+  std::optional<std::string> policy;         // "comfy:dec2025" or a list "comfy:sep2026,comfy:dec2025"; unset: drawn
   std::optional<AllocatorMode> allocator;    // unset: drawn
   std::optional<Bytes> vram;                 // device total; unset: drawn from consumer/datacenter sizes
   std::vector<std::pair<std::string, std::string>> policy_overrides;  // applied after the preset
@@ -25,6 +25,13 @@ struct GenConfig {
   // the origin class); unset: drawn.
   std::optional<std::pair<Dtype, Dtype>> dtypes;
 };
+
+// The policies of a comma-separated list, as written.
+std::vector<std::string> split_policy_list(std::string_view text);
+// `--policy a,b,...`: each policy checked (InputError naming `what`), the list normalised to their
+// labels joined by commas ("comfy:sep2026,comfy:dec2025"); `overrides` must apply to each one.
+std::string parse_policy_list(std::string_view text, std::string_view what,
+                              const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
 // Throws only on a bug (the generated scenario is validated before it is returned).
 Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog);

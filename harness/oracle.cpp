@@ -157,29 +157,42 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
       v.op = f.op;
       v.stage = f.op < p.ops.size() ? p.ops[f.op].stage : 0;
       v.overshoot = static_cast<std::int64_t>(f.bytes) - static_cast<std::int64_t>(f.free);
-      const std::string_view mech = f.others_changed ? "stale-poll" : "ledger-gap";
+      // Why the headroom was gone: aimdo's last poll predates another process's allocation (it
+      // could not know), or its own view already showed the headroom used up (it knew, and did
+      // not evict: it acts only when an allocation it hooks needs room), or its view said there
+      // was room the driver did not have (its ledger missed memory).
+      const std::string_view mech = f.others_changed ? "stale-poll" : f.believed_free < f.bytes ? "headroom-unenforced" : "ledger-gap";
       v.signature = fmt::format("oom:others:{}:{}", mech, mode);
       v.message = fmt::format(
           "another process's allocation of {} failed at {:.3f} s with {} free, within the {} aimdo keeps free for it, while "
-          "aimdo held {} of unpinned VBAR pages; {} ({:.3f} s old, it saw {} free{})",
+          "aimdo held {} of unpinned VBAR pages; aimdo's last poll was {:.3f} s old and with its ledger made {} free of it",
           mib(f.bytes), static_cast<double>(f.at_us) / 1e6, mib(f.free), mib(headroom), mib(f.evictable),
-          f.others_changed ? "its last poll predates the other processes' latest allocation" : "aimdo's ledger missed memory the device used",
-          static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free), f.others_changed ? "" : " then");
-      v.explanation =
-          f.others_changed
-              ? fmt::format("aimdo sees other processes only through its cuMemGetInfo poll, at most one every {} ms: the "
-                            "simple term counts aimdo's own ledger against the card's total, and the delta term works from "
-                            "the last poll. The poll {:.3f} s before this allocation saw {} free; another process has taken "
-                            "memory since, so aimdo kept filling the card as if it had not, and the headroom it promises other "
-                            "processes ({}) was not there when one asked for {}. A fresh poll would have evicted the {} of "
-                            "unpinned pages it held.",
-                            k.poll_ms, static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free), mib(headroom), mib(f.bytes),
-                            mib(f.evictable))
-              : fmt::format("aimdo's own view said {} was free, but the driver had only {}: its ledger misses memory the "
-                            "process holds (the cudaMallocAsync pool's cached blocks it subtracted at free, the driver's page "
-                            "rounding), so the headroom it promises other processes ({}) was not there when one asked for {}, "
-                            "while it held {} of unpinned pages.",
-                            mib(f.believed_free), mib(f.free), mib(headroom), mib(f.bytes), mib(f.evictable));
+          static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free));
+      if (mech == "stale-poll") {
+        v.explanation = fmt::format(
+            "aimdo sees other processes only through its cuMemGetInfo poll, at most one every {} ms: the simple term counts "
+            "aimdo's own ledger against the card's total, and the delta term works from the last poll. The poll {:.3f} s "
+            "before this allocation was taken before another process's latest allocation, so aimdo kept filling the card as "
+            "if it had not happened, and the headroom it promises other processes ({}) was not there when one asked for {}. "
+            "A fresh poll would have evicted the {} of unpinned pages it held.",
+            k.poll_ms, static_cast<double>(f.since_poll_us) / 1e6, mib(headroom), mib(f.bytes), mib(f.evictable));
+      } else if (mech == "headroom-unenforced") {
+        v.explanation = fmt::format(
+            "aimdo's own view showed only {} free: it knew the headroom it promises other processes ({}) was gone, but it "
+            "evicts only when an allocation it hooks or a fault needs room{}, so torch's allocations had eaten into the headroom "
+            "and nothing gave it back before another process asked for {}, while aimdo held {} of unpinned pages.",
+            mib(f.believed_free), mib(headroom),
+            k.async_check_ms != 0 ? fmt::format(" (and its cudaMallocAsync hook checks its budget at most once per {} ms)", k.async_check_ms)
+                                  : std::string(),
+            mib(f.bytes), mib(f.evictable));
+      } else {
+        v.explanation = fmt::format(
+            "aimdo's own view said {} was free, but the driver had only {}: its ledger misses memory the process holds (the "
+            "cudaMallocAsync pool's growth beyond what was asked and the blocks it caches after a free, the driver's page "
+            "rounding), so the headroom it promises other processes ({}) was not there when one asked for {}, while it held "
+            "{} of unpinned pages.",
+            mib(f.believed_free), mib(f.free), mib(headroom), mib(f.bytes), mib(f.evictable));
+      }
       return;
     }
   }

@@ -98,9 +98,13 @@ class Shrinker {
     margin_ = std::max<std::int64_t>(static_cast<std::int64_t>(MiB), first.verdict.overshoot / 2);
     best_ = s;
     best_verdict_ = first.verdict;
+    best_elapsed_us_ = first.exec.dynamic ? first.exec.dynamic->elapsed_us : 0;
     cache_[candidate_key(s)] = true;
 
     bool progress = true;
+    // An other process's failed allocation happens at a time: bring it forward before the case
+    // gets shorter, or the shorter case ends before it.
+    if (best_.policy.dynamic() && sig_.rfind("oom:others:", 0) == 0) simplify_dynamic();
     while (progress && within_budget()) {
       progress = false;
       progress |= focus_on_the_peak();
@@ -160,6 +164,7 @@ class Shrinker {
     if (!within_budget()) return false;
     ++execs_;
     const CaseResult r = run_case(c, backend_, false);
+    last_elapsed_us_ = r.exec.dynamic ? r.exec.dynamic->elapsed_us : 0;
     const bool same = r.verdict.signature == sig_;
     if (same) largest_ = std::max(largest_, r.verdict.overshoot);
     const bool ok = same && r.verdict.overshoot >= margin_;
@@ -170,9 +175,26 @@ class Shrinker {
 
   bool accept(const Scenario& c, const std::string& what) {
     Verdict v;
-    if (!interesting(c, &v)) return false;
+    if (!interesting(c, &v)) {
+      // Another process's failure happens at a time: a shorter (or longer) candidate moves what
+      // the events met, so try it once more with the events scaled to its length.
+      const std::uint64_t ran = last_elapsed_us_;
+      if (sig_.rfind("oom:others:", 0) != 0 || c.device.events.empty() || ran == 0 || best_elapsed_us_ == 0 || ran == best_elapsed_us_) {
+        return false;
+      }
+      Scenario scaled = c;
+      const double ratio = static_cast<double>(ran) / static_cast<double>(best_elapsed_us_);
+      for (OthersEvent& e : scaled.device.events) e.at_us = static_cast<std::uint64_t>(static_cast<double>(e.at_us) * ratio);
+      if (!interesting(scaled, &v)) return false;
+      return adopt(scaled, v, what + ", the events moved with it");
+    }
+    return adopt(c, v, what);
+  }
+
+  bool adopt(const Scenario& c, const Verdict& v, const std::string& what) {
     best_ = c;
     best_verdict_ = v;
+    best_elapsed_us_ = last_elapsed_us_;
     ++accepted_;
     const CaseSize z = case_size(best_);
     log_.push_back(fmt::format("{} -> {} models, {} modules, {} ({} execs)", what, z.models, z.modules, format_mib(z.bytes), execs_));
@@ -512,10 +534,11 @@ class Shrinker {
       any |= accept(c, fmt::format("drop other processes' event {}", i));
     }
     // Earlier events: a shorter case (fewer modules, fewer steps) still reaches them.
-    if (!best_.device.events.empty() && best_.device.events.back().at_us > 1000) {
+    for (int tries = 0; tries < 16 && !best_.device.events.empty() && best_.device.events.back().at_us > 1000; ++tries) {
       Scenario c = best_;
       for (OthersEvent& e : c.device.events) e.at_us /= 2;
-      any |= accept(c, "other processes' events at half the time");
+      if (!accept(c, "other processes' events at half the time")) break;
+      any = true;
     }
     for (std::size_t m = 0; m < best_.models.size(); ++m) {
       if (best_.models[m].prefetch) {
@@ -629,6 +652,8 @@ class Shrinker {
   std::int64_t margin_ = 0;
   std::int64_t largest_ = 0;
   Scenario best_;
+  std::uint64_t best_elapsed_us_ = 0;  // the modelled length of best_ (dynamic VRAM runs)
+  std::uint64_t last_elapsed_us_ = 0;  // that of the candidate run last
   Verdict best_verdict_;
   std::unordered_map<std::string, bool> cache_;
   std::uint64_t execs_ = 0, hits_ = 0, accepted_ = 0;

@@ -128,8 +128,8 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.cases = f.cases;
   if (!f.time.empty()) cfg.seconds = parse_duration(f.time, "--time");
   if (cfg.cases == 0 && cfg.seconds <= 0) cfg.cases = 1000;
-  if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy(f.policy.policy, "--policy").label();
   cfg.gen.policy_overrides = f.policy.overrides();
+  if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy_list(f.policy.policy, "--policy", cfg.gen.policy_overrides);
   if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
   if (!f.policy.options.empty()) {
     // Options are per mode (max_split_size_mb means nothing to raw): they need the mode fixed.
@@ -145,10 +145,26 @@ int do_fuzz(const FuzzFlags& f) {
     cfg.gen.vram = parse_device_total(f.vram, "--vram");
     if (*cfg.gen.vram < GiB) throw InputError("--vram", "a device needs at least 1 GiB here");
   }
-  // Validate overrides once up front so a typo is exit 2 before any case runs.
-  {
-    Policy probe = parse_policy(cfg.gen.policy.value_or("comfy:dec2025"), "--policy");
+  // Validate overrides once up front so a typo is exit 2 before any case runs (a list was
+  // checked policy by policy above).
+  if (!cfg.gen.policy) {
+    Policy probe = parse_policy("comfy:dec2025", "--policy");
     for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
+  }
+  // A fixed allocator must leave a policy ComfyUI can run it with.
+  if (cfg.gen.policy && cfg.gen.allocator) {
+    bool any = false;
+    for (std::string_view one : split_policy_list(*cfg.gen.policy)) {
+      const Policy p = parse_policy(one, "--policy");
+      const bool runs = !p.dynamic() || (*cfg.gen.allocator != AllocatorMode::caching_expandable &&
+                                         (p.preset != Preset::feb2026 || *cfg.gen.allocator == AllocatorMode::async));
+      if (runs) any = true;
+      else spdlog::warn("--policy {} cannot run with --allocator {}: its cases are not drawn", one, allocator_mode_name(*cfg.gen.allocator));
+    }
+    if (!any) {
+      throw InputError("--allocator", fmt::format("no policy of --policy {} runs with {} (dynamic VRAM: no expandable segments; "
+                                                  "comfy:feb2026: async only)", *cfg.gen.policy, allocator_mode_name(*cfg.gen.allocator)));
+    }
   }
   if (!f.model.empty()) {
     ImportedModel imported = import_model_file(f.model, {});

@@ -47,7 +47,9 @@ const CLI::Validator kNonNegative([](std::string& v) { return check_decimal_u64(
 const CLI::Validator kPositiveCount([](std::string& v) { return check_decimal_u64(v, true); }, "COUNT");
 
 void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
-  app.add_option("--policy", policy, "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | exact[:PRESET]");
+  app.add_option("--policy", policy,
+                 "predictor: comfy:oct2025 | comfy:nov2025 | comfy:dec2025 | comfy:feb2026 | comfy:sep2026 (= comfy:dynamic) | "
+                 "exact[:PRESET]; fuzz: a comma-separated list, one drawn per case");
   app.add_option("--reserve", reserve, "override the reserve (e.g. 600MiB)");
   app.add_option("--set", sets, "override a policy constant: key=value (repeatable, each key once)");
   if (with_allocator) {
