@@ -107,8 +107,15 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
   out.moved = size;
   if (!s_.policy.constants.dynamic.aimdo_cast_buffers || ns_ == 0) return out;  // a torch buffer (conditional ops)
   if (call_stream_ == 0) call_stream_ = next_offload_stream();
+  std::uint32_t moved_from = 0;  // the stream the LARGEST rule moved the module off
   if (op.flags & kFaultSingle) {
-    if (m == largest_model_ && i == largest_module_) call_stream_ = next_offload_stream();
+    // ensure_offload_stream compares the call's own cast buffer (none yet: 0 bytes) with the
+    // size needed, so the largest module always takes one more rotation, whatever the stream
+    // it was given already holds.
+    if (m == largest_model_ && i == largest_module_) {
+      moved_from = call_stream_;
+      call_stream_ = next_offload_stream();
+    }
     if (size > largest_size_) {
       largest_model_ = m;
       largest_module_ = i;
@@ -129,6 +136,12 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
                                    format_mib(required), format_mib(sim::kCastReservation))
                      : fmt::format("VRAM grow failed: the cast buffer of offload stream {} could not grow from {} to {}",
                                    call_stream_, format_mib(before), format_mib(round_up(required, sim::kCastChunk)));
+    if (moved_from != 0 && moved_from != call_stream_) {
+      out.detail += fmt::format("; the LARGEST_AIMDO_CASTED_WEIGHT rule had moved this module off offload stream {}, whose cast "
+                                "buffer already held {}, because it compares the call's own cast buffer (none yet) with the "
+                                "size needed, not that stream's",
+                                moved_from, format_mib(aimdo_.cast_size(moved_from)));
+    }
   }
   return out;
 }

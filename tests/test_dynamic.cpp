@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "harness/campaign.h"
 #include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/shrink.h"
 #include "harness/exec.h"
 #include "harness/lower.h"
 #include "harness/oracle.h"
@@ -198,6 +202,117 @@ TEST(DynamicPresets, ScenariosComfyUICannotRunAreRefusedNamingTheField) {
   EXPECT_THROW(load("caching", "comfy:feb2026"), InputError);
   EXPECT_NO_THROW(load("async", "comfy:feb2026"));
   EXPECT_NO_THROW(load("caching-expandable", "comfy:dec2025"));
+}
+
+}  // namespace
+}  // namespace vf
+
+namespace vf {
+namespace {
+
+// ---- avoidable OOMs, found from a cold start and shrunk ------------------------------------------
+
+std::string mechanism_of(const std::string& signature) {
+  // "oom:forward:cast-buffer:async" -> "cast-buffer"
+  const std::size_t a = signature.find(':', signature.find(':') + 1);
+  return signature.substr(a + 1, signature.rfind(':') - a - 1);
+}
+
+TEST(DynamicCampaign, AColdStartFindsThreeAvoidableOomMechanismsEachShrunkToTwoModules) {
+  // A campaign from nothing (seed 1, 1000 cases of comfy:sep2026, allocator, device and workload
+  // drawn) finds avoidable OOMs of three mechanisms and shrinks each to a repro of two modules.
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / "vramfuzz-test-dynamic-campaign";
+  std::filesystem::remove_all(out);
+  Catalog catalog;
+  SimBackend sim;
+  CampaignConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = 1000;
+  cfg.gen.policy = "comfy:sep2026";
+  cfg.out_dir = out.string();
+  const CampaignResult r = run_campaign(cfg, catalog, sim);
+  std::map<std::string, std::size_t> smallest;  // mechanism -> fewest repro modules
+  for (const auto& [key, count] : r.signatures) {
+    if (key.signature.rfind("oom:", 0) != 0) continue;
+    ASSERT_FALSE(count.repro_file.empty()) << key.signature;
+    const std::string mech = mechanism_of(key.signature);
+    auto [it, fresh] = smallest.emplace(mech, count.repro_modules);
+    if (!fresh) it->second = std::min(it->second, count.repro_modules);
+    // Each repro says why, in its first paragraphs.
+    const std::string md = read_text_file((std::filesystem::path(count.repro_file).parent_path() / "repro.md").string());
+    EXPECT_NE(md.find("**Why:**"), std::string::npos) << count.repro_file;
+    EXPECT_NE(md.find("**Rests on:** modelled"), std::string::npos) << count.repro_file;
+  }
+  for (const char* mech : {"torch-cache", "cast-buffer", "stale-poll"}) {
+    ASSERT_TRUE(smallest.count(mech)) << mech;
+    EXPECT_LE(smallest[mech], 2u) << mech;
+  }
+  std::filesystem::remove_all(out);
+}
+
+CaseResult replay_corpus_repro(const std::string& name) {
+  Catalog catalog;
+  const std::string path = std::string(VF_SOURCE_DIR) + "/fuzz/corpus/regressions/" + name + "/repro.json";
+  const Scenario s = load_case_file(path, catalog);
+  SimBackend sim;
+  CaseResult r = run_case(s, sim, false);
+  EXPECT_LE(case_size(s).modules, 3u) << name;
+  return r;
+}
+
+TEST(DynamicMechanisms, TheAsyncPoolsCachedBlocksAimdoCannotReach) {
+  // sep2026-oom-forward-torch-cache-async: two 648 MiB FLUX.2 single-block linears, fp32 with a
+  // LoRA, on 5.06 GiB: the conversions and LoRA deltas grow the cudaMallocAsync pool, whose freed
+  // blocks it keeps (release threshold UINT64_MAX); a refused fault's cast buffer then finds no room.
+  const CaseResult r = replay_corpus_repro("sep2026-oom-forward-torch-cache-async");
+  EXPECT_EQ(r.verdict.signature, "oom:forward:torch-cache:async");
+  ASSERT_TRUE(r.exec.dynamic && r.exec.dynamic->oom);
+  const DynamicOom& o = *r.exec.dynamic->oom;
+  EXPECT_TRUE(o.avoidable());
+  EXPECT_EQ(o.what, "cast buffer grow");
+  EXPECT_GT(o.torch_cache, o.request);  // the pool's cache alone would have held the request
+  EXPECT_NE(r.verdict.explanation.find("UINT64_MAX"), std::string::npos) << r.verdict.explanation;
+}
+
+TEST(DynamicMechanisms, TheCachingAllocatorsCachedBlocksAimdoCannotReach) {
+  const CaseResult r = replay_corpus_repro("sep2026-oom-forward-torch-cache-caching");
+  EXPECT_EQ(r.verdict.signature, "oom:forward:torch-cache:caching");
+  ASSERT_TRUE(r.exec.dynamic && r.exec.dynamic->oom);
+  EXPECT_TRUE(r.exec.dynamic->oom->avoidable());
+  EXPECT_GT(r.exec.dynamic->oom->torch_cache, r.exec.dynamic->oom->request);
+  EXPECT_NE(r.verdict.explanation.find("cuMemAlloc hook"), std::string::npos) << r.verdict.explanation;
+}
+
+TEST(DynamicMechanisms, ACastBufferTheLargestRuleGrewOnTheSecondStream) {
+  // sep2026-oom-forward-cast-buffer-async: a 2580 MiB embedding refused every step on a 3.12 GiB
+  // card. Step 1 grows offload stream 1's cast buffer to 2592 MiB; in step 2 the
+  // LARGEST_AIMDO_CASTED_WEIGHT rule moves the embedding to stream 2 (it compares the call's own,
+  // empty, cast buffer with the size needed), whose buffer must grow to 2592 MiB too.
+  const CaseResult r = replay_corpus_repro("sep2026-oom-forward-cast-buffer-async");
+  EXPECT_EQ(r.verdict.signature, "oom:forward:cast-buffer:async");
+  ASSERT_TRUE(r.exec.dynamic && r.exec.dynamic->oom);
+  const DynamicOom& o = *r.exec.dynamic->oom;
+  EXPECT_EQ(o.cast_slack, 2592 * MiB);
+  EXPECT_EQ(o.request, 2320 * MiB);
+  ASSERT_TRUE(r.exec.oom);
+  EXPECT_NE(r.exec.oom->detail.find("LARGEST_AIMDO_CASTED_WEIGHT"), std::string::npos) << r.exec.oom->detail;
+  EXPECT_EQ(r.exec.dynamic->refused, 3u);
+}
+
+TEST(DynamicMechanisms, AnotherProcessAllocatingBetweenTwoPolls) {
+  // sep2026-oom-others-stale-poll-caching: another process takes 1088 MiB 8 ms in, after aimdo's
+  // first poll; aimdo keeps filling the card as if it had not; its 64 MiB 3 ms later fails
+  // within the headroom aimdo promises, while aimdo holds unpinned pages it would have evicted.
+  const CaseResult r = replay_corpus_repro("sep2026-oom-others-stale-poll-caching");
+  EXPECT_EQ(r.verdict.signature, "oom:others:stale-poll:caching");
+  ASSERT_TRUE(r.exec.dynamic);
+  ASSERT_EQ(r.exec.dynamic->others_failures.size(), 1u);
+  const OthersFailure& f = r.exec.dynamic->others_failures[0];
+  EXPECT_EQ(f.bytes, 64 * MiB);
+  EXPECT_LT(f.free, f.bytes);
+  EXPECT_GE(f.evictable + f.free, f.bytes);
+  EXPECT_TRUE(f.others_changed);
+  EXPECT_LT(f.since_poll_us, 2'000'000u);
 }
 
 }  // namespace
