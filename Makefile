@@ -16,11 +16,13 @@ build: deps
 	cmake --preset default >/dev/null
 	cmake --build --preset default -j $(JOBS)
 
-# A default campaign: comfy:dec2025 and every allocator mode drawn per case, devices drawn from
-# 6 GiB to 141 GiB. Exit code 1 means findings (the campaign worked); anything else fails make.
+# A default campaign: what ComfyUI runs by default today (comfy:sep2026, dynamic VRAM) and the
+# newest classic accounting (comfy:dec2025, what --disable-dynamic-vram and legacy patchers run),
+# one drawn per case, with every allocator mode each can run, devices drawn from 6 GiB to 141 GiB.
+# Exit code 1 means findings (the campaign worked); anything else fails make.
 run: build
 	@rm -rf vramfuzz-out
-	@./build/vramfuzz fuzz --backend auto --policy comfy:dec2025 --time $(RUN_TIME) --out vramfuzz-out \
+	@./build/vramfuzz fuzz --backend auto --policy comfy:sep2026,comfy:dec2025 --time $(RUN_TIME) --out vramfuzz-out \
 	  --corpus fuzz/corpus/regressions $(RUN_ARGS); \
 	  rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi
 

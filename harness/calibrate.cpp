@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <map>
 
 #include <fmt/format.h>
@@ -15,8 +16,10 @@
 namespace vf {
 
 std::string WorkloadClass::key() const {
-  return fmt::format("{}, {}, {}", dtypes, offloaded ? "offloaded" : "resident", resolution);
+  return fmt::format("{}, {}, {}", dtypes, dynamic ? "dynamic" : offloaded ? "offloaded" : "resident", resolution);
 }
+
+std::string_view calibrated_knob(const Policy& policy) { return policy.dynamic() ? "vram_headroom" : "reserve"; }
 
 WorkloadClass workload_class(const Scenario& s, const Plan& plan) {
   WorkloadClass c;
@@ -31,6 +34,7 @@ WorkloadClass workload_class(const Scenario& s, const Plan& plan) {
     c.dtypes = fmt::format("{}->{}", dtype_name(storage), dtype_name(big->compute));
   }
   for (const LoadPlan& lp : plan.loads) c.offloaded |= lp.offloaded > 0;
+  c.dynamic = plan.dynamic;
   const std::uint64_t pixels = std::uint64_t{s.workload.width} * s.workload.height;
   c.resolution = pixels <= 512ull * 512 ? "<=512x512" : pixels <= 1024ull * 1024 ? "<=1024x1024" : ">1024x1024";
   return c;
@@ -141,6 +145,26 @@ std::string calibration_found_by(const CalibrationConfig& cfg, std::uint64_t ind
                      cfg.case_options);
 }
 
+// A dynamic case judged at a --vram-headroom of `h` (the scenario's other overrides kept).
+CaseResult run_at_headroom(const Scenario& s, Backend& backend, Bytes h) {
+  Scenario c = s;
+  apply_policy_override(c.policy, "vram_headroom", fmt::format("{}", h), "calibrate");
+  return run_case(c, backend, false);
+}
+
+// The dynamic sample's delta: the smallest rung of the ladder, from the case's own headroom up,
+// under which it has no avoidable OOM; nullopt when none does.
+std::optional<Bytes> needed_headroom(const Scenario& s, const CaseResult& r, Backend& backend) {
+  // A legacy model's P1 violation is the classic reserve's business (--reserve-vram), not aimdo's
+  // headroom: it counts as a violation, not toward the headroom needed.
+  if (r.verdict.kind != VerdictKind::oom) return s.policy.constants.dynamic.vram_headroom;
+  for (const Bytes h : kHeadroomLadder) {
+    if (h <= s.policy.constants.dynamic.vram_headroom || h >= s.device.total / 2) continue;
+    if (run_at_headroom(s, backend, h).verdict.kind != VerdictKind::oom) return h;
+  }
+  return std::nullopt;
+}
+
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -153,9 +177,11 @@ void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backen
                  const std::vector<std::uint64_t>& indices, Bytes need, const std::function<bool()>& cut,
                  CalibrationResult& out) {
   Bytes reserve = need;
+  const std::string knob(calibrated_knob(parse_policy(cfg.gen.policy.value_or("comfy:dec2025"), "--policy")));
+  const bool dynamic = knob != "reserve";
   for (std::uint32_t round = 1; round <= cfg.verify_rounds; ++round) {
     CalibrationConfig at = cfg;
-    at.gen.policy_overrides.emplace_back("reserve", fmt::format("{}", reserve));
+    at.gen.policy_overrides.emplace_back(knob, fmt::format("{}", reserve));
     CalibVerify v;
     v.mode = mode;
     v.round = round;
@@ -172,6 +198,11 @@ void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backen
       const CaseResult r = run_case(s, backend, false);
       if (r.verdict.expected_oom || r.verdict.kind == VerdictKind::error) continue;
       ++v.cases;
+      if (dynamic) {
+        // An avoidable OOM at this headroom is what the headroom failed to prevent.
+        v.violations += r.verdict.kind == VerdictKind::oom ? 1 : 0;
+        continue;
+      }
       if (r.verdict.kind == VerdictKind::oom) {
         ++v.ooms;
         continue;
@@ -181,9 +212,21 @@ void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backen
       v.max_delta = v.cases - v.ooms == 1 ? delta : std::max(v.max_delta, delta);
     }
     out.verify.push_back(v);
-    spdlog::info("calibrate: {} verify round {}: reserve {}: {} of {} cases violate P1, {} OOM (largest measured - predicted {})",
-                 allocator_mode_name(mode), round, format_mib(reserve), v.violations, v.cases, v.ooms, format_signed_mib(v.max_delta));
+    if (dynamic) {
+      spdlog::info("calibrate: {} verify round {}: --vram-headroom {}: {} of {} cases have an avoidable OOM", allocator_mode_name(mode),
+                   round, format_mib(reserve), v.violations, v.cases);
+    } else {
+      spdlog::info("calibrate: {} verify round {}: reserve {}: {} of {} cases violate P1, {} OOM (largest measured - predicted {})",
+                   allocator_mode_name(mode), round, format_mib(reserve), v.violations, v.cases, v.ooms, format_signed_mib(v.max_delta));
+    }
     if (v.violations == 0) return;
+    if (dynamic) {
+      // The next rung of the ladder.
+      const Bytes* next = std::upper_bound(std::begin(kHeadroomLadder), std::end(kHeadroomLadder), reserve);
+      if (next == std::end(kHeadroomLadder)) return;
+      reserve = *next;
+      continue;
+    }
     // Whole MiB above what the worst case needed at this reserve.
     reserve = std::max(reserve + MiB, round_up(static_cast<Bytes>(std::max<std::int64_t>(0, v.max_delta)) + 1, MiB));
   }
@@ -223,6 +266,13 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
         out.finding_files[r.verdict.signature] = file;
       }
       if (calib_sample(s, r, i, seed, &sample, &excluded)) {
+        if (s.policy.dynamic()) {
+          const std::optional<Bytes> need = needed_headroom(s, r, backend);
+          const Bytes top = kHeadroomLadder[std::size(kHeadroomLadder) - 1];
+          sample.delta = static_cast<std::int64_t>(need.value_or(std::min(top, s.device.total / 2)));
+          sample.oom = !need.has_value();
+          sample.reserve = s.policy.constants.dynamic.vram_headroom;
+        }
         out.samples.push_back(std::move(sample));
         indices[mode].push_back(i);
       } else {

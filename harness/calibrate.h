@@ -25,10 +25,20 @@ namespace vf {
 struct WorkloadClass {
   std::string dtypes;      // "fp8_e4m3fn->fp32"
   bool offloaded = false;  // some load of the case was partial
+  bool dynamic = false;    // dynamic VRAM placed it at run time ("dynamic" instead of the placement)
   std::string resolution;  // "<=512x512", "<=1024x1024", ">1024x1024" (by pixel count)
   std::string key() const;  // "fp8_e4m3fn->fp32, offloaded, <=1024x1024"
 };
 WorkloadClass workload_class(const Scenario& s, const Plan& plan);
+
+// Dynamic VRAM predicts no peak and keeps no reserve: what is calibrated is --vram-headroom, the
+// extra headroom aimdo adds to every deficit. A case's "delta" is the smallest headroom of this
+// ladder under which it has no avoidable OOM (0 when it has none at the default); a case no rung
+// holds counts as an OOM whose delta is the top rung (a lower bound). docs/calibrate.md.
+inline constexpr Bytes kHeadroomLadder[] = {0,         128 * MiB, 256 * MiB, 512 * MiB, 768 * MiB, 1 * GiB,
+                                            1536 * MiB, 2 * GiB,  3 * GiB,   4 * GiB,   6 * GiB,   8 * GiB};
+// The policy constant a calibration of `policy` sets: "reserve" (classic) or "vram_headroom" (dynamic).
+std::string_view calibrated_knob(const Policy& policy);
 
 // One judged case of the sample.
 struct CalibSample {

@@ -22,8 +22,9 @@ std::string link_from(const std::string& path, const std::string& report_dir) {
 std::string verdict_line(const Json& doc) {
   const Json c = doc.value("counts", Json::object());
   if (doc.contains("calibrate") && !get_arr(doc["calibrate"], "modes").empty()) {
-    // A calibration's answer is the reserve each mode needs.
-    std::string out = "reserve needed:";
+    // A calibration's answer is the reserve (dynamic VRAM: the --vram-headroom) each mode needs.
+    const bool headroom = doc["calibrate"].value("knob", std::string("reserve")) == "vram_headroom";
+    std::string out = headroom ? "vram headroom needed:" : "reserve needed:";
     bool first = true;
     for (const Json& m : get_arr(doc["calibrate"], "modes")) {
       out += fmt::format("{} {} {}{}", first ? "" : ",", get_str(m, "allocator"),

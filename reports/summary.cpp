@@ -684,7 +684,11 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
     if (w.shrunk) wj["case"] = case_view(*w.shrunk, replay_command(w.file, "", cfg.out_dir));
     worst[std::string(allocator_mode_name(w.mode))] = std::move(wj);
   }
-  const Json meta = {{"policy", cfg.gen.policy.value_or("comfy:dec2025")}, {"seed", cfg.seed}, {"cases_drawn", r.cases}};
+  const std::string policy = cfg.gen.policy.value_or("comfy:dec2025");
+  const Json meta = {{"policy", policy},
+                     {"seed", cfg.seed},
+                     {"cases_drawn", r.cases},
+                     {"knob", std::string(calibrated_knob(parse_policy(policy, "config.policy")))}};
   j["calibrate"] = calibrate_section(r.samples, r.excluded, cfg.margin, meta, verify, worst);
   calibration_findings(r.samples, r.excluded, worst, r.finding_files, j);
   return j;

@@ -31,9 +31,15 @@ std::string terminal_findings(const Json& doc) {
 std::string terminal_calibrate(const Json& doc) {
   if (!doc.contains("calibrate")) return "";
   const Json& cal = doc["calibrate"];
-  std::string out = fmt::format("calibration: {}, {} case seeds, margin {} (measured - predicted at the worst checked stage; "
-                                "OOMs as lower bounds)\n",
-                                get_str(cal, "policy"), get_u64(cal, "cases_drawn"), mib1(get_u64(cal, "margin")));
+  const bool headroom = cal.value("knob", std::string("reserve")) == "vram_headroom";
+  std::string out =
+      headroom ? fmt::format("calibration: {}, {} case seeds, margin {} (dynamic VRAM: per case, the smallest --vram-headroom "
+                             "under which it has no avoidable OOM; cases no headroom holds as lower bounds; the reserve "
+                             "column is the headroom the cases ran with)\n",
+                             get_str(cal, "policy"), get_u64(cal, "cases_drawn"), mib1(get_u64(cal, "margin")))
+               : fmt::format("calibration: {}, {} case seeds, margin {} (measured - predicted at the worst checked stage; "
+                             "OOMs as lower bounds)\n",
+                             get_str(cal, "policy"), get_u64(cal, "cases_drawn"), mib1(get_u64(cal, "margin")));
   out += to_text(calibrate_mode_table(doc));
   // Where the reserve is needed: per mode, the classes that need the most (all of them are in
   // report.html and summary.json).

@@ -55,10 +55,23 @@ int do_calibrate(const CalibrateFlags& f) {
     Policy probe = parse_policy(*cfg.gen.policy, "--policy");
     for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
   }
+  const Policy policy = parse_policy(*cfg.gen.policy, "--policy");
+  // The modes ComfyUI can run the policy with: dynamic VRAM has no expandable segments, and
+  // comfy:feb2026 is modelled with cudaMallocAsync only.
+  auto runs = [&](AllocatorMode m) {
+    if (!policy.dynamic()) return true;
+    return m != AllocatorMode::caching_expandable && (policy.preset != Preset::feb2026 || m == AllocatorMode::async);
+  };
   if (f.allocator != "all") {
     const auto m = parse_allocator_mode(f.allocator);
     if (!m) throw InputError("--allocator", fmt::format("unknown allocator mode \"{}\" (use all, {})", f.allocator, allocator_mode_choices()));
+    if (!runs(*m)) {
+      throw InputError("--allocator", fmt::format("{} cannot run with {} (dynamic VRAM: no expandable segments; comfy:feb2026: async only)",
+                                                  policy.label(), allocator_mode_name(*m)));
+    }
     cfg.modes = {*m};
+  } else {
+    std::erase_if(cfg.modes, [&](AllocatorMode m) { return !runs(m); });
   }
   if (!f.vram.empty()) {
     cfg.gen.vram = parse_device_total(f.vram, "--vram");
