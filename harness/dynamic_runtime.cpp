@@ -210,4 +210,50 @@ Bytes DynamicRuntime::module_cast(std::uint32_t m, std::uint32_t i) const {
   return std::min(p_.vbars[m].size[i], sat_sub(mapped, ms.cast_offset));
 }
 
+DynamicOom account_oom(const Scenario& s, const Op& op, const LiveTensors& live, const sim::AllocStats& torch, Bytes free, Bytes held,
+                       const sim::Aimdo& aimdo, const DynamicRuntime& rt, std::string what, Bytes request) {
+  DynamicOom o;
+  o.what = std::move(what);
+  o.request = request;
+  o.total = s.device.total;
+  o.free = free;
+  o.context = s.device.context_overhead;
+  // Other processes at that moment: what the card's total leaves beside the context, us and free.
+  o.others = sat_sub(sat_sub(sat_sub(s.device.total, s.device.context_overhead), held), free);
+  const DynamicConstants& k = s.policy.constants.dynamic;
+  o.headroom = k.simple_headroom + k.vram_headroom;
+  const std::uint32_t running = s.stages[op.stage].model;
+  o.needed_tensors = live.others + live.weights[running];
+  for (std::size_t m = 0; m < live.weights.size(); ++m) {
+    if (m != running) o.other_weights += live.weights[m];
+  }
+  const bool raw = s.allocator.mode == AllocatorMode::raw;
+  const Bytes reserved_slack = sat_sub(torch.reserved.current, torch.allocated.current);
+  o.torch_cache = raw ? 0 : reserved_slack;
+  o.rounding = sat_sub(torch.allocated.current, torch.requested.current) + (raw ? reserved_slack : 0);
+  // What the driver charged beyond torch's reserved and aimdo's pages (small cudaMalloc pages).
+  o.rounding += sat_sub(held, torch.reserved.current + aimdo.vbar_resident() + aimdo.cast_bytes());
+  o.needed_pages = op.module != kNone && op.model == running ? rt.module_pinned(op.model, op.module) : 0;
+  o.needed_cast = op.module != kNone ? rt.module_cast(op.model, op.module) : 0;
+  const Bytes pinned = aimdo.pinned_bytes();
+  o.prefetch_pins = sat_sub(pinned, o.needed_pages);
+  o.resident_pages = sat_sub(aimdo.vbar_resident(), pinned);
+  o.cast_slack = sat_sub(aimdo.cast_bytes(), o.needed_cast);
+  return o;
+}
+
+OthersFailure others_failure(std::uint32_t op, std::uint64_t now_us, Bytes bytes, Bytes free, const sim::Aimdo& aimdo,
+                             bool others_changed) {
+  OthersFailure f;
+  f.op = op;
+  f.at_us = now_us;
+  f.bytes = bytes;
+  f.free = free;
+  f.evictable = sat_sub(aimdo.vbar_resident(), aimdo.pinned_bytes());
+  f.since_poll_us = now_us - aimdo.last_poll_us();
+  f.believed_free = aimdo.believed_free();
+  f.others_changed = others_changed;
+  return f;
+}
+
 }  // namespace vf

@@ -43,6 +43,27 @@ class TorchView {
 // elements x the stage's rows; allocations, frees, conversions and syncs take none.
 std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, Bytes moved);
 
+// The live torch tensors of a run by what they are, for the account of a dynamic OOM.
+struct LiveTensors {
+  std::vector<Bytes> weights;  // per model: its torch weights (force-loaded, legacy resident)
+  Bytes others = 0;            // activations, conversion transients, LoRA, transfer / cast buffers
+  explicit LiveTensors(std::size_t models = 0) : weights(models, 0) {}
+  void add(const Buffer& b) { (b.kind == BufferKind::weight ? weights[b.model] : others) += b.bytes; }
+  void remove(const Buffer& b) { (b.kind == BufferKind::weight ? weights[b.model] : others) -= b.bytes; }
+};
+
+class DynamicRuntime;
+
+// The device at a failing request of op `op`, after aimdo's eviction (exec.h's DynamicOom):
+// `torch` the torch allocator's statistics, `free` the driver's free memory, `held` the physical
+// bytes the process holds (torch, aimdo's pages and cast buffers, and the driver's rounding).
+DynamicOom account_oom(const Scenario& s, const Op& op, const LiveTensors& live, const sim::AllocStats& torch, Bytes free, Bytes held,
+                       const sim::Aimdo& aimdo, const DynamicRuntime& rt, std::string what, Bytes request);
+
+// Another process's allocation of `bytes` at `now_us` that found only `free` free.
+OthersFailure others_failure(std::uint32_t op, std::uint64_t now_us, Bytes bytes, Bytes free, const sim::Aimdo& aimdo,
+                             bool others_changed);
+
 class DynamicRuntime {
  public:
   DynamicRuntime(const Scenario& s, const Program& p, sim::Aimdo& aimdo, TorchView& torch);

@@ -31,16 +31,6 @@ class SimTorch final : public TorchView {
   const sim::SimDevice& device_;
 };
 
-// The live requested bytes of a run by what they are, for the account of a dynamic OOM.
-struct LiveByKind {
-  std::vector<Bytes> weights;  // per model: its torch weights (force-loaded, legacy resident)
-  Bytes others = 0;            // activations, conversion transients, LoRA, transfer / cast buffers
-  void add(const Buffer& b, bool add_it) {
-    Bytes& slot = b.kind == BufferKind::weight ? weights[b.model] : others;
-    slot = add_it ? slot + b.bytes : slot - b.bytes;
-  }
-};
-
 }  // namespace
 
 std::string_view DynamicOom::mechanism() const {
@@ -90,12 +80,11 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   alloc = alloc_owner.get();
   SimTorch torch(alloc, device);
   std::optional<DynamicRuntime> dyn;
-  LiveByKind by_kind;
+  LiveTensors live_tensors(s.models.size());
   std::vector<std::uint8_t> live_buffer;
   if (p.dynamic) {
     dyn.emplace(s, p, *aimdo, torch);
     r.dynamic.emplace();
-    by_kind.weights.assign(s.models.size(), 0);
     live_buffer.assign(p.buffers.size(), 0);
   }
   std::size_t next_event = 0;
@@ -104,38 +93,9 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   if (opt.record_trace) r.trace.reserve(p.ops.size());
   Bytes live = 0;
 
-  // The account of a dynamic OOM at op i (docs/dynamic.md "The property").
-  auto account = [&](std::uint32_t i, const Op& op, std::string what, Bytes request) {
-    DynamicOom o;
-    o.what = std::move(what);
-    o.request = request;
-    o.total = s.device.total;
-    o.free = device.free();
-    o.context = s.device.context_overhead;
-    o.others = device.spec().used_by_others;
-    const DynamicConstants& k = s.policy.constants.dynamic;
-    o.headroom = k.simple_headroom + k.vram_headroom;
-    const std::uint32_t running = s.stages[op.stage].model;
-    o.needed_tensors = by_kind.others + by_kind.weights[running];
-    for (std::size_t m = 0; m < by_kind.weights.size(); ++m) {
-      if (m != running) o.other_weights += by_kind.weights[m];
-    }
-    const auto& st = alloc->stats();
-    const bool raw = s.allocator.mode == AllocatorMode::raw;
-    const Bytes reserved_slack = sat_sub(st.reserved.current, st.allocated.current);
-    o.torch_cache = raw ? 0 : reserved_slack;
-    o.rounding = sat_sub(st.allocated.current, st.requested.current) + (raw ? reserved_slack : 0);
-    // What the driver charged beyond torch's reserved and aimdo's pages (small cudaMalloc pages).
-    o.rounding += sat_sub(device.charged(), st.reserved.current + aimdo->vbar_resident() + aimdo->cast_bytes());
-    const std::uint32_t module = op.module;
-    o.needed_pages = module != kNone && op.model == running ? dyn->module_pinned(op.model, module) : 0;
-    o.needed_cast = module != kNone ? dyn->module_cast(op.model, module) : 0;
-    const Bytes pinned = aimdo->pinned_bytes();
-    o.prefetch_pins = sat_sub(pinned, o.needed_pages);
-    o.resident_pages = sat_sub(aimdo->vbar_resident(), pinned);
-    o.cast_slack = sat_sub(aimdo->cast_bytes(), o.needed_cast);
-    r.dynamic->oom = std::move(o);
-    (void)i;
+  // The account of a dynamic OOM (docs/dynamic.md "The property").
+  auto account = [&](const Op& op, std::string what, Bytes request) {
+    r.dynamic->oom = account_oom(s, op, live_tensors, alloc->stats(), device.free(), device.charged(), *aimdo, *dyn, std::move(what), request);
   };
 
   for (std::uint32_t i = 0; i < p.ops.size(); ++i) {
@@ -149,16 +109,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       }
       const Bytes free_then = device.free();
       if (!device.others_take(ev.bytes) && r.dynamic) {
-        OthersFailure f;
-        f.op = i;
-        f.at_us = now_us;
-        f.bytes = ev.bytes;
-        f.free = free_then;
-        f.evictable = sat_sub(aimdo->vbar_resident(), aimdo->pinned_bytes());
-        f.since_poll_us = now_us - aimdo->last_poll_us();
-        f.believed_free = aimdo->believed_free();
-        f.others_changed = device.spec().used_by_others != others_at_poll;
-        r.dynamic->others_failures.push_back(f);
+        r.dynamic->others_failures.push_back(
+            others_failure(i, now_us, ev.bytes, free_then, *aimdo, device.spec().used_by_others != others_at_poll));
       }
     }
     if (!is_transition(op) && !entered[op.stage]) {
@@ -175,11 +127,11 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
             const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
             r.oom = OomEvent{i, bytes, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
                              info.detail};
-            if (dyn) account(i, op, "torch allocation", bytes);
+            if (dyn) account(op, "torch allocation", bytes);
           } else {
             live += bytes;
             if (dyn) {
-              by_kind.add(p.buffers[op.buffer], true);
+              live_tensors.add(p.buffers[op.buffer]);
               live_buffer[op.buffer] = 1;
             }
           }
@@ -190,7 +142,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           alloc->free(op.buffer);
           live -= p.buffers[op.buffer].bytes;
           if (dyn) {
-            by_kind.add(p.buffers[op.buffer], false);
+            live_tensors.remove(p.buffers[op.buffer]);
             live_buffer[op.buffer] = 0;
           }
           break;
@@ -218,7 +170,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           if (!res.ok) {
             r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
                              res.detail};
-            account(i, op, res.failure, res.request);
+            account(op, res.failure, res.request);
           }
           break;
         }
