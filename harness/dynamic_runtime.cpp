@@ -99,6 +99,8 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     ++copies_;
     if (ns_ > 0 && call_stream_ == 0) call_stream_ = next_offload_stream();
     out.moved = size;
+    out.dest = aimdo_.vbar_base(v) + offset;
+    out.stream = call_stream_;
     return out;
   }
   ms.serials.clear();
@@ -127,7 +129,10 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
   const Bytes required = call_offset_ + size;
   const Bytes before = aimdo_.cast_size(call_stream_);
   call_offset_ = required;
-  if (!aimdo_.cast_grow(call_stream_, required)) {
+  out.stream = call_stream_;
+  if (aimdo_.cast_grow(call_stream_, required)) {
+    out.dest = aimdo_.cast_base(call_stream_) + ms.cast_offset;
+  } else {
     out.ok = false;
     out.failure = "cast buffer grow";
     out.request = round_up(required, sim::kCastChunk) - std::min(round_up(required, sim::kCastChunk), aimdo_.cast_size(call_stream_));

@@ -77,6 +77,8 @@ class DynamicRuntime {
     Bytes request = 0;    // what did not fit
     std::string detail;
     Bytes moved = 0;      // bytes copied to the device (the op's modelled time)
+    sim::DeviceAddr dest = 0;   // where they go: the slice in the VBAR, or the cast buffer (0: a torch buffer)
+    std::uint32_t stream = 0;   // the offload stream that copies them (0: the compute stream)
   };
   // Runs a vbar_* or node_end op.
   Result execute(const Op& op);

@@ -192,6 +192,78 @@ TEST_F(CudaBackendTest, EveryModeMeasuresWhatTheSimComputes) {
   EXPECT_EQ(cases, 48);
 }
 
+// Dynamic VRAM on the fake: aimdo's VBAR pages and cast buffers are real cuMemCreate / cuMemMap
+// mappings, the hooks wrap the real cudaMalloc / cudaMallocAsync / segment calls, and the run
+// measures what the simulator computes (the fake's clock is the modelled one).
+TEST_F(CudaBackendTest, DynamicVramMeasuresWhatTheSimComputes) {
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet(Transfer::skip));
+  SimBackend sim;
+  int cases = 0, refused = 0, evicted = 0, ooms = 0;
+  for (const AllocatorMode mode : {AllocatorMode::raw, AllocatorMode::caching, AllocatorMode::async}) {
+    for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+      PrngChoices c(seed * 104729 + static_cast<std::uint64_t>(mode));
+      GenConfig g;
+      g.allocator = mode;
+      g.vram = seed % 3 == 0 ? 8 * GiB : 16 * GiB;
+      g.policy = "comfy:sep2026";
+      Scenario s = generate_scenario(c, g, catalog_);
+      s.device.context_overhead = 256 * MiB;
+      const Plan plan = predict(s);
+      const Program p = lower(s, plan);
+      const ExecResult a = sim.execute(s, p, ExecOptions{true});
+      const ExecResult b = backend.execute(s, p, ExecOptions{true});
+      const std::string what = fmt::format("{} seed {} ({})", allocator_mode_name(mode), seed, s.name);
+      expect_same_measurements(a, b, what);
+      ASSERT_TRUE(a.dynamic && b.dynamic) << what;
+      EXPECT_EQ(b.dynamic->faults, a.dynamic->faults) << what;
+      EXPECT_EQ(b.dynamic->copies, a.dynamic->copies) << what;
+      EXPECT_EQ(b.dynamic->refused, a.dynamic->refused) << what;
+      EXPECT_EQ(b.dynamic->pages_evicted, a.dynamic->pages_evicted) << what;
+      EXPECT_EQ(b.dynamic->vbar_peak, a.dynamic->vbar_peak) << what;
+      EXPECT_EQ(b.dynamic->cast_peak, a.dynamic->cast_peak) << what;
+      EXPECT_EQ(b.dynamic->elapsed_us, a.dynamic->elapsed_us) << what;
+      for (std::size_t i = 0; i < a.trace.size() && i < b.trace.size(); ++i) {
+        ASSERT_EQ(b.trace[i].vbar, a.trace[i].vbar) << what << " op " << a.trace[i].op;
+        ASSERT_EQ(b.trace[i].cast, a.trace[i].cast) << what << " op " << a.trace[i].op;
+      }
+      EXPECT_EQ(judge(s, plan, p, a).signature, judge(s, plan, p, b).signature) << what;
+      EXPECT_TRUE(b.warnings.empty()) << what << ": " << b.warnings.front();
+      EXPECT_EQ(b.device->leaked, 0u) << what;
+      refused += a.dynamic->refused > 0;
+      evicted += a.dynamic->pages_evicted > 0;
+      ooms += a.oom ? 1 : 0;
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 30);
+  EXPECT_GT(refused, 0) << "no fault was refused: the cast buffers were not compared";
+  EXPECT_GT(evicted, 0) << "no page was evicted: eviction was not compared";
+}
+
+TEST_F(CudaBackendTest, DynamicVramMapsVbarPagesOf32MiBAndGivesThemAllBack) {
+  // The FLUX.2 text encoder on an emulated 12 GiB card: its VBAR is 384 pages; every page it maps
+  // is one cuMemCreate of 32 MiB, every cast chunk one of 16 MiB, and all of them are released.
+  FakeRuntime fake(FakeConfig{});
+  CudaBackend backend(fake, quiet());
+  Scenario s = example("comfy:sep2026");
+  s.allocator.mode = AllocatorMode::async;
+  s.device.context_overhead = 256 * MiB;
+  const FakeCounters before = fake.counters();
+  const CaseResult r = run_case(s, backend, false);
+  ASSERT_FALSE(r.exec.error) << *r.exec.error;
+  ASSERT_TRUE(r.exec.dynamic);
+  const DynamicReport& d = *r.exec.dynamic;
+  const FakeCounters after = fake.counters();
+  const std::uint64_t cast_chunks = d.cast_peak / (16 * MiB);
+  EXPECT_GT(d.pages_mapped, 0u);
+  EXPECT_GE(after.vmm_creates - before.vmm_creates, d.pages_mapped + cast_chunks);
+  EXPECT_EQ(after.vmm_creates - before.vmm_creates, after.vmm_releases - before.vmm_releases);
+  EXPECT_EQ(r.exec.device->leaked, 0u);
+  EXPECT_GT(after.h2d_copies, before.h2d_copies);  // the slices were copied from the pinned buffer
+  EXPECT_EQ(r.verdict.kind, VerdictKind::pass) << r.verdict.message;
+}
+
 TEST_F(CudaBackendTest, AsyncPoolAttributesComeFromTheOptions) {
   FakeRuntime fake(FakeConfig{});
   CudaBackend backend(fake, quiet());

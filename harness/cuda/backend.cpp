@@ -1,12 +1,15 @@
 #include "harness/cuda/backend.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
 #include "harness/cuda/device_layer.h"
 #include "harness/cuda/sampler.h"
+#include "harness/dynamic_runtime.h"
+#include "harness/sim/aimdo.h"
 #include "harness/sim/alloc_options.h"
 #include "harness/sim/caching.h"
 #include "kernels/reference.h"
@@ -37,7 +40,9 @@ Dtype buffer_dtype(const Scenario& s, const Program& p, std::uint32_t b) {
   const ModelRef& ref = s.models[buf.model];
   switch (buf.kind) {
     case BufferKind::weight:
-    case BufferKind::transfer: return ref.spec->modules[buf.module].tensors[buf.tensor].dtype;
+    case BufferKind::transfer:
+      // A dynamic VRAM cast buffer holds the whole slice (no one tensor): its weight's dtype.
+      return ref.spec->modules[buf.module].tensors[buf.tensor == kNone ? 0 : buf.tensor].dtype;
     case BufferKind::lora: return s.policy.constants.lora_patch_dtype;
     case BufferKind::convert:
     case BufferKind::scaled:
@@ -165,8 +170,28 @@ class CudaBackend::Case {
  private:
   enum class Outcome : std::uint8_t { ok, oom, stop };
 
+  // Dynamic VRAM's torch side: PyTorch's synchronize / empty_cache and get_free_memory, on the device.
+  class Torch final : public TorchView {
+   public:
+    explicit Torch(Case& c) : c_(c) {}
+    void synchronize() override;
+    void empty_cache() override;
+    Bytes free_memory() const override;
+
+   private:
+    Case& c_;
+  };
+
   bool prepare();
+  bool prepare_dynamic();
   Outcome step(std::uint32_t i);
+  Outcome dynamic_op(std::uint32_t i, const Op& op);
+  // Dynamic VRAM: a driver allocation through aimdo's hook; `st` gets the driver's last status.
+  bool hooked(bool async_hook, Bytes size, const std::function<Status()>& real, Status& st);
+  void advance_time(const Op& op, Bytes moved);
+  void apply_events(std::uint32_t i);
+  Bytes held_now(Bytes free_now) const;  // what the process holds, other processes' stand-ins aside
+  void account(std::uint32_t i, const Op& op, std::string what, Bytes request);
   Outcome alloc(std::uint32_t i, const Op& op);
   Status free_buffer(std::uint32_t b);
   Status convert(const Op& op);
@@ -194,10 +219,173 @@ class CudaBackend::Case {
   std::optional<Bytes> limit_;        // async: per_process_memory_fraction x total, on requested bytes
   Pool pool_;
   bool pool_owned_ = false;
+  // Dynamic VRAM: aimdo over real VMM pages (its own layer), destroyed after the allocator.
+  std::unique_ptr<CudaDeviceLayer> vmm_;
+  std::unique_ptr<sim::Aimdo> aimdo_;
+  std::unique_ptr<Torch> torch_;
+  std::unique_ptr<DynamicRuntime> dyn_;
+  LiveTensors live_tensors_;
+  std::uint64_t now_us_ = 0;     // modelled time on the fake runtime, wall-clock time on a GPU
+  bool modelled_time_ = true;
+  std::chrono::steady_clock::time_point t0_{};
+  std::size_t next_event_ = 0;
+  std::vector<std::pair<DevPtr, Bytes>> others_;  // cudaMallocs standing in for other processes
+  Bytes others_held_ = 0;
+  Bytes others_at_poll_ = 0;
+  std::uint64_t polls_seen_ = 0;
   std::unique_ptr<CudaDeviceLayer> layer_;          // declared before the model: destroyed after it
+  std::unique_ptr<sim::DeviceLayer> hooked_;        // dynamic caching: layer_ through aimdo's hook
   std::unique_ptr<sim::CachingAllocator> caching_;
   Bytes min_free_ = ~Bytes{0};
 };
+
+void CudaBackend::Case::Torch::synchronize() {
+  if (Status st = c_.rt_.device_synchronize(); !st) throw CudaFault(st);
+  if (c_.caching_) c_.caching_->synchronize();
+}
+
+void CudaBackend::Case::Torch::empty_cache() {
+  if (c_.caching_) {
+    c_.caching_->empty_cache();
+  } else if (c_.options_.mode == AllocatorMode::async) {
+    if (Status st = c_.rt_.device_synchronize(); !st) throw CudaFault(st);
+    if (Status st = c_.rt_.pool_trim(c_.pool_, 0); !st) throw CudaFault(st);
+  }
+}
+
+Bytes CudaBackend::Case::Torch::free_memory() const {
+  Bytes free_now = 0, total = 0;
+  if (Status st = c_.rt_.mem_get_info(free_now, total); !st) throw CudaFault(st);
+  Bytes reserved = 0, active = 0;
+  if (c_.caching_) {
+    reserved = c_.caching_->stats().reserved.current;
+    active = c_.caching_->stats().active.current;
+  } else if (c_.options_.mode == AllocatorMode::async) {
+    std::uint64_t res = 0, used = 0;
+    (void)c_.rt_.pool_get(c_.pool_, PoolAttr::reserved_current, res);
+    (void)c_.rt_.pool_get(c_.pool_, PoolAttr::used_current, used);
+    reserved = res;
+    active = used;
+  }
+  return free_now + sat_sub(reserved, active);
+}
+
+Bytes CudaBackend::Case::held_now(Bytes free_now) const { return sat_sub(sat_sub(rep_.free_before, free_now), others_held_); }
+
+bool CudaBackend::Case::prepare_dynamic() {
+  // The clock of aimdo's 2 s poll and of other processes' events: the modelled durations on the
+  // fake runtime (so a fake run is the sim run), the wall clock on a GPU (as aimdo's own).
+  modelled_time_ = rt_.kind() == "fake";
+  t0_ = std::chrono::steady_clock::now();
+  vmm_ = std::make_unique<CudaDeviceLayer>(rt_, s_.device);
+  // aimdo's capacity is cuDeviceTotalMem: the emulated card's total.
+  aimdo_ = std::make_unique<sim::Aimdo>(s_.device.total, s_.policy.constants.dynamic, *vmm_, now_us_, [this] {
+    if (Status st = rt_.device_synchronize(); !st) throw CudaFault(st);
+  });
+  torch_ = std::make_unique<Torch>(*this);
+  dyn_ = std::make_unique<DynamicRuntime>(s_, p_, *aimdo_, *torch_);
+  live_tensors_ = LiveTensors(s_.models.size());
+  others_at_poll_ = s_.device.used_by_others;
+  r_.dynamic.emplace();
+  return true;
+}
+
+bool CudaBackend::Case::hooked(bool async_hook, Bytes size, const std::function<Status()>& real, Status& st) {
+  auto attempt = [&] {
+    st = real();
+    if (st.err == Err::out_of_memory) (void)rt_.last_error();
+    return st.ok();
+  };
+  return async_hook ? aimdo_->hook_malloc_async(size, attempt) : aimdo_->hook_cuda_malloc(size, attempt);
+}
+
+void CudaBackend::Case::advance_time(const Op& op, Bytes moved) {
+  if (modelled_time_) {
+    now_us_ += op_duration_us(s_, p_, op, moved);
+  } else {
+    now_us_ = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  if (aimdo_->stats().polls != polls_seen_) {
+    polls_seen_ = aimdo_->stats().polls;
+    others_at_poll_ = s_.device.used_by_others + others_held_;
+  }
+}
+
+// Other processes' events: a cudaMalloc of ours stands in for each take (the device's free memory
+// drops the same), freed for a `free`.
+void CudaBackend::Case::apply_events(std::uint32_t i) {
+  for (; next_event_ < s_.device.events.size() && s_.device.events[next_event_].at_us <= now_us_; ++next_event_) {
+    const OthersEvent& ev = s_.device.events[next_event_];
+    if (!ev.take) {
+      Bytes left = ev.bytes;
+      while (left > 0 && !others_.empty()) {
+        auto [ptr, n] = others_.back();
+        others_.pop_back();
+        if (Status st = rt_.free(ptr); !st) throw CudaFault(st);
+        others_held_ -= n;
+        left = sat_sub(left, n);
+      }
+      continue;
+    }
+    Bytes free_now = 0, total = 0;
+    if (Status st = rt_.mem_get_info(free_now, total); !st) throw CudaFault(st);
+    DevPtr ptr = 0;
+    Status st;
+    st.err = Err::out_of_memory;
+    if (free_now >= ev.bytes) st = rt_.malloc(ptr, ev.bytes);
+    if (st) {
+      others_.emplace_back(ptr, ev.bytes);
+      others_held_ += ev.bytes;
+    } else if (st.err == Err::out_of_memory) {
+      (void)rt_.last_error();
+      r_.dynamic->others_failures.push_back(
+          others_failure(i, now_us_, ev.bytes, free_now, *aimdo_, s_.device.used_by_others + others_held_ != others_at_poll_));
+    } else {
+      throw CudaFault(st);
+    }
+  }
+}
+
+void CudaBackend::Case::account(std::uint32_t i, const Op& op, std::string what, Bytes request) {
+  (void)i;
+  Bytes free_now = 0, total = 0;
+  (void)rt_.mem_get_info(free_now, total);
+  Bytes reserved = 0, allocated = 0;
+  if (!read_allocator(free_now, reserved, allocated)) return;
+  sim::AllocStats torch = caching_ ? caching_->stats() : stats_;
+  torch.reserved.current = reserved;
+  torch.allocated.current = allocated;
+  r_.dynamic->oom = account_oom(s_, op, live_tensors_, torch, free_now, held_now(free_now), *aimdo_, *dyn_, std::move(what), request);
+}
+
+CudaBackend::Case::Outcome CudaBackend::Case::dynamic_op(std::uint32_t i, const Op& op) {
+  const DynamicRuntime::Result res = dyn_->execute(op);
+  if (!res.ok) {
+    Bytes free_now = 0, total = 0;
+    (void)rt_.mem_get_info(free_now, total);
+    Bytes reserved = 0, allocated = 0;
+    if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
+    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail};
+    account(i, op, res.failure, res.request);
+    return Outcome::oom;
+  }
+  // The copy of a fault that was not resident: into the VBAR slice or the cast buffer, from the
+  // pinned buffer (or a memset with --transfer skip), on the offload stream ComfyUI picked.
+  if (res.moved > 0 && res.dest != 0) {
+    const Stream st = stream(static_cast<std::uint8_t>(res.stream < b_.streams_.size() ? res.stream : 0));
+    Status s = b_.cfg_.transfer == Transfer::copy ? rt_.memcpy_h2d_async(res.dest, b_.pinned_, res.moved, st)
+                                                  : rt_.memset_async(res.dest, 0, res.moved, st);
+    if (!s) {
+      fault(s, i);
+      return Outcome::stop;
+    }
+    if (b_.cfg_.transfer == Transfer::copy) ++rep_.h2d_copies;
+    else ++rep_.memsets;
+  }
+  advance_time(op, res.moved);
+  return Outcome::ok;
+}
 
 void CudaBackend::Case::fault(const Status& s, std::uint32_t op) {
   if (r_.error) return;
@@ -232,6 +420,9 @@ bool CudaBackend::Case::prepare() {
     for (const Op& op : p_.ops) {
       if (op.kind == OpKind::h2d) largest = std::max(largest, bytes_of(op.buffer));
     }
+    for (const VbarLayout& v : p_.vbars) {
+      for (const Bytes slice : v.size) largest = std::max(largest, slice);
+    }
     if (Status st = b_.ensure_pinned(largest); !st) {
       fault(st, setup);
       return false;
@@ -242,13 +433,15 @@ bool CudaBackend::Case::prepare() {
   hints.pool_granularity = options_.async.pool_granularity;
   hints.opportunistic_probability = options_.async.opportunistic_probability;
   rt_.begin_case(hints);
+  if (p_.dynamic && !prepare_dynamic()) return false;
 
   switch (options_.mode) {
     case AllocatorMode::raw: break;
     case AllocatorMode::caching:
     case AllocatorMode::caching_expandable:
       layer_ = std::make_unique<CudaDeviceLayer>(rt_, s_.device);
-      caching_ = std::make_unique<sim::CachingAllocator>(*layer_, options_.caching);
+      if (aimdo_) hooked_ = sim::make_hooked_segments(*layer_, *aimdo_);
+      caching_ = std::make_unique<sim::CachingAllocator>(hooked_ ? *hooked_ : static_cast<sim::DeviceLayer&>(*layer_), options_.caching);
       break;
     case AllocatorMode::async: {
       const sim::AsyncOptions& a = options_.async;
@@ -335,6 +528,22 @@ void CudaBackend::Case::run() {
     r_.allocated_peak = std::max(r_.allocated_peak, rep_.pool_used_high);
   }
   r_.device_peak = std::max(r_.device_peak, sat_sub(s_.device.total, min_free_));
+  if (r_.dynamic) {
+    DynamicReport& d = *r_.dynamic;
+    const sim::AimdoStats& a = aimdo_->stats();
+    d.elapsed_us = now_us_;
+    d.faults = a.faults;
+    d.resident_hits = dyn_->resident_hits();
+    d.copies = dyn_->copies();
+    d.refused = dyn_->refused();
+    d.pages_mapped = a.pages_mapped;
+    d.pages_evicted = a.pages_evicted;
+    d.polls = a.polls;
+    d.hook_retries = a.hook_retries;
+    d.vbar_peak = a.vbar_peak;
+    d.cast_peak = a.cast_peak;
+    d.ledger_peak = a.ledger_peak;
+  }
   cleanup();
   r_.device = rep_;
 }
@@ -342,6 +551,23 @@ void CudaBackend::Case::run() {
 CudaBackend::Case::Outcome CudaBackend::Case::step(std::uint32_t i) {
   const Op& op = p_.ops[i];
   Status st;
+  if (dyn_) {
+    apply_events(i);
+    if (!dyn_->runs(op)) return Outcome::ok;  // conditional on a fault that went the other way
+    switch (op.kind) {
+      case OpKind::vbar_prioritize:
+      case OpKind::vbar_fault:
+      case OpKind::vbar_unpin:
+      case OpKind::vbar_free:
+      case OpKind::node_end: return dynamic_op(i, op);
+      case OpKind::alloc: {
+        const Outcome o = alloc(i, op);
+        advance_time(op, 0);
+        return o;
+      }
+      default: break;
+    }
+  }
   switch (op.kind) {
     case OpKind::alloc: return alloc(i, op);
     case OpKind::free:
@@ -393,12 +619,13 @@ CudaBackend::Case::Outcome CudaBackend::Case::step(std::uint32_t i) {
     case OpKind::vbar_fault:
     case OpKind::vbar_unpin:
     case OpKind::vbar_free:
-    case OpKind::node_end: break;  // dynamic programs are refused in execute()
+    case OpKind::node_end: break;  // handled above (a dynamic program)
   }
   if (!st) {
     fault(st, i);
     return Outcome::stop;
   }
+  if (dyn_) advance_time(op, 0);
   return Outcome::ok;
 }
 
@@ -411,7 +638,11 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
     case AllocatorMode::raw: {
       // PYTORCH_NO_CUDA_MEMORY_CACHING: one cudaMalloc per tensor (1 byte for an empty one, as
       // the sim charges it).
-      st = rt_.malloc(ptr_[b], std::max<Bytes>(bytes, 1));
+      if (aimdo_) {
+        hooked(false, std::max<Bytes>(bytes, 1), [&] { return rt_.malloc(ptr_[b], std::max<Bytes>(bytes, 1)); }, st);
+      } else {
+        st = rt_.malloc(ptr_[b], std::max<Bytes>(bytes, 1));
+      }
       if (st.err == Err::out_of_memory) {
         (void)rt_.last_error();
         oom_detail = fmt::format("cudaMalloc({}) failed: {}", format_mib(bytes), st.message);
@@ -431,7 +662,11 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
                                  format_mib(stats_.requested.current), format_mib(bytes), format_mib(*limit_));
         break;
       }
-      st = rt_.malloc_async(ptr_[b], bytes, pool_, stream(op.stream));
+      if (aimdo_) {
+        hooked(true, bytes, [&] { return rt_.malloc_async(ptr_[b], bytes, pool_, stream(op.stream)); }, st);
+      } else {
+        st = rt_.malloc_async(ptr_[b], bytes, pool_, stream(op.stream));
+      }
       if (st.err == Err::out_of_memory) {
         (void)rt_.last_error();
         oom_detail = fmt::format("async: cudaMallocAsync({}) on stream {} failed: {}; PyTorch raises at once (no sync, "
@@ -462,6 +697,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
     Bytes allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
     r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail};
+    if (aimdo_) account(i, op, "torch allocation", bytes);
     return Outcome::oom;
   }
   if (!st) {
@@ -470,15 +706,18 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
   }
   live_[b] = 1;
   live_bytes_ += bytes;
+  if (aimdo_) live_tensors_.add(p_.buffers[b]);
   return Outcome::ok;
 }
 
 Status CudaBackend::Case::free_buffer(std::uint32_t b) {
   if (!live_[b]) return ok_status();
   Status st;
+  if (aimdo_) live_tensors_.remove(p_.buffers[b]);
   switch (options_.mode) {
     case AllocatorMode::raw: {
       st = rt_.free(ptr_[b]);
+      if (aimdo_ && st) aimdo_->hook_free(std::max<Bytes>(bytes_of(b), 1));
       const Bytes rounded = round_up(std::max<Bytes>(bytes_of(b), 1), sim::kCudaMallocAlign);
       stats_.requested.sub(bytes_of(b));
       stats_.allocated.sub(rounded);
@@ -490,6 +729,7 @@ Status CudaBackend::Case::free_buffer(std::uint32_t b) {
       if (ptr_[b] != 0) {
         // Ordered on the stream the program names: the buffer's own (allocation) stream.
         st = rt_.free_async(ptr_[b], stream(p_.buffers[b].stream));
+        if (aimdo_ && st) aimdo_->hook_free(bytes_of(b));
         const Bytes rounded = round_up(bytes_of(b), sim::kAsyncAlign);
         stats_.requested.sub(bytes_of(b));
         stats_.allocated.sub(rounded);
@@ -576,7 +816,9 @@ Status CudaBackend::Case::flush_if_cached() {
 bool CudaBackend::Case::read_allocator(Bytes free_now, Bytes& reserved, Bytes& allocated) {
   switch (options_.mode) {
     case AllocatorMode::raw:
-      reserved = sat_sub(rep_.free_before, free_now);
+      // What cudaMalloc took: the drop of free memory, less aimdo's VMM pages and the
+      // allocations standing in for other processes.
+      reserved = sat_sub(held_now(free_now), vmm_ ? vmm_->held() : 0);
       allocated = stats_.allocated.current;
       return true;
     case AllocatorMode::async: {
@@ -631,7 +873,15 @@ bool CudaBackend::Case::measure(std::uint32_t i) {
   if (live_bytes_ > r_.live_peak) r_.live_peak = live_bytes_;
   const Bytes device_used = sat_sub(s_.device.total, free_now);  // the emulated card's used memory
   if (device_used > r_.device_peak) r_.device_peak = device_used;
-  if (opt_.record_trace) r_.trace.push_back(TraceRow{i, live_bytes_, allocated, reserved, device_used});
+  if (opt_.record_trace) {
+    TraceRow row{i, live_bytes_, allocated, reserved, device_used};
+    if (aimdo_) {
+      row.vbar = aimdo_->vbar_resident();
+      row.cast = aimdo_->cast_bytes();
+      row.time_us = now_us_;
+    }
+    r_.trace.push_back(row);
+  }
   return true;
 }
 
@@ -656,10 +906,19 @@ void CudaBackend::Case::cleanup() {
   try {
     for (std::uint32_t b = 0; b < p_.buffers.size() && !r_.fatal; ++b) note(free_buffer(b));
     if (caching_) caching_->empty_cache();
+    if (aimdo_) aimdo_->release_all();
+    for (const auto& [ptr, n] : others_) note(rt_.free(ptr));
+    others_.clear();
+    others_held_ = 0;
   } catch (const CudaFault& e) {
     note(e.status());
   }
   caching_.reset();
+  hooked_.reset();
+  if (vmm_) {
+    std::string why;
+    if (vmm_->release_all(&why) > 0) r_.warnings.push_back(why);
+  }
   if (layer_) {
     std::string why;
     if (layer_->release_all(&why) > 0) r_.warnings.push_back(why);
@@ -697,12 +956,6 @@ ExecResult CudaBackend::execute(const Scenario& s, const Program& p, const ExecO
     r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
     r.error = fmt::format("the CUDA context is unusable after an earlier sticky error ({}); restart the process", *poisoned_);
     r.fatal = true;
-    return r;
-  }
-  if (p.dynamic) {
-    r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
-    r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
-    r.error = fmt::format("the cuda backend does not run dynamic VRAM ({}) yet; use --backend sim", s.policy.label());
     return r;
   }
   Case c(*this, s, p, opt, r);

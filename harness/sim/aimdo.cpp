@@ -361,6 +361,20 @@ bool Aimdo::cast_grow(std::uint32_t stream, Bytes required) {
   return true;
 }
 
+void Aimdo::release_all() {
+  cast_reset();
+  for (std::uint32_t v = 0; v < vbars_.size(); ++v) {
+    Vbar& mv = vbars_[v];
+    for (std::uint64_t p = 0; p < mv.pages.size(); ++p) {
+      mv.pages[p].pins = 0;
+      release_page(mv, p);
+    }
+    if (!mv.pages.empty() || mv.base != 0) device_.release_va(mv.base, std::max<std::uint64_t>(mv.pages.size(), 1) * kVbarPage);
+    mv = Vbar{};
+  }
+  priority_.clear();
+}
+
 void Aimdo::cast_reset() {
   for (CastBuffer& b : cast_) {
     if (!b.live) continue;
@@ -453,6 +467,10 @@ class Hooked final : public Allocator {
 };
 
 }  // namespace
+
+std::unique_ptr<DeviceLayer> make_hooked_segments(DeviceLayer& inner, Aimdo& aimdo) {
+  return std::make_unique<HookedSegments>(inner, aimdo);
+}
 
 std::unique_ptr<Allocator> make_hooked_allocator(const AllocatorConfig& config, SimDevice& device, Aimdo& aimdo, std::uint64_t seed) {
   const AllocOptions options = parse_alloc_options(config, "allocator");

@@ -123,6 +123,11 @@ class Aimdo {
   std::uint32_t pins(std::uint32_t v, std::uint64_t page) const { return vbars_[v].pages[page].pins; }
   // The VBARs from the lowest priority to the highest.
   const std::vector<std::uint32_t>& priority() const { return priority_; }
+  // Device addresses (the layer's): a VBAR's base, a cast buffer's base (0 when it has none).
+  DeviceAddr vbar_base(std::uint32_t v) const { return vbars_[v].base; }
+  DeviceAddr cast_base(std::uint32_t stream) const { return stream < cast_.size() && cast_[stream].live ? cast_[stream].base : 0; }
+  // vbar_free of every VBAR and every cast buffer destroyed: all pages unmapped, ranges released.
+  void release_all();
   std::uint64_t nr_pages(std::uint32_t v) const { return vbars_[v].pages.size(); }
   std::uint64_t watermark(std::uint32_t v) const { return vbars_[v].watermark; }
   Bytes loaded_size(std::uint32_t v) const { return vbars_[v].resident * kVbarPage; }
@@ -233,5 +238,8 @@ class Aimdo {
 // of the native allocator are processed only by PyTorch: conservative). `device` is the layer
 // below (the simulated device; or the cuda backend's real one).
 std::unique_ptr<Allocator> make_hooked_allocator(const AllocatorConfig& config, SimDevice& device, Aimdo& aimdo, std::uint64_t seed);
+// The native allocator's device layer with each segment's cudaMalloc through the cuMemAlloc hook
+// (the cuda backend builds its caching model over it).
+std::unique_ptr<DeviceLayer> make_hooked_segments(DeviceLayer& inner, Aimdo& aimdo);
 
 }  // namespace vf::sim
