@@ -58,13 +58,26 @@ void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
   Catalog catalog;
   out["vram"] = c.cfg.vram;
   out["policy"] = "comfy:dec2025";
+  out["dynamic_policy"] = "comfy:sep2026";
   out["transfer"] = "skip";
   out["cases_per_mode"] = c.cfg.agreement_cases;
   out["device"] = device_json(cuda.device());
   Json modes = Json::object();
+  // The classic path in every mode, then dynamic VRAM (comfy:sep2026: aimdo over real VMM pages,
+  // its 2 s poll on the wall clock) in the modes ComfyUI runs it with, keyed "sep2026/<mode>".
+  struct Cell {
+    std::string_view policy;
+    AllocatorMode mode;
+  };
+  std::vector<Cell> cells;
+  for (const AllocatorMode mode : kAllAllocatorModes) cells.push_back({"comfy:dec2025", mode});
+  for (const AllocatorMode mode : {AllocatorMode::raw, AllocatorMode::caching, AllocatorMode::async}) cells.push_back({"comfy:sep2026", mode});
   std::size_t k = 0;
-  for (const AllocatorMode mode : kAllAllocatorModes) {
-    const double share = dl.left() / static_cast<double>(std::size(kAllAllocatorModes) - k);
+  for (const Cell& cell : cells) {
+    const AllocatorMode mode = cell.mode;
+    const bool dynamic = cell.policy != "comfy:dec2025";
+    const std::string key = dynamic ? fmt::format("sep2026/{}", allocator_mode_name(mode)) : std::string(allocator_mode_name(mode));
+    const double share = dl.left() / static_cast<double>(cells.size() - k);
     const Deadline mode_dl(share);
     Json rows = Json::array();
     std::uint32_t exact = 0;
@@ -94,7 +107,7 @@ void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
       const std::uint64_t seed = case_seed(c.cfg.seed + 0x9e3779b9ull * (k + 1), i);
       PrngChoices choices(seed);
       GenConfig g;
-      g.policy = "comfy:dec2025";
+      g.policy = std::string(cell.policy);
       g.allocator = mode;
       g.vram = c.cfg.vram;
       const Scenario s = generate_scenario(choices, g, catalog);
@@ -131,20 +144,28 @@ void section_agreement(CheckContext& c, const Deadline& dl, Json& out) {
                   {"seconds", seconds}};
       if (real.error) row["error"] = *real.error;
       if (!real.warnings.empty()) row["warnings"] = real.warnings;
+      if (dynamic && simr.exec.dynamic && real.dynamic) {
+        const DynamicReport& a = *simr.exec.dynamic;
+        const DynamicReport& b = *real.dynamic;
+        row["dynamic"] = {{"sim", {{"faults", a.faults}, {"copies", a.copies}, {"refused", a.refused}, {"evicted", a.pages_evicted},
+                                   {"polls", a.polls}, {"vbar_peak", a.vbar_peak}, {"cast_peak", a.cast_peak}, {"elapsed_us", a.elapsed_us}}},
+                          {"real", {{"faults", b.faults}, {"copies", b.copies}, {"refused", b.refused}, {"evicted", b.pages_evicted},
+                                    {"polls", b.polls}, {"vbar_peak", b.vbar_peak}, {"cast_peak", b.cast_peak}, {"elapsed_us", b.elapsed_us}}}};
+      }
       if (!real.error && (worst.is_null() || abs_mib > max_abs)) {
         max_abs = abs_mib;
         worst = {{"seed", seed}, {"name", s.name}, {"diff_mib", signed_mib(diff)}, {"max_stage_diff_mib", signed_mib(stage_diff)},
                  {"scenario", Json::parse(scenario_to_json(s, -1))}};
       }
       rows.push_back(std::move(row));
-      modes[std::string(allocator_mode_name(mode))] = entry(i + 1);
+      modes[key] = entry(i + 1);
       out["modes"] = modes;
       c.checkpoint(out);
       if (real.fatal) {
         throw SectionFailure(fmt::format("sticky CUDA error in mode {}: {}", allocator_mode_name(mode), real.error.value_or("")));
       }
     }
-    modes[std::string(allocator_mode_name(mode))] = entry(i);
+    modes[key] = entry(i);
     out["modes"] = modes;  // partial results survive a later failure
     ++k;
   }
@@ -162,7 +183,7 @@ void section_fuzz(CheckContext& c, const Deadline& dl, Json& out) {
   // The campaign's budget includes shrinking (the campaign gives each shrink at most what is left
   // of it); should_stop ends both (between cases, between shrink candidates) if the box is spent.
   cfg.seconds = std::max(1.0, c.cfg.fuzz_seconds);
-  cfg.gen.policy = "comfy:dec2025";
+  cfg.gen.policy = "comfy:sep2026,comfy:dec2025";  // what ComfyUI runs by default, and the classic path
   cfg.gen.vram = c.cfg.vram;
   cfg.out_dir = (std::filesystem::path(c.cfg.out_dir) / "fuzz").string();
   cfg.keep_per_signature = 2;
