@@ -43,7 +43,9 @@ class FdpChoices final : public Choices {
 // wrong.
 inline Scenario pipeline_case(FuzzedDataProvider& fdp, Catalog& catalog, std::vector<std::uint64_t>* choices = nullptr) {
   FdpChoices c(fdp);
-  Scenario s = generate_scenario(c, GenConfig{}, catalog);
+  GenConfig cfg;
+  cfg.policy = "comfy:oct2025,comfy:nov2025,comfy:dec2025";  // `exact` takes a classic placement
+  Scenario s = generate_scenario(c, cfg, catalog);
   s.allocator.options = c.pick(bound_option_sets(s.allocator.mode));
   s.policy.predictor = PredictorKind::exact;
   apply_policy_override(s.policy, "exact_reserve", "bound", "policy");

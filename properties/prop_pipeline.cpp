@@ -142,6 +142,31 @@ RC_GTEST_PROP(PipelineProps, PlanAndProgramInvariants, ()) {
   }
 }
 
+// Dynamic VRAM: every run ends without an error, and the account of an OOM adds up to the card
+// (context + other processes + torch's requested, cache and rounding + aimdo's pages and cast
+// buffers + free = total), so the mechanism a finding names is the slack that was there.
+RC_GTEST_PROP(PipelineProps, DynamicOomAccountAddsUpToTheCard, ()) {
+  GenConfig cfg;
+  cfg.policy = "comfy:feb2026,comfy:sep2026";
+  const Scenario s = generate(cfg);
+  const CaseResult r = run_guarded(s);
+  RC_ASSERT(r.verdict.kind != VerdictKind::error);
+  RC_ASSERT(r.exec.dynamic.has_value());
+  RC_ASSERT(check_program(r.program) == std::string());
+  const DynamicReport& d = *r.exec.dynamic;
+  RC_ASSERT(d.resident_hits + d.copies + d.refused <= d.faults);
+  if (!d.oom) return;
+  const DynamicOom& o = *d.oom;
+  RC_CLASSIFY(o.avoidable(), "avoidable");
+  const Bytes sum = o.context + o.others + o.needed_tensors + o.other_weights + o.torch_cache + o.rounding + o.needed_pages +
+                    o.prefetch_pins + o.resident_pages + o.needed_cast + o.cast_slack + o.free;
+  RC_ASSERT(sum == o.total);
+  if (r.verdict.kind == VerdictKind::oom && r.verdict.signature.rfind("oom:others:", 0) != 0) {
+    RC_ASSERT(o.avoidable());
+    RC_ASSERT(r.verdict.signature.find(std::string(o.mechanism())) != std::string::npos);
+  }
+}
+
 RC_GTEST_PROP(PipelineProps, SameScenarioSameVerdict, ()) {
   const Scenario s = generate(GenConfig{});
   const CaseResult a = run_guarded(s);
