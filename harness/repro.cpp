@@ -211,7 +211,7 @@ ReproOrigin read_origin(const std::string& path) {
   auto u64 = [&](const char* key) -> std::optional<std::uint64_t> {
     if (!src->contains(key)) return std::nullopt;
     const nlohmann::json& v = (*src)[key];
-    if (!v.is_number_unsigned()) throw InputError(prefix + key, fmt::format("expected a non-negative integer, got {}", v.dump()));
+    if (!v.is_number_unsigned()) throw InputError(prefix + key, fmt::format("expected a non-negative integer, got {}", json_excerpt(v)));
     return v.get<std::uint64_t>();
   };
   o.campaign_seed = u64("campaign_seed");
@@ -219,15 +219,15 @@ ReproOrigin read_origin(const std::string& path) {
   o.case_seed = u64("case_seed");
   if (src->contains("found_by")) {
     const nlohmann::json& fb = (*src)["found_by"];
-    if (!fb.is_string()) throw InputError(prefix + "found_by", fmt::format("expected a string, got {}", fb.dump()));
+    if (!fb.is_string()) throw InputError(prefix + "found_by", fmt::format("expected a string, got {}", json_excerpt(fb)));
     o.found_by = fb.get<std::string>();
   }
   if (src->contains("choices")) {
     const nlohmann::json& cj = (*src)["choices"];
-    if (!cj.is_array()) throw InputError(prefix + "choices", fmt::format("expected an array, got {}", cj.dump()));
+    if (!cj.is_array()) throw InputError(prefix + "choices", fmt::format("expected an array, got {}", json_excerpt(cj)));
     for (std::size_t i = 0; i < cj.size(); ++i) {
       if (!cj[i].is_number_unsigned()) {
-        throw InputError(fmt::format("{}choices[{}]", prefix, i), fmt::format("expected a non-negative integer, got {}", cj[i].dump()));
+        throw InputError(fmt::format("{}choices[{}]", prefix, i), fmt::format("expected a non-negative integer, got {}", json_excerpt(cj[i])));
       }
       o.choices.push_back(cj[i].get<std::uint64_t>());
     }
@@ -238,7 +238,7 @@ ReproOrigin read_origin(const std::string& path) {
 std::string recorded_signature(const nlohmann::json& doc, const std::string& prefix) {
   if (!doc.is_object() || !doc.contains("signature")) return "";
   const nlohmann::json& v = doc["signature"];
-  if (!v.is_string()) throw InputError(prefix + "signature", fmt::format("expected a string, got {}", v.dump()));
+  if (!v.is_string()) throw InputError(prefix + "signature", fmt::format("expected a string, got {}", json_excerpt(v)));
   return v.get<std::string>();
 }
 

@@ -406,6 +406,9 @@ void check_quant_metadata(const SourceHints& h, const std::string& prefix, const
     throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
                                                     fmt::format("__metadata__._quantization_metadata: {}: key given twice in one object",
                                                                 e.path())));
+  } catch (const JsonTooDeep& e) {
+    throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
+                                                    fmt::format("__metadata__._quantization_metadata: {} of the string", e.what())));
   }
   auto bad = [&](const std::string& what) {
     throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset, "__metadata__._quantization_metadata: " + what));
