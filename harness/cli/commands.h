@@ -52,6 +52,11 @@ void add_gpu_check(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 
+// Every option and argument given on the command line of `app` and its chosen subcommands with
+// an empty value (`--vram ""`, `--out ""`, `run ""`) is an InputError naming it: an empty value
+// would otherwise read as the option left out, and `--out ""` as "write nothing" or "write here".
+void reject_empty_values(const CLI::App& app);
+
 // " --name value" for each non-empty value, values shell-quoted: the pieces of recorded commands.
 std::string option_text(std::string_view name, const std::string& value);
 

@@ -117,6 +117,18 @@ void PolicyFlags::apply(Scenario& s) const {
   });
 }
 
+void reject_empty_values(const CLI::App& app) {
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() == 0 || opt->get_expected_min() == 0) continue;  // not given, or a flag
+    for (const std::string& v : opt->results()) {
+      if (v.find_first_not_of(" \t") != std::string::npos) continue;
+      const std::string name = opt->get_name();
+      throw InputError(name, name.rfind("--", 0) == 0 ? "empty value (leave the option out for its default)" : "empty value");
+    }
+  }
+  for (const CLI::App* sub : app.get_subcommands()) reject_empty_values(*sub);
+}
+
 std::pair<std::string, std::string> split_kv(const std::string& kv, const std::string& flag) {
   const auto eq = kv.find('=');
   if (eq == std::string::npos || eq == 0) throw InputError(flag, fmt::format("expected key=value, got \"{}\"", kv));
