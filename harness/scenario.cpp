@@ -160,8 +160,13 @@ Policy parse_policy(std::string_view text, std::string_view what) {
     p.predictor = PredictorKind::comfy;
   } else if (kind == "exact") {
     p.predictor = PredictorKind::exact;
+    // `exact:PRESET` names a ComfyUI preset, which the README and the reports spell
+    // `comfy:dec2025`: `exact:comfy:dec2025` is the same policy as `exact:dec2025`.
+    if (preset.starts_with("comfy:")) preset.remove_prefix(6);
   } else {
-    throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025 or exact)", text));
+    throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025, "
+                                                    "exact, or exact:PRESET such as exact:dec2025 or exact:comfy:dec2025)",
+                                                    text));
   }
   const auto pr = parse_preset(preset);
   if (!pr) throw InputError(std::string(what), fmt::format("unknown preset \"{}\" (use oct2025, nov2025 or dec2025)", preset));

@@ -218,7 +218,7 @@ int do_fuzz(const FuzzFlags& f) {
 
 void add_fuzz(CLI::App& app, Action& action) {
   auto f = std::make_shared<FuzzFlags>();
-  CLI::App* cmd = app.add_subcommand("fuzz", "run a campaign of random scenarios and write every finding");
+  CLI::App* cmd = app.add_subcommand("fuzz", "run a campaign of random scenarios; write the first --keep finding files of each signature, count every finding");
   cmd->add_option("--seed", f->seed, "campaign seed (each case's seed derives from it)")->capture_default_str()->transform(kNonNegative);
   cmd->add_option("--cases", f->cases, "number of cases (default 1000 when --time is not given)")->transform(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h");

@@ -80,6 +80,13 @@ void PolicyFlags::apply(Scenario& s) const {
   if (!policy.empty()) {
     const auto overrides = s.policy.overrides;
     s.policy = parse_policy(policy, "--policy");
+    // --policy replaces the preset; the constants the file overrides stay overridden (they are
+    // what the case is about), and the log says which: --set changes one.
+    std::string kept;
+    for (const auto& [k, v] : overrides) {
+      if (k != "exact_reserve" || s.policy.predictor == PredictorKind::exact) kept += fmt::format(" {}={}", k, v);
+    }
+    if (!kept.empty()) spdlog::warn("--policy {}: keeping the scenario's policy overrides:{} (--set KEY=VALUE changes one)", policy, kept);
     for (const auto& [k, v] : overrides) {
       // exact_reserve means something to `exact` only (a fuzz-import repro carries `bound`):
       // under another predictor the file's own reserve rules, as `reserve` does.
