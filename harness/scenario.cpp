@@ -401,11 +401,19 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   // would only name the total).
   Bytes model_bytes = 0;
   std::uint64_t model_numel = 0;
+  // The names a file would give the tensors (module path + "." + name): unique in a model, as in
+  // the safetensors and GGUF files the importer reads. "" is the root module.
+  std::map<std::string, std::size_t> module_at;
+  std::map<std::string, std::string> full_names;  // "a.b.weight" -> where it was given
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn mj = j.at(i);
     mj.expect_object({"name", "tensors", "cast_hook"});
     Module m;
     m.name = mj.at("name").str();
+    if (const auto [it, fresh] = module_at.emplace(m.name, i); !fresh) {
+      mj.at("name").fail(fmt::format("duplicate module name \"{}\" ({}[{}] has it; give its tensors to one module)", m.name, j.path(),
+                                     it->second));
+    }
     if (auto v = mj.opt("cast_hook")) m.cast_hook = v->boolean();
     const JsonIn tj = mj.at("tensors");
     if (tj.size() == 0) tj.fail("a module needs at least one tensor");
@@ -414,6 +422,11 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       x.expect_object({"name", "shape", "dtype", "role"});
       Tensor tensor;
       tensor.name = x.at("name").str();
+      if (tensor.name.empty()) x.at("name").fail("must not be empty (a tensor is named within its module: \"weight\", \"bias\")");
+      const std::string full = m.name.empty() ? tensor.name : m.name + "." + tensor.name;
+      if (const auto [it, fresh] = full_names.emplace(full, x.path()); !fresh) {
+        x.at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", full, it->second));
+      }
       const JsonIn sj = x.at("shape");
       if (sj.size() > kMaxTensorRank) sj.fail(fmt::format("rank {} is more than {} dimensions", sj.size(), kMaxTensorRank));
       for (std::size_t d = 0; d < sj.size(); ++d) {
@@ -669,6 +682,10 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
   else s.stages = default_stages(s.models.size());
   validate_scenario(s);
   return s;
+}
+
+ModelRef model_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir) {
+  return parse_model(JsonIn(doc, path), catalog, base_dir);
 }
 
 Scenario load_scenario_file(const std::string& path, Catalog& catalog) {

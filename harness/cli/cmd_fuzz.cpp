@@ -1,5 +1,7 @@
 // vramfuzz fuzz: a campaign of generated scenarios.
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -29,7 +31,8 @@ struct FuzzFlags {
   std::string vram;
   std::string out;
   std::string backend = "auto";
-  std::string model;  // --model FILE: fuzz around one imported model
+  std::string model;   // --model FILE: fuzz around one imported model
+  std::string family;  // --family F: its family, when the tensor names cannot tell
   std::uint32_t keep = 3;
   bool no_shrink = false;
   std::uint64_t shrink_execs = 400;
@@ -56,6 +59,7 @@ std::string case_options(const FuzzFlags& f, const CampaignConfig& cfg, std::str
   for (const std::string& kv : f.policy.options) out += option_text("--option", kv);
   out += option_text("--vram", f.vram);
   out += option_text("--model", f.model);
+  out += option_text("--family", f.family);
   out += option_text("--backend", std::string(backend));
   if (f.transfer != "copy") out += option_text("--transfer", f.transfer);
   out += option_text("--corpus", f.corpus);
@@ -122,6 +126,43 @@ int run_device_workers(const std::vector<std::string>& devices, const std::strin
   return worst != kExitOk ? worst : found;
 }
 
+// `--model FILE`: a safetensors file, a sharded checkpoint's index.json or a GGUF file (imported,
+// headers only), or the inline model `models import --out` writes (JSON with "modules"), which
+// names its family itself.
+std::shared_ptr<const ModelSpec> load_fuzz_model(const std::string& path, const std::string& family) {
+  const std::string flag = "--model " + path;
+  const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  if (json) {
+    const nlohmann::json doc = parse_json_text(read_text_file(path), path);
+    if (doc.is_object() && !doc.contains("weight_map")) {
+      if (!family.empty()) throw InputError("--family", fmt::format("{} is a model file that names its family itself; set \"family\" there", path));
+      Catalog catalog;
+      ModelRef ref;
+      try {
+        ref = model_from_json(doc, catalog, "", std::filesystem::path(path).parent_path().string());
+      } catch (const InputError& e) {
+        throw InputError(flag, e.what());
+      }
+      auto spec = std::make_shared<ModelSpec>(*ref.spec);
+      spec->name = ref.id;
+      spdlog::info("fuzz: model {} ({}, family {}, {} modules, {})", spec->name, ref.source, family_name(spec->family),
+                   spec->modules.size(), format_mib(spec->bytes));
+      return spec;
+    }
+  }
+  ImportOptions opts;
+  if (!family.empty()) {
+    const auto fam = parse_family(family);
+    if (!fam) throw InputError("--family", fmt::format("unknown family \"{}\" (one of: {})", family, family_names()));
+    opts.family = *fam;
+  }
+  ImportedModel imported = import_model_file(path, opts);
+  for (const std::string& w : imported.warnings) spdlog::warn("{}: {}", path, w);
+  spdlog::info("fuzz: model {} ({}, family {}, {} modules, {})", imported.model.name, imported.format,
+               family_name(imported.model.family), imported.model.modules.size(), format_mib(imported.model.bytes));
+  return std::make_shared<const ModelSpec>(std::move(imported.model));
+}
+
 int do_fuzz(const FuzzFlags& f) {
   CampaignConfig cfg;
   cfg.seed = f.seed;
@@ -150,13 +191,8 @@ int do_fuzz(const FuzzFlags& f) {
     Policy probe = parse_policy(cfg.gen.policy.value_or("comfy:dec2025"), "--policy");
     for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
   }
-  if (!f.model.empty()) {
-    ImportedModel imported = import_model_file(f.model, {});
-    for (const std::string& w : imported.warnings) spdlog::warn("{}: {}", f.model, w);
-    spdlog::info("fuzz: model {} ({}, family {}, {} modules, {})", imported.model.name, imported.format,
-                 family_name(imported.model.family), imported.model.modules.size(), format_mib(imported.model.bytes));
-    cfg.gen.model = std::make_shared<const ModelSpec>(std::move(imported.model));
-  }
+  if (!f.family.empty() && f.model.empty()) throw InputError("--family", "applies to --model only (the family of a model file)");
+  if (!f.model.empty()) cfg.gen.model = load_fuzz_model(f.model, f.family);
   cfg.out_dir = f.out;
   cfg.keep_per_signature = f.keep;
   cfg.shrink = !f.no_shrink;
@@ -224,7 +260,10 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
   cmd->add_option("--out", f->out, "output directory for findings and summary.json");
-  cmd->add_option("--model", f->model, "fuzz around this model file (safetensors, index.json or GGUF) instead of catalog pipelines");
+  cmd->add_option("--model", f->model,
+                  "fuzz around this model file (safetensors, index.json, GGUF, or the JSON `models import --out` writes) instead of "
+                  "catalog pipelines");
+  cmd->add_option("--family", f->family, "--model's family when its tensor names cannot tell it (flux, sdxl, t5, generic, ...)");
   cmd->add_option("--backend", f->backend, "sim | cuda | auto (cuda when a GPU is usable)")->capture_default_str();
   cmd->add_option("--transfer", f->transfer, "cuda: copy (H2D from pinned memory) | skip (memset; allocator-only runs)")
       ->capture_default_str();

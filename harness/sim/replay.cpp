@@ -1,5 +1,6 @@
 #include "harness/sim/replay.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -183,6 +184,8 @@ std::vector<TraceEvent> parse_trace_text(std::string_view text, std::string_view
 }
 
 std::vector<TraceEvent> parse_trace_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path, "is a directory, not a trace file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot open the trace file");
   std::ostringstream buf;
