@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/case_file.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/sim/allocator.h"
@@ -639,14 +640,8 @@ Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_vi
   const std::string path(origin);
   const std::string base_dir = std::filesystem::path(path).parent_path().string();
   const nlohmann::json doc = parse_json_text(text, origin);
-  if (doc.is_object() && doc.contains("schema") && doc["schema"].is_string()) {
-    const std::string schema = doc["schema"].get<std::string>();
-    if (schema.rfind("vramfuzz.finding/", 0) == 0 || schema.rfind("vramfuzz.repro/", 0) == 0 ||
-        schema.rfind("vramfuzz.result/", 0) == 0) {
-      if (!doc.contains("scenario")) throw InputError(path + ": scenario", "required field is missing");
-      return scenario_from_json(doc["scenario"], catalog, "scenario", base_dir);
-    }
-  }
+  // A finding, result or repro is checked whole (case_file.h); its scenario is read below.
+  if (check_case_document(doc) != CaseDocKind::scenario) return scenario_from_json(doc["scenario"], catalog, "scenario", base_dir);
   return scenario_from_json(doc, catalog, "", base_dir);
 }
 

@@ -97,6 +97,13 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
   const Json& trace = cv.contains("trace") ? cv["trace"] : Json::object();
   const Json& rows = get_arr(trace, "rows");
   if (rows.empty()) return "<p class=\"context\">No trace was recorded for this case.</p>\n";
+  // load_summary checks every row (reports/summary_schema.cpp); a summary built in code is
+  // checked here too, before cells 0 and 2-5 of each row are read.
+  for (const Json& r : rows) {
+    bool ok = r.is_array() && r.size() == 6;
+    for (std::size_t c = 0; ok && c < 6; ++c) ok = r[c].is_number();
+    if (!ok) return "<p class=\"context\">The trace of this case is damaged (a row is not 6 numbers); not drawn.</p>\n";
+  }
   const double W = 1100, H = 380, L = 70, R = 20, T = 28, B = 40;
   const double ops = std::max<double>(1.0, static_cast<double>(get_u64(trace, "ops")));
   double ymax = 0;
