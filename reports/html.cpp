@@ -434,6 +434,13 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
                    xml_escape(get_str(env, "device")), xml_escape(get_str(cfg, "policy")), xml_escape(get_str(cfg, "allocator")),
                    xml_escape(seeds), doc.contains("run") && get_bool(doc["run"], "interrupted") ? "; interrupted by a signal" : "",
                    xml_escape(get_str(doc, "command")));
+  if (doc.contains("recovered")) {
+    h += fmt::format("<p class=\"context\"><b>Recovered</b> from {} after the run was stopped before writing its summary. Not "
+                     "recovered:</p>\n<ul>\n",
+                     xml_escape(get_str(doc["recovered"], "from")));
+    for (const Json& n : get_arr(doc["recovered"], "not_recovered")) h += "<li>" + xml_escape(n.get<std::string>()) + "</li>\n";
+    h += "</ul>\n";
+  }
   h += "<div class=\"cards\">";
   for (const auto& [label, value] : std::vector<std::pair<std::string, std::string>>{
            {"cases", std::to_string(get_u64(c, "cases"))},

@@ -310,24 +310,28 @@ std::string replay_for(const std::string& repro, const std::string& file, const 
 
 // ---- fuzz --------------------------------------------------------------------------------------
 
+Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
+  return {{"seed", cfg.seed},
+          {"cases", cfg.cases},
+          {"seconds", cfg.seconds},
+          {"backend", backend},
+          {"policy", cfg.gen.policy.value_or("drawn")},
+          {"overrides", pairs_json(cfg.gen.policy_overrides)},
+          {"allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "drawn"},
+          {"allocator_options", pairs_json(cfg.gen.allocator_options)},
+          {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
+          {"model", cfg.gen.model ? cfg.gen.model->name : ""},
+          {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
+          {"corpus", cfg.corpus_dir},
+          {"out", cfg.out_dir}};
+}
+
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info) {
   Json j;
   j["schema"] = kSummarySchema;
   j["tool"] = tool_version();
   j["command"] = cfg.command_line;
-  j["config"] = {{"seed", cfg.seed},
-                 {"cases", cfg.cases},
-                 {"seconds", cfg.seconds},
-                 {"backend", info.backend},
-                 {"policy", cfg.gen.policy.value_or("drawn")},
-                 {"overrides", pairs_json(cfg.gen.policy_overrides)},
-                 {"allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "drawn"},
-                 {"allocator_options", pairs_json(cfg.gen.allocator_options)},
-                 {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
-                 {"model", cfg.gen.model ? cfg.gen.model->name : ""},
-                 {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
-                 {"corpus", cfg.corpus_dir},
-                 {"out", cfg.out_dir}};
+  j["config"] = campaign_config(cfg, info.backend);
   j["counts"] = {{"cases", r.cases},
                  {"findings", r.findings},
                  {"signatures", r.signatures.size()},

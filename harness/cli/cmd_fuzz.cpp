@@ -11,6 +11,7 @@
 
 #include "harness/campaign.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/out_dir.h"
 #include "harness/cli/progress.h"
 #include "harness/cli/signals.h"
 #include "harness/cli/workers.h"
@@ -18,6 +19,7 @@
 #include "harness/core/json_in.h"
 #include "harness/sim/allocator.h"
 #include "models/import.h"
+#include "reports/recover.h"
 #include "reports/render.h"
 
 namespace vf::cli {
@@ -44,6 +46,7 @@ struct FuzzFlags {
   std::string progress = "auto";
   std::string transfer = "copy";  // --transfer copy | skip (cuda)
   bool isolate = false;           // --isolate: each case in a child process
+  bool clean = false;             // --clean: remove an earlier run's results from --out first
   PolicyFlags policy;
 };
 
@@ -205,9 +208,12 @@ int do_fuzz(const FuzzFlags& f) {
   if (!f.devices.empty()) {
     if (f.out.empty()) throw InputError("--devices", "needs --out: each worker writes OUT/shard-K, then they are merged into OUT");
     if (!f.shard.empty()) throw InputError("--devices", "cannot be combined with --shard (the workers are the shards)");
+    const std::vector<std::string> devices = parse_device_list(f.devices, "--devices");
+    // OUT is this run's before any worker starts (each worker takes its OUT/shard-K the same way).
+    const OutDir out_dir(f.out, OutDir::Options{"--out", f.clean, true});
     // The workers resolve the backend themselves; the merged command names it as given.
     cfg.case_options = case_options(f, cfg, f.backend);
-    return run_device_workers(parse_device_list(f.devices, "--devices"), f.out, fuzz_command(f, cfg));
+    return run_device_workers(devices, f.out, fuzz_command(f, cfg));
   }
   if (cfg.shard_count > 1) {
     spdlog::default_logger()->set_pattern(fmt::format("%^[%l]%$ [shard {}/{}] %v", cfg.shard_index, cfg.shard_count));
@@ -219,6 +225,15 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.confirm_runs = f.runs ? f.runs : (backend->name() == "cuda" ? 5 : 1);
   cfg.case_options = case_options(f, cfg, backend->name());
   cfg.command_line = fuzz_command(f, cfg);
+  // OUT is taken before the corpus and the first case: a writable directory, this run's alone, no
+  // earlier run's results in it (out_dir.h); run.json records the run for `report` to rebuild its
+  // summary from the finding files if the process is killed.
+  std::optional<OutDir> out_dir;
+  if (!cfg.out_dir.empty()) {
+    out_dir.emplace(cfg.out_dir, OutDir::Options{"--out", f.clean, true});
+    write_file_atomic((std::filesystem::path(cfg.out_dir) / "run.json").string(),
+                      report::run_marker_json(cfg, report::run_info("fuzz", cfg.command_line, std::string(backend->name()), cfg.out_dir)));
+  }
   Catalog catalog;
   spdlog::info("fuzz: seed {}, {} on {}, policy {}, allocator {}, device {}", cfg.seed,
                cfg.cases ? fmt::format("{} cases", cfg.cases) : fmt::format("{:.0f} s", cfg.seconds), backend->name(),
@@ -268,7 +283,8 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--transfer", f->transfer, "cuda: copy (H2D from pinned memory) | skip (memset; allocator-only runs)")
       ->capture_default_str();
   cmd->add_flag("--isolate", f->isolate, "run each case in a child process (a crash is that case's error, not the campaign's)");
-  cmd->add_option("--keep", f->keep, "finding files kept per signature")->capture_default_str()->transform(kNonNegative);
+  cmd->add_flag("--clean", f->clean, "remove an earlier run's results (summary, reports, findings/) from --out first (else refused)");
+  cmd->add_option("--keep", f->keep, "finding files written per signature and policy (every finding is counted)")->capture_default_str()->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
