@@ -192,6 +192,7 @@ Check calibrate() {
     json cols = json::array();
     for (const std::string& n : names) cols.push_back(n);
     return object({req("columns", [cols](const JsonIn& j) {
+                     if (j.raw().is_null()) j.fail("null is not allowed here");
                      if (j.raw() != cols) j.fail(fmt::format("expected {}", cols.dump()));
                    }),
                    req("rows", array_of(std::move(r)))});
