@@ -1,6 +1,7 @@
 # The two commands of the README's quick start, and the pieces they are made of.
 #   make run   - install deps, build, run a default fuzz campaign on the best backend -> vramfuzz-out/
 #   make test  - install deps, build, run every test (unit, properties, CLI), then the ASan/UBSan suite
+#                (properties, fuzz targets, hostile input)
 .PHONY: all deps build run test test-unit test-asan bench clean
 
 JOBS ?= $(shell nproc)
@@ -33,12 +34,14 @@ test-unit: build
 	@ci/install-deps.sh $(TEST_PACKAGES)
 	ctest --preset default -j $(JOBS)
 
-# The properties and the fuzz targets (their corpora replayed, then ~30 s of fuzzing each) under
-# clang's ASan + UBSan; only those binaries are built in this configuration.
+# Under clang's ASan + UBSan: the properties, the fuzz targets (their corpora replayed, then ~30 s
+# of fuzzing each) and the hostile-input suite (every reader and flag on malformed input, report
+# and merge on damaged summaries, SIGKILL then recovery, run through the sanitized CLI); only those
+# binaries are built in this configuration.
 test-asan: deps
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS) --target vf_sanitized_suite
-	ctest --preset asan -j $(JOBS) -L 'property|fuzz'
+	ctest --preset asan -j $(JOBS) -L 'property|fuzz|hostile'
 
 test: test-unit test-asan
 

@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const vf::InputError&) {
   }
   // The same bytes as the scenario of a finding file, and as a document of its own schema.
-  const std::string finding = R"({"schema": "vramfuzz.finding/1", "scenario": )" + std::string(text) + "}";
+  const std::string finding = R"({"schema": "vramfuzz.finding/1", "signature": "oom:forward:upcast:raw", "scenario": )" + std::string(text) + "}";
   try {
     round_trip(vf::parse_case_json(finding, catalog, kOrigin), catalog);
   } catch (const vf::InputError&) {

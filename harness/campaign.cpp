@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "harness/case_file.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/repro.h"
@@ -134,13 +135,24 @@ std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog,
   std::sort(files.begin(), files.end());
   for (const std::string& f : files) {
     const nlohmann::json doc = parse_json_text(read_text_file(f), f);
-    // A file without a signature is not a repro; one whose signature is not a string is damaged.
-    const std::string signature = recorded_signature(doc, f + ": ");
-    if (signature.empty()) continue;
+    // Repros and findings are the corpus; anything else in the tree (a scenario, a result, a
+    // summary.json of the run that made the corpus) is not a repro. A repro or finding that is
+    // damaged, or of an unknown version, is bad input naming the file: skipping it would make
+    // every finding it covers count as new, and a damaged signature as "no longer reproduces".
+    const bool repro_like = doc.is_object() && doc.contains("schema") && doc["schema"].is_string() &&
+                            (doc["schema"].get_ref<const std::string&>().rfind("vramfuzz.repro/", 0) == 0 ||
+                             doc["schema"].get_ref<const std::string&>().rfind("vramfuzz.finding/", 0) == 0);
+    if (!repro_like) continue;
     CorpusEntry c;
     c.file = f;
-    c.signature = signature;
-    const Scenario s = load_case_file(f, catalog);
+    Scenario s;
+    try {
+      (void)check_case_document(doc);
+      c.signature = doc["signature"].get<std::string>();
+      s = load_case_file(f, catalog);
+    } catch (const InputError& e) {
+      throw InputError(f, e.what());
+    }
     c.policy = s.policy.key();
     const CaseResult r = run_case(s, backend, false);
     c.still_fails = r.verdict.signature == c.signature;

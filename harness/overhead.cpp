@@ -4,6 +4,7 @@
 #include "harness/overhead.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <set>
@@ -569,8 +570,11 @@ std::optional<AllocatorLimit> allocator_limit(const Scenario& s) {
   const bool async = o.mode == AllocatorMode::async;
   const double f = async ? o.async.memory_fraction : o.caching.memory_fraction;
   if (o.mode == AllocatorMode::raw || f >= 1.0) return std::nullopt;
-  // The allocators compute it the same way (caching.cpp, async_pool.cpp).
-  return AllocatorLimit{static_cast<Bytes>(f * static_cast<double>(s.device.total)), async};
+  // The allocators compute it the same way: the caching modes round to the nearest byte
+  // (caching.cpp, PyTorch 2026), the async pool truncates (async_pool.cpp, as PyTorch's
+  // cudaMallocAsync backend does).
+  const double limit = f * static_cast<double>(s.device.total);
+  return AllocatorLimit{static_cast<Bytes>(async ? limit : std::round(limit)), async};
 }
 
 std::span<const AllocatorOptionSet> bound_option_sets(AllocatorMode mode) {
@@ -580,7 +584,8 @@ std::span<const AllocatorOptionSet> bound_option_sets(AllocatorMode mode) {
       {{"max_split_size_mb", "20"}, {"max_non_split_rounding_mb", "64"}},
       {{"roundup_power2_divisions", "4"}},
       {{"roundup_power2_divisions", "[1:2,8:4,>:8]"}, {"large_segment_size_mb", "12"}},
-      {{"large_segment_size_mb", "33"}, {"max_split_size_mb", "32"}},
+      // A segment at max_split (PyTorch 2026 refuses max_split below the large segment size).
+      {{"large_segment_size_mb", "33"}, {"max_split_size_mb", "33"}},
       {{"max_split_size_mb", "200"}, {"roundup_power2_divisions", "2"}},
       {{"per_process_memory_fraction", "0.6"}, {"garbage_collection_threshold", "0.5"}},
   };

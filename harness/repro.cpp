@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/case_file.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 
@@ -247,48 +248,34 @@ ReproOrigin read_origin(const std::string& path) {
   ReproOrigin o;
   o.source_file = path;
   const nlohmann::json doc = parse_json_text(read_text_file(path), path);
-  if (!doc.is_object()) return o;
-  const nlohmann::json* src = &doc;
-  std::string prefix;
-  if (doc.contains("origin")) {
-    if (!doc["origin"].is_object()) throw InputError("origin", "expected an object");
-    src = &doc["origin"];
-    prefix = "origin.";
-  }
-  // Written by vramfuzz as unsigned integers, left out when unknown: anything else (null, a
-  // string, a negative number) is a damaged file, not an unknown origin.
+  // A finding or repro is checked whole (case_file.h): every origin field present is the type it
+  // must be (null, a string, a negative number are a damaged file, not an unknown origin).
+  const CaseDocKind kind = check_case_document(doc);
+  if (kind == CaseDocKind::scenario) return o;
+  const nlohmann::json& src = kind == CaseDocKind::repro ? (doc.contains("origin") ? doc["origin"] : nlohmann::json::object()) : doc;
   auto u64 = [&](const char* key) -> std::optional<std::uint64_t> {
-    if (!src->contains(key)) return std::nullopt;
-    const nlohmann::json& v = (*src)[key];
-    if (!v.is_number_unsigned()) throw InputError(prefix + key, fmt::format("expected a non-negative integer, got {}", v.dump()));
-    return v.get<std::uint64_t>();
+    if (!src.contains(key)) return std::nullopt;
+    return src[key].get<std::uint64_t>();
   };
   o.campaign_seed = u64("campaign_seed");
   o.case_index = u64("case_index");
   o.case_seed = u64("case_seed");
-  if (src->contains("found_by")) {
-    const nlohmann::json& fb = (*src)["found_by"];
-    if (!fb.is_string()) throw InputError(prefix + "found_by", fmt::format("expected a string, got {}", fb.dump()));
-    o.found_by = fb.get<std::string>();
-  }
-  if (src->contains("choices")) {
-    const nlohmann::json& cj = (*src)["choices"];
-    if (!cj.is_array()) throw InputError(prefix + "choices", fmt::format("expected an array, got {}", cj.dump()));
-    for (std::size_t i = 0; i < cj.size(); ++i) {
-      if (!cj[i].is_number_unsigned()) {
-        throw InputError(fmt::format("{}choices[{}]", prefix, i), fmt::format("expected a non-negative integer, got {}", cj[i].dump()));
-      }
-      o.choices.push_back(cj[i].get<std::uint64_t>());
-    }
-  }
+  if (src.contains("found_by")) o.found_by = src["found_by"].get<std::string>();
+  if (src.contains("choices")) o.choices = src["choices"].get<std::vector<std::uint64_t>>();
   return o;
 }
 
 std::string recorded_signature(const nlohmann::json& doc, const std::string& prefix) {
   if (!doc.is_object() || !doc.contains("signature")) return "";
+  // A finding / repro / result is checked whole; a signature in a plain scenario is an unknown
+  // field its reader refuses. Here: it is a string, and a signature (or "" for a result).
   const nlohmann::json& v = doc["signature"];
-  if (!v.is_string()) throw InputError(prefix + "signature", fmt::format("expected a string, got {}", v.dump()));
-  return v.get<std::string>();
+  if (!v.is_string()) throw InputError(prefix + "signature", fmt::format("expected a string, got {}", json_excerpt(v)));
+  const std::string& sig = v.get_ref<const std::string&>();
+  if (!sig.empty() && !is_signature(sig, true)) {
+    throw InputError(prefix + "signature", fmt::format("expected a signature KIND:PHASE:ACTIVITY:ALLOCATOR, got {}", json_excerpt(v)));
+  }
+  return sig;
 }
 
 }  // namespace vf

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "harness/case_file.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/sim/allocator.h"
@@ -192,9 +193,14 @@ Policy parse_policy(std::string_view text, std::string_view what) {
     p.predictor = PredictorKind::comfy;
   } else if (kind == "exact") {
     p.predictor = PredictorKind::exact;
+    // `exact:PRESET` names a ComfyUI preset, which the README and the reports spell
+    // `comfy:dec2025`: `exact:comfy:dec2025` is the same policy as `exact:dec2025`.
+    if (preset.starts_with("comfy:")) preset.remove_prefix(6);
   } else {
     throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025, "
-                                                    "comfy:feb2026, comfy:sep2026 (= comfy:dynamic) or exact)", text));
+                                                    "comfy:feb2026, comfy:sep2026 (= comfy:dynamic), exact, or exact:PRESET such as "
+                                                    "exact:dec2025 or exact:comfy:dec2025)",
+                                                    text));
   }
   const auto pr = parse_preset(preset);
   if (!pr) {
@@ -493,11 +499,19 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   Bytes model_bytes = 0;
   std::uint64_t model_numel = 0;
   std::vector<std::uint8_t> hook_given(n, 0);
+  // The names a file would give the tensors (module path + "." + name): unique in a model, as in
+  // the safetensors and GGUF files the importer reads. "" is the root module.
+  std::map<std::string, std::size_t> module_at;
+  std::map<std::string, std::string> full_names;  // "a.b.weight" -> where it was given
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn mj = j.at(i);
     mj.expect_object({"name", "tensors", "cast_hook"});
     Module m;
     m.name = mj.at("name").str();
+    if (const auto [it, fresh] = module_at.emplace(m.name, i); !fresh) {
+      mj.at("name").fail(fmt::format("duplicate module name \"{}\" ({}[{}] has it; give its tensors to one module)", m.name, j.path(),
+                                     it->second));
+    }
     if (auto v = mj.opt("cast_hook")) {
       m.cast_hook = v->boolean();
       hook_given[i] = 1;
@@ -509,6 +523,11 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       x.expect_object({"name", "shape", "dtype", "role"});
       Tensor tensor;
       tensor.name = x.at("name").str();
+      if (tensor.name.empty()) x.at("name").fail("must not be empty (a tensor is named within its module: \"weight\", \"bias\")");
+      const std::string full = m.name.empty() ? tensor.name : m.name + "." + tensor.name;
+      if (const auto [it, fresh] = full_names.emplace(full, x.path()); !fresh) {
+        x.at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", full, it->second));
+      }
       const JsonIn sj = x.at("shape");
       if (sj.size() > kMaxTensorRank) sj.fail(fmt::format("rank {} is more than {} dimensions", sj.size(), kMaxTensorRank));
       for (std::size_t d = 0; d < sj.size(); ++d) {
@@ -763,14 +782,8 @@ Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_vi
   const std::string path(origin);
   const std::string base_dir = std::filesystem::path(path).parent_path().string();
   const nlohmann::json doc = parse_json_text(text, origin);
-  if (doc.is_object() && doc.contains("schema") && doc["schema"].is_string()) {
-    const std::string schema = doc["schema"].get<std::string>();
-    if (schema.rfind("vramfuzz.finding/", 0) == 0 || schema.rfind("vramfuzz.repro/", 0) == 0 ||
-        schema.rfind("vramfuzz.result/", 0) == 0) {
-      if (!doc.contains("scenario")) throw InputError(path + ": scenario", "required field is missing");
-      return scenario_from_json(doc["scenario"], catalog, "scenario", base_dir);
-    }
-  }
+  // A finding, result or repro is checked whole (case_file.h); its scenario is read below.
+  if (check_case_document(doc) != CaseDocKind::scenario) return scenario_from_json(doc["scenario"], catalog, "scenario", base_dir);
   return scenario_from_json(doc, catalog, "", base_dir);
 }
 
@@ -806,6 +819,10 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
   else s.stages = default_stages(s.models.size());
   validate_scenario(s);
   return s;
+}
+
+ModelRef model_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir) {
+  return parse_model(JsonIn(doc, path), catalog, base_dir);
 }
 
 Scenario load_scenario_file(const std::string& path, Catalog& catalog) {

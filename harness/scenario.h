@@ -241,6 +241,9 @@ Scenario parse_scenario_json(std::string_view text, Catalog& catalog, std::strin
 // directory of `origin`, the load functions that of the file).
 Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path,
                             const std::string& base_dir = "");
+// One entry of a scenario's "models" list read on its own: the inline model `models import --out`
+// writes, or a catalog or file model. `path` prefixes field paths ("" for a file of its own).
+ModelRef model_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir = "");
 // A scenario file, or a finding / repro file that embeds one under "scenario".
 Scenario load_case_file(const std::string& path, Catalog& catalog);
 // The same from text (`origin` names it in errors; its directory is where "file:" sources are found).

@@ -406,6 +406,9 @@ void check_quant_metadata(const SourceHints& h, const std::string& prefix, const
     throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
                                                     fmt::format("__metadata__._quantization_metadata: {}: key given twice in one object",
                                                                 e.path())));
+  } catch (const JsonTooDeep& e) {
+    throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset,
+                                                    fmt::format("__metadata__._quantization_metadata: {} of the string", e.what())));
   }
   auto bad = [&](const std::string& what) {
     throw InputError(h.quant_metadata_file, at_byte(h.quant_metadata_offset, "__metadata__._quantization_metadata: " + what));
@@ -611,6 +614,11 @@ ImportedModel build_imported_model(std::vector<SourceTensor> tensors, const Sour
   std::map<std::string, std::vector<std::pair<std::string, const SourceTensor*>>> by_module;
   for (const auto& [n, t] : named) {
     auto [module, suffix] = split_name(n);
+    // An inline model names each tensor within its module, and refuses an empty name.
+    if (suffix.empty()) {
+      throw InputError(t->file, at_byte(t->offset, fmt::format("tensor \"{}\" has no name after its module path (empty, or ending in '.')",
+                                                               t->name)));
+    }
     by_module[module].emplace_back(std::move(suffix), t);
   }
   std::map<std::string, std::size_t> unmodelled;  // dtype name -> tensors kept as raw bytes
@@ -832,7 +840,12 @@ void add_gguf(const GgufHeader& h, const std::string& file, Loaded& out) {
   out.warnings.insert(out.warnings.end(), h.warnings.begin(), h.warnings.end());
 }
 
+// A GGUF file by its magic, or by its name: a `.gguf` whose magic is wrong is a damaged GGUF
+// (the GGUF reader says "bad magic"), not a safetensors file whose header length is absurd.
 bool is_gguf(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".gguf") return true;
   const HeaderFile f(path);
   const auto magic = f.prefix(4);
   return magic.size() == 4 && std::equal(magic.begin(), magic.end(), "GGUF");
@@ -943,6 +956,8 @@ ImportedModel import_gguf_image(std::span<const std::uint8_t> bytes, std::uint64
   m.warnings.insert(m.warnings.begin(), loaded.warnings.begin(), loaded.warnings.end());
   return m;
 }
+
+std::string family_names() { return family_list(); }
 
 ImportedModel import_model_file(const std::string& path, const ImportOptions& options) {
   const std::string paths[] = {path};

@@ -60,6 +60,8 @@ struct ImportedModel {
 // the file and byte offset of the problem, or asking for --family when the family cannot be told.
 ImportedModel import_model_files(std::span<const std::string> paths, const ImportOptions& options);
 ImportedModel import_model_file(const std::string& path, const ImportOptions& options);
+// The names --family and "family" take, for messages: "flux, flux2, ..., generic".
+std::string family_names();
 
 // The same importer on a file image in memory (the fuzz targets' entry points): `bytes` is the
 // file, or at least its header, and `file_size` the size of the whole file.

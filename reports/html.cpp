@@ -97,6 +97,13 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
   const Json& trace = cv.contains("trace") ? cv["trace"] : Json::object();
   const Json& rows = get_arr(trace, "rows");
   if (rows.empty()) return "<p class=\"context\">No trace was recorded for this case.</p>\n";
+  // load_summary checks every row (reports/summary_schema.cpp); a summary built in code is
+  // checked here too, before cells 0 and 2-5 of each row are read.
+  for (const Json& r : rows) {
+    bool ok = r.is_array() && r.size() == 6;
+    for (std::size_t c = 0; ok && c < 6; ++c) ok = r[c].is_number();
+    if (!ok) return "<p class=\"context\">The trace of this case is damaged (a row is not 6 numbers); not drawn.</p>\n";
+  }
   const double W = 1100, H = 380, L = 70, R = 20, T = 28, B = 40;
   const double ops = std::max<double>(1.0, static_cast<double>(get_u64(trace, "ops")));
   double ymax = 0;
@@ -295,6 +302,10 @@ std::string case_html(const Json& cv, const std::string& id) {
                      bytes_label(get_num(sc, "device_total")), bytes_label(get_num(sc, "available")),
                      xml_escape(get_str(sc, "allocator")), xml_escape(get_str(sc, "policy")), get_u64(sc, "streams"),
                      xml_escape(get_str(sc, "workload")));
+  if (const Json& v = cv.contains("verdict") ? cv["verdict"] : Json::object(); v.is_object()) {
+    if (v.contains("explanation")) out += fmt::format("<p class=\"why\"><b>Why:</b> {}</p>\n", xml_escape(get_str(v, "explanation")));
+    if (v.contains("rests_on")) out += fmt::format("<p class=\"rests\"><b>Rests on:</b> {}</p>\n", xml_escape(get_str(v, "rests_on")));
+  }
   out += timeline_svg(cv, id);
   out += loads_html(cv) + stages_html(cv) + around_html(cv);
   return out;
@@ -427,6 +438,13 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
                    xml_escape(get_str(env, "device")), xml_escape(get_str(cfg, "policy")), xml_escape(get_str(cfg, "allocator")),
                    xml_escape(seeds), doc.contains("run") && get_bool(doc["run"], "interrupted") ? "; interrupted by a signal" : "",
                    xml_escape(get_str(doc, "command")));
+  if (doc.contains("recovered")) {
+    h += fmt::format("<p class=\"context\"><b>Recovered</b> from {} after the run was stopped before writing its summary. Not "
+                     "recovered:</p>\n<ul>\n",
+                     xml_escape(get_str(doc["recovered"], "from")));
+    for (const Json& n : get_arr(doc["recovered"], "not_recovered")) h += "<li>" + xml_escape(n.get<std::string>()) + "</li>\n";
+    h += "</ul>\n";
+  }
   h += "<div class=\"cards\">";
   for (const auto& [label, value] : std::vector<std::pair<std::string, std::string>>{
            {"cases", std::to_string(get_u64(c, "cases"))},

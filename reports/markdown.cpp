@@ -66,6 +66,13 @@ std::string markdown_summary(const Json& doc, const std::string& report_dir) {
   std::string md = fmt::format("## vramfuzz {}: {}\n\n", command, verdict_line(doc));
   md += context_line(doc) + ".\n\n";
   md += fmt::format("`{}`\n\n", get_str(doc, "command"));
+  if (doc.contains("recovered")) {
+    // report rebuilt it from the finding files of a run that was killed (reports/recover.h).
+    md += fmt::format("**Recovered** from {} after the run was stopped before writing its summary. Not recovered:\n\n",
+                      md_escape(get_str(doc["recovered"], "from")));
+    for (const Json& n : get_arr(doc["recovered"], "not_recovered")) md += "- " + md_escape(n.get<std::string>()) + "\n";
+    md += "\n";
+  }
   const Table findings = findings_table(doc, link);
   if (!findings.rows.empty()) {
     md += "### Findings\n\n";

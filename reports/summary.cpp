@@ -19,6 +19,7 @@
 #include "harness/repro.h"
 #include "reports/json_util.h"
 #include "reports/render.h"
+#include "reports/summary_schema.h"
 
 namespace vf::report {
 
@@ -70,6 +71,8 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
   j["verdict"] = {{"kind", verdict_kind_name(v.kind)}, {"signature", v.signature}, {"message", v.message},
                   {"stage", v.stage},  {"op", v.op},               {"measured", v.measured},
                   {"predicted", v.predicted}, {"reserve", v.reserve}, {"overshoot", v.overshoot}};
+  if (!v.explanation.empty()) j["verdict"]["explanation"] = v.explanation;
+  if (!v.rests_on.empty()) j["verdict"]["rests_on"] = v.rests_on;
   j["scenario"] = {{"name", s.name},
                    {"device_total", s.device.total},
                    {"available", r.plan.available},
@@ -310,24 +313,28 @@ std::string replay_for(const std::string& repro, const std::string& file, const 
 
 // ---- fuzz --------------------------------------------------------------------------------------
 
+Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
+  return {{"seed", cfg.seed},
+          {"cases", cfg.cases},
+          {"seconds", cfg.seconds},
+          {"backend", backend},
+          {"policy", cfg.gen.policy.value_or("drawn")},
+          {"overrides", pairs_json(cfg.gen.policy_overrides)},
+          {"allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "drawn"},
+          {"allocator_options", pairs_json(cfg.gen.allocator_options)},
+          {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
+          {"model", cfg.gen.model ? cfg.gen.model->name : ""},
+          {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
+          {"corpus", cfg.corpus_dir},
+          {"out", cfg.out_dir}};
+}
+
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info) {
   Json j;
   j["schema"] = kSummarySchema;
   j["tool"] = tool_version();
   j["command"] = cfg.command_line;
-  j["config"] = {{"seed", cfg.seed},
-                 {"cases", cfg.cases},
-                 {"seconds", cfg.seconds},
-                 {"backend", info.backend},
-                 {"policy", cfg.gen.policy.value_or("drawn")},
-                 {"overrides", pairs_json(cfg.gen.policy_overrides)},
-                 {"allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "drawn"},
-                 {"allocator_options", pairs_json(cfg.gen.allocator_options)},
-                 {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
-                 {"model", cfg.gen.model ? cfg.gen.model->name : ""},
-                 {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
-                 {"corpus", cfg.corpus_dir},
-                 {"out", cfg.out_dir}};
+  j["config"] = campaign_config(cfg, info.backend);
   j["counts"] = {{"cases", r.cases},
                  {"findings", r.findings},
                  {"signatures", r.signatures.size()},
@@ -1077,54 +1084,7 @@ Json load_summary(const std::string& dir) {
   const std::string path = (fs::path(dir) / "summary.json").string();
   const std::string text = read_text_file(path);
   const nlohmann::json raw = parse_json_text(text, path);  // syntax errors named with the byte offset
-  if (!raw.is_object() || raw.value("schema", "") != kSummarySchema) {
-    throw InputError(path, fmt::format("not a {} file", kSummarySchema));
-  }
-  // The reports read these with defaults for what is absent; a present field of the wrong type is
-  // a damaged file, and rendering it would print "nothing found" where something was.
-  using Type = nlohmann::json::value_t;
-  const auto expect = [&](const nlohmann::json& j, const std::string& where, const char* key, bool is_array, bool required) {
-    if (!j.contains(key)) {
-      if (required) throw InputError(fmt::format("{}.{}", where, key), "missing");
-      return;
-    }
-    const nlohmann::json& v = j[key];
-    if (is_array ? !v.is_array() : v.type() != Type::object) {
-      throw InputError(fmt::format("{}.{}", where, key), is_array ? "expected an array" : "expected an object");
-    }
-  };
-  for (const char* key : {"config", "counts", "environment", "run", "matrix"}) expect(raw, path, key, false, true);
-  expect(raw, path, "findings", true, true);
-  expect(raw, path, "seeds", true, false);
-  expect(raw, path, "calibrate", false, false);
-  expect(raw, path, "corpus", false, false);
-  expect(raw, path, "shards", true, false);
-  for (std::size_t i = 0; i < raw["findings"].size(); ++i) {
-    const nlohmann::json& f = raw["findings"][i];
-    const std::string where = fmt::format("{}.findings[{}]", path, i);
-    if (!f.is_object()) throw InputError(where, "expected an object");
-    if (!f.contains("signature") || !f["signature"].is_string()) throw InputError(where + ".signature", "expected a string");
-  }
-  expect(raw["matrix"], path + ".matrix", "cells", true, false);
-  // null means something in two fields only (docs/formats.md): a finding case's `oom` (the case
-  // did not OOM) and a mode's `verified_need` (not re-checked). Anywhere else it is a damaged
-  // file: the reports would read it as 0 or "" and, for `counts.new_signatures`, exit 0.
-  const std::function<void(const nlohmann::json&, const std::string&)> no_null = [&](const nlohmann::json& j, const std::string& where) {
-    if (j.is_object()) {
-      for (auto it = j.begin(); it != j.end(); ++it) {
-        const std::string child = fmt::format("{}.{}", where, it.key());
-        if (it->is_null() && it.key() != "oom" && it.key() != "verified_need") throw InputError(child, "null is not allowed here");
-        no_null(*it, child);
-      }
-    } else if (j.is_array()) {
-      for (std::size_t i = 0; i < j.size(); ++i) {
-        const std::string child = fmt::format("{}[{}]", where, i);
-        if (j[i].is_null()) throw InputError(child, "null is not allowed here");
-        no_null(j[i], child);
-      }
-    }
-  };
-  no_null(raw, path);
+  check_summary(raw, path);  // the whole documented shape (reports/summary_schema.cpp)
   return Json::parse(text);  // again, keeping the order of the fields
 }
 

@@ -50,6 +50,8 @@ Json case_view(const ShrinkResult& sr, const std::string& replay);
 std::string replay_command(const std::string& repro, const std::string& file, const std::string& from_dir);
 
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info);
+// A campaign's `config` object (summary.json's, and run.json's: what recovery rebuilds it from).
+Json campaign_config(const CampaignConfig& cfg, const std::string& backend);
 Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationResult& r, const RunInfo& info);
 
 // The calibrate section from raw samples (tables recomputed; `verify` and `worst` carried).

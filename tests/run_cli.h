@@ -7,6 +7,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,8 @@ struct Proc {
   int signal = 0;      // the signal that killed it, 0 if it exited
   bool timed_out = false;
   std::string out, err;
+  long max_rss_kb = 0;  // the child's peak resident set (getrusage's ru_maxrss)
+  double wall_s = 0;    // from fork to exit
 };
 
 // Runs `exe` with `args` in `cwd`, capturing stdout and stderr; kills it after `timeout_s`.
@@ -53,6 +56,7 @@ inline Proc run_process(const std::string& exe, const std::vector<std::string>& 
   }
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
+  const auto started = std::chrono::steady_clock::now();
   Proc p;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
@@ -85,8 +89,11 @@ inline Proc run_process(const std::string& exe, const std::vector<std::string>& 
     if (f.fd >= 0) ::close(f.fd);
   }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  rusage usage{};
+  while (::wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {
   }
+  p.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  p.max_rss_kb = usage.ru_maxrss;
   if (WIFEXITED(status)) p.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) p.signal = WTERMSIG(status);
   return p;

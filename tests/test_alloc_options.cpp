@@ -29,6 +29,8 @@ std::pair<std::string, std::string> error_of(const AllocatorConfig& c) {
 
 bool contains(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
 
+std::string message_of(const AllocatorConfig& c) { return error_of(c).second; }
+
 TEST(AllocOptions, DefaultsPerMode) {
   const AllocOptions caching = parse_alloc_options(config(AllocatorMode::caching), "allocator");
   EXPECT_EQ(caching.mode, AllocatorMode::caching);
@@ -193,6 +195,45 @@ TEST(AllocOptions, KnownButUnmodelledPyTorchKeysGetAReason) {
   EXPECT_TRUE(contains(msg, "allocator mode"));
   EXPECT_TRUE(contains(error_of(config(AllocatorMode::caching, {{"pinned_use_background_threads", "True"}})).second,
                        "pinned"));
+}
+
+// PyTorch 2026's AllocatorConfig: large_segment_size_mb is read first; it is the default of
+// max_non_split_rounding_mb and the minimum of it and max_split_size_mb.
+TEST(AllocOptions, LargeSegmentSizeIsTheMinimumOfTheSplitOptions) {
+  // 15 with a 15 MiB segment: legal (refused before as "must be >= 20"), in either order.
+  for (const bool segment_first : {true, false}) {
+    std::vector<std::pair<std::string, std::string>> opts = {{"max_split_size_mb", "15"}, {"max_non_split_rounding_mb", "15"}};
+    opts.insert(segment_first ? opts.begin() : opts.end(), {"large_segment_size_mb", "15"});
+    const AllocOptions o = parse_alloc_options(config(AllocatorMode::caching, opts), "allocator");
+    EXPECT_EQ(o.caching.large_segment_size, 15 * MiB);
+    EXPECT_EQ(o.caching.max_split_size, 15 * MiB);
+    EXPECT_EQ(o.caching.max_non_split_rounding, 15 * MiB);
+  }
+  // 20 with a 25 MiB segment: refused, naming the segment size, wherever the segment is given.
+  for (const char* key : {"max_split_size_mb", "max_non_split_rounding_mb"}) {
+    const std::string msg =
+        message_of(config(AllocatorMode::caching, {{key, "20"}, {"large_segment_size_mb", "25"}}));
+    EXPECT_TRUE(contains(msg, std::string("allocator.options.") + key + ": must be >= 25")) << msg;
+  }
+  // Without it the minimum is 20 MiB, as before.
+  EXPECT_TRUE(contains(message_of(config(AllocatorMode::caching, {{"max_split_size_mb", "15"}})), "must be >= 20"));
+}
+
+TEST(AllocOptions, LargeSegmentSizeIsTheDefaultNonSplitRounding) {
+  EXPECT_EQ(parse_alloc_options(config(AllocatorMode::caching, {{"large_segment_size_mb", "25"}}), "allocator")
+                .caching.max_non_split_rounding,
+            25 * MiB);
+  EXPECT_EQ(parse_alloc_options(config(AllocatorMode::caching, {{"large_segment_size_mb", "25"}, {"max_non_split_rounding_mb", "40"}}),
+                                "allocator")
+                .caching.max_non_split_rounding,
+            40 * MiB);
+  EXPECT_EQ(parse_alloc_options(config(AllocatorMode::caching), "allocator").caching.max_non_split_rounding, 20 * MiB);
+}
+
+TEST(AllocOptions, BackendIsNamedAsTheAllocatorMode) {
+  const std::string msg = message_of(config(AllocatorMode::caching, {{"backend", "native"}}));
+  // Issue 14: it read "allocator.options.backend: backend choose the backend with ...".
+  EXPECT_TRUE(contains(msg, "allocator.options.backend: backend is not an option here: the allocator mode is the backend")) << msg;
 }
 
 TEST(AllocOptions, ValidateUsesTheCallersPath) {

@@ -404,11 +404,57 @@ TEST(CachingAllocator, MisuseIsAnInfrastructureError) {
   EXPECT_THROW(a.record_stream(9, 1), InfraError);
 }
 
-TEST(CachingAllocator, AbsurdRequestIsAnOom) {
+TEST(CachingAllocator, AbsurdRequestIsAnOomBeforeTheAllocator) {
   SimDevice d(spec_of(1 * GiB));
   CachingAllocator a(d, {});
   EXPECT_FALSE(a.malloc(0, ~Bytes{0}, 0));
+  // PyTorch's allocate() refuses it (OutOfMemoryError) without calling the allocator, whose OOM
+  // count stays 0.
+  EXPECT_EQ(a.stats().num_ooms, 0u);
+  ASSERT_TRUE(a.last_oom());
+  EXPECT_NE(a.last_oom()->detail.find("1 EiB or more"), std::string::npos) << a.last_oom()->detail;
+}
+
+// PyTorch 2026: `size < one_exa_bytes` or OutOfMemoryError, so 2^60 B itself is refused (the
+// model refused only more than 2^60); a zero-byte request never reaches the allocator either.
+// Neither looks at pending events: the block freed with a pending event stays out of the cache
+// until a request that does reach the allocator.
+TEST(CachingAllocator, ZeroByteAndExaByteRequestsDoNotProcessEvents) {
+  SimDevice d(spec_of(1 * GiB));
+  CachingAllocator a(d, {});
+  ASSERT_TRUE(a.malloc(0, 30 * MiB, 0));
+  a.record_stream(0, 1);
+  a.free(0);
+  a.synchronize();  // the event is complete; the next process_events would return the block
+  ASSERT_EQ(a.pending_events(), 1u);
+  ASSERT_TRUE(a.malloc(1, 0, 0));
+  EXPECT_EQ(a.pending_events(), 1u) << "a zero-byte request processed the events";
+  EXPECT_FALSE(a.malloc(2, Bytes{1} << 60, 0));
+  EXPECT_EQ(a.pending_events(), 1u) << "a refused 2^60 B request processed the events";
+  EXPECT_EQ(a.stats().num_ooms, 0u);
+  EXPECT_EQ(a.stats().allocated.current, 0u);
+  // 2^60 - 512 is below the refusal: it reaches the allocator, processes the event, and OOMs in
+  // the ladder like any request too large for the device.
+  EXPECT_FALSE(a.malloc(3, (Bytes{1} << 60) - 512, 0));
+  EXPECT_EQ(a.pending_events(), 0u);
   EXPECT_EQ(a.stats().num_ooms, 1u);
+}
+
+// PyTorch 2026 sets the limit to round(fraction x total) (earlier versions truncated). 1 GiB x f
+// with f x 2^30 = 209,715,199.6 allows 209,715,200 B: exactly a 200 MiB segment, which the
+// truncated limit (one byte less) refused.
+TEST(CachingAllocator, MemoryFractionLimitIsRoundedNotTruncated) {
+  SimDevice d(spec_of(1 * GiB));
+  CachingOptions o;
+  o.memory_fraction = 209715199.6 / static_cast<double>(GiB);
+  CachingAllocator a(d, o);
+  EXPECT_EQ(a.allowed_memory(), 200 * MiB);
+  EXPECT_TRUE(a.malloc(0, 200 * MiB, 0));
+  // 0.7 of 1 GiB: 751,619,276.8 -> 751,619,277 (docs/allocators.md).
+  CachingOptions o7;
+  o7.memory_fraction = 0.7;
+  SimDevice d7(spec_of(1 * GiB));
+  EXPECT_EQ(CachingAllocator(d7, o7).allowed_memory(), Bytes{751619277});
 }
 
 TEST(CachingAllocator, LargeSegmentSizeOption) {

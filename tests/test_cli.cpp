@@ -237,7 +237,7 @@ TEST_F(Cli, MalformedFilesExit2WithTheFieldPath) {
     // The same error inside a finding file carries the "scenario." prefix.
     json d = base;
     d["workload"]["batch"] = 0;
-    cases.push_back({"finding", json{{"schema", "vramfuzz.finding/1"}, {"scenario", d}}.dump(),
+    cases.push_back({"finding", json{{"schema", "vramfuzz.finding/1"}, {"signature", "oom:forward:upcast:raw"}, {"scenario", d}}.dump(),
                      "scenario.workload.batch: must be between 1 and 64"});
   }
   for (const Case& c : cases) {
@@ -300,11 +300,11 @@ TEST_F(Cli, NullInAFileIsAnErrorNotTheDefault) {
   // A repro whose signature is null would replay as "any finding reproduces it".
   json repro = {{"schema", "vramfuzz.repro/1"}, {"signature", nullptr}, {"scenario", d}};
   write("repro.json", repro.dump());
-  expect_bad_input({"replay", "repro.json"}, "signature: expected a string, got null");
+  expect_bad_input({"replay", "repro.json"}, "signature: null is not allowed here");
   // Its origin is read back by shrink: null there is a damaged file, not an unknown seed.
   json finding = {{"schema", "vramfuzz.finding/1"}, {"signature", "oom:forward:upcast:raw"}, {"case_seed", nullptr}, {"scenario", d}};
   write("finding.json", finding.dump());
-  expect_bad_input({"shrink", "finding.json", "--shrink-execs", "5", "--out", "r"}, "case_seed: expected a non-negative integer, got null");
+  expect_bad_input({"shrink", "finding.json", "--shrink-execs", "5", "--out", "r"}, "case_seed: null is not allowed here");
 }
 
 TEST_F(Cli, DuplicateKeysInFilesAreErrors) {

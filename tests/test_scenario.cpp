@@ -966,7 +966,7 @@ TEST_F(ScenarioCaseFile, ErrorsInsideAFindingCarryTheScenarioPrefix) {
   Catalog catalog;
   json inner = base_catalog();
   inner["workload"]["batch"] = 0;
-  json finding = {{"schema", "vramfuzz.finding/1"}, {"scenario", inner}};
+  json finding = {{"schema", "vramfuzz.finding/1"}, {"signature", "oom:forward:upcast:raw"}, {"scenario", inner}};
   try {
     (void)load_case_file(write("bad-batch.json", finding.dump()), catalog);
     ADD_FAILURE() << "loaded";
@@ -998,13 +998,16 @@ TEST_F(ScenarioCaseFile, NullsAndDuplicateKeysInsideAFindingCarryTheScenarioPref
   json inner = base_catalog();
   inner["allocator"] = nullptr;
   try {
-    (void)load_case_file(write("null.json", json{{"schema", "vramfuzz.finding/1"}, {"scenario", inner}}.dump()), catalog);
+    (void)load_case_file(
+        write("null.json", json{{"schema", "vramfuzz.finding/1"}, {"signature", "oom:load:load:raw"}, {"scenario", inner}}.dump()), catalog);
     ADD_FAILURE() << "loaded";
   } catch (const InputError& e) {
     EXPECT_EQ(e.path(), "scenario.allocator") << e.what();
   }
   try {
-    (void)load_case_file(write("null-scenario.json", json{{"schema", "vramfuzz.repro/1"}, {"scenario", nullptr}}.dump()), catalog);
+    (void)load_case_file(
+        write("null-scenario.json", json{{"schema", "vramfuzz.repro/1"}, {"signature", "oom:load:load:raw"}, {"scenario", nullptr}}.dump()),
+        catalog);
     ADD_FAILURE() << "loaded";
   } catch (const InputError& e) {
     EXPECT_EQ(e.path(), "scenario") << e.what();

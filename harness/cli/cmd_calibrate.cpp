@@ -1,6 +1,7 @@
 // vramfuzz calibrate: the overshoot distribution per allocator mode and workload class, the
 // smallest reserve that holds, and what the current reserve wastes (docs/calibrate.md).
 #include <cstdio>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 
 #include "harness/calibrate.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/out_dir.h"
 #include "harness/cli/progress.h"
 #include "harness/cli/signals.h"
 #include "harness/cli/workers.h"
@@ -36,6 +38,7 @@ struct CalibrateFlags {
   std::uint64_t shrink_execs = 400;
   std::string shrink_time = "60s";
   std::string progress = "auto";
+  bool clean = false;
 };
 
 int do_calibrate(const CalibrateFlags& f) {
@@ -107,6 +110,10 @@ int do_calibrate(const CalibrateFlags& f) {
       cfg.shard_count > 1 ? fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count) : "",
       f.verify_rounds != defaults.verify_rounds ? fmt::format(" --verify-rounds {}", f.verify_rounds) : "",
       f.no_shrink ? " --no-shrink" : "", option_text("--out", f.out));
+  // OUT is taken before the first case: a writable directory, this run's alone, no earlier run's
+  // results in it (out_dir.h).
+  std::optional<OutDir> out_dir;
+  if (!f.out.empty()) out_dir.emplace(f.out, OutDir::Options{"--out", f.clean, true});
   Catalog catalog;
   spdlog::info("calibrate: {} on {}, {} mode(s), {}, seed {}", *cfg.gen.policy, backend->name(), cfg.modes.size(),
                cfg.cases ? fmt::format("{} cases per mode", cfg.cases) : fmt::format("{:.0f} s", cfg.seconds), cfg.seed);
@@ -151,6 +158,7 @@ void add_calibrate(CLI::App& app, Action& action) {
       ->capture_default_str()
       ->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write the worst cases without shrinking them");
+  cmd->add_flag("--clean", f->clean, "remove an earlier run's results from --out first (else such an --out is refused)");
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--progress", f->progress, "auto | tty | plain | off")->capture_default_str();

@@ -1,5 +1,7 @@
 // vramfuzz fuzz: a campaign of generated scenarios.
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -9,6 +11,7 @@
 
 #include "harness/campaign.h"
 #include "harness/cli/commands.h"
+#include "harness/cli/out_dir.h"
 #include "harness/cli/progress.h"
 #include "harness/cli/signals.h"
 #include "harness/cli/workers.h"
@@ -16,6 +19,7 @@
 #include "harness/core/json_in.h"
 #include "harness/sim/allocator.h"
 #include "models/import.h"
+#include "reports/recover.h"
 #include "reports/render.h"
 
 namespace vf::cli {
@@ -29,7 +33,8 @@ struct FuzzFlags {
   std::string vram;
   std::string out;
   std::string backend = "auto";
-  std::string model;  // --model FILE: fuzz around one imported model
+  std::string model;   // --model FILE: fuzz around one imported model
+  std::string family;  // --family F: its family, when the tensor names cannot tell
   std::uint32_t keep = 3;
   bool no_shrink = false;
   std::uint64_t shrink_execs = 400;
@@ -41,6 +46,7 @@ struct FuzzFlags {
   std::string progress = "auto";
   std::string transfer = "copy";  // --transfer copy | skip (cuda)
   bool isolate = false;           // --isolate: each case in a child process
+  bool clean = false;             // --clean: remove an earlier run's results from --out first
   PolicyFlags policy;
 };
 
@@ -56,6 +62,7 @@ std::string case_options(const FuzzFlags& f, const CampaignConfig& cfg, std::str
   for (const std::string& kv : f.policy.options) out += option_text("--option", kv);
   out += option_text("--vram", f.vram);
   out += option_text("--model", f.model);
+  out += option_text("--family", f.family);
   out += option_text("--backend", std::string(backend));
   if (f.transfer != "copy") out += option_text("--transfer", f.transfer);
   out += option_text("--corpus", f.corpus);
@@ -122,6 +129,43 @@ int run_device_workers(const std::vector<std::string>& devices, const std::strin
   return worst != kExitOk ? worst : found;
 }
 
+// `--model FILE`: a safetensors file, a sharded checkpoint's index.json or a GGUF file (imported,
+// headers only), or the inline model `models import --out` writes (JSON with "modules"), which
+// names its family itself.
+std::shared_ptr<const ModelSpec> load_fuzz_model(const std::string& path, const std::string& family) {
+  const std::string flag = "--model " + path;
+  const bool json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  if (json) {
+    const nlohmann::json doc = parse_json_text(read_text_file(path), path);
+    if (doc.is_object() && !doc.contains("weight_map")) {
+      if (!family.empty()) throw InputError("--family", fmt::format("{} is a model file that names its family itself; set \"family\" there", path));
+      Catalog catalog;
+      ModelRef ref;
+      try {
+        ref = model_from_json(doc, catalog, "", std::filesystem::path(path).parent_path().string());
+      } catch (const InputError& e) {
+        throw InputError(flag, e.what());
+      }
+      auto spec = std::make_shared<ModelSpec>(*ref.spec);
+      spec->name = ref.id;
+      spdlog::info("fuzz: model {} ({}, family {}, {} modules, {})", spec->name, ref.source, family_name(spec->family),
+                   spec->modules.size(), format_mib(spec->bytes));
+      return spec;
+    }
+  }
+  ImportOptions opts;
+  if (!family.empty()) {
+    const auto fam = parse_family(family);
+    if (!fam) throw InputError("--family", fmt::format("unknown family \"{}\" (one of: {})", family, family_names()));
+    opts.family = *fam;
+  }
+  ImportedModel imported = import_model_file(path, opts);
+  for (const std::string& w : imported.warnings) spdlog::warn("{}: {}", path, w);
+  spdlog::info("fuzz: model {} ({}, family {}, {} modules, {})", imported.model.name, imported.format,
+               family_name(imported.model.family), imported.model.modules.size(), format_mib(imported.model.bytes));
+  return std::make_shared<const ModelSpec>(std::move(imported.model));
+}
+
 int do_fuzz(const FuzzFlags& f) {
   CampaignConfig cfg;
   cfg.seed = f.seed;
@@ -166,13 +210,8 @@ int do_fuzz(const FuzzFlags& f) {
                                                   "comfy:feb2026: async only)", *cfg.gen.policy, allocator_mode_name(*cfg.gen.allocator)));
     }
   }
-  if (!f.model.empty()) {
-    ImportedModel imported = import_model_file(f.model, {});
-    for (const std::string& w : imported.warnings) spdlog::warn("{}: {}", f.model, w);
-    spdlog::info("fuzz: model {} ({}, family {}, {} modules, {})", imported.model.name, imported.format,
-                 family_name(imported.model.family), imported.model.modules.size(), format_mib(imported.model.bytes));
-    cfg.gen.model = std::make_shared<const ModelSpec>(std::move(imported.model));
-  }
+  if (!f.family.empty() && f.model.empty()) throw InputError("--family", "applies to --model only (the family of a model file)");
+  if (!f.model.empty()) cfg.gen.model = load_fuzz_model(f.model, f.family);
   cfg.out_dir = f.out;
   cfg.keep_per_signature = f.keep;
   cfg.shrink = !f.no_shrink;
@@ -185,9 +224,12 @@ int do_fuzz(const FuzzFlags& f) {
   if (!f.devices.empty()) {
     if (f.out.empty()) throw InputError("--devices", "needs --out: each worker writes OUT/shard-K, then they are merged into OUT");
     if (!f.shard.empty()) throw InputError("--devices", "cannot be combined with --shard (the workers are the shards)");
+    const std::vector<std::string> devices = parse_device_list(f.devices, "--devices");
+    // OUT is this run's before any worker starts (each worker takes its OUT/shard-K the same way).
+    const OutDir out_dir(f.out, OutDir::Options{"--out", f.clean, true});
     // The workers resolve the backend themselves; the merged command names it as given.
     cfg.case_options = case_options(f, cfg, f.backend);
-    return run_device_workers(parse_device_list(f.devices, "--devices"), f.out, fuzz_command(f, cfg));
+    return run_device_workers(devices, f.out, fuzz_command(f, cfg));
   }
   if (cfg.shard_count > 1) {
     spdlog::default_logger()->set_pattern(fmt::format("%^[%l]%$ [shard {}/{}] %v", cfg.shard_index, cfg.shard_count));
@@ -199,6 +241,15 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.confirm_runs = f.runs ? f.runs : (backend->name() == "cuda" ? 5 : 1);
   cfg.case_options = case_options(f, cfg, backend->name());
   cfg.command_line = fuzz_command(f, cfg);
+  // OUT is taken before the corpus and the first case: a writable directory, this run's alone, no
+  // earlier run's results in it (out_dir.h); run.json records the run for `report` to rebuild its
+  // summary from the finding files if the process is killed.
+  std::optional<OutDir> out_dir;
+  if (!cfg.out_dir.empty()) {
+    out_dir.emplace(cfg.out_dir, OutDir::Options{"--out", f.clean, true});
+    write_file_atomic((std::filesystem::path(cfg.out_dir) / "run.json").string(),
+                      report::run_marker_json(cfg, report::run_info("fuzz", cfg.command_line, std::string(backend->name()), cfg.out_dir)));
+  }
   Catalog catalog;
   spdlog::info("fuzz: seed {}, {} on {}, policy {}, allocator {}, device {}", cfg.seed,
                cfg.cases ? fmt::format("{} cases", cfg.cases) : fmt::format("{:.0f} s", cfg.seconds), backend->name(),
@@ -234,18 +285,22 @@ int do_fuzz(const FuzzFlags& f) {
 
 void add_fuzz(CLI::App& app, Action& action) {
   auto f = std::make_shared<FuzzFlags>();
-  CLI::App* cmd = app.add_subcommand("fuzz", "run a campaign of random scenarios and write every finding");
+  CLI::App* cmd = app.add_subcommand("fuzz", "run a campaign of random scenarios; write the first --keep finding files of each signature, count every finding");
   cmd->add_option("--seed", f->seed, "campaign seed (each case's seed derives from it)")->capture_default_str()->transform(kNonNegative);
   cmd->add_option("--cases", f->cases, "number of cases (default 1000 when --time is not given)")->transform(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
   cmd->add_option("--out", f->out, "output directory for findings and summary.json");
-  cmd->add_option("--model", f->model, "fuzz around this model file (safetensors, index.json or GGUF) instead of catalog pipelines");
+  cmd->add_option("--model", f->model,
+                  "fuzz around this model file (safetensors, index.json, GGUF, or the JSON `models import --out` writes) instead of "
+                  "catalog pipelines");
+  cmd->add_option("--family", f->family, "--model's family when its tensor names cannot tell it (flux, sdxl, t5, generic, ...)");
   cmd->add_option("--backend", f->backend, "sim | cuda | auto (cuda when a GPU is usable)")->capture_default_str();
   cmd->add_option("--transfer", f->transfer, "cuda: copy (H2D from pinned memory) | skip (memset; allocator-only runs)")
       ->capture_default_str();
   cmd->add_flag("--isolate", f->isolate, "run each case in a child process (a crash is that case's error, not the campaign's)");
-  cmd->add_option("--keep", f->keep, "finding files kept per signature")->capture_default_str()->transform(kNonNegative);
+  cmd->add_flag("--clean", f->clean, "remove an earlier run's results (summary, reports, findings/) from --out first (else refused)");
+  cmd->add_option("--keep", f->keep, "finding files written per signature and policy (every finding is counted)")->capture_default_str()->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();

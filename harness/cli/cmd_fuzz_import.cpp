@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "harness/cli/commands.h"
+#include "harness/cli/out_dir.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/overhead.h"
@@ -32,6 +33,7 @@ struct FuzzImportFlags {
   std::uint64_t execs = ShrinkOptions{}.max_execs;
   std::string time;
   std::string reserve;  // hidden, for tests: replay with this reserve instead of the bound
+  bool force = false;   // --force: replace a repro already in the output directory
 };
 
 #ifndef VF_HAVE_FDP
@@ -60,9 +62,10 @@ int do_fuzz_import(const FuzzImportFlags& f) {
     apply_policy_override(s.policy, "exact_reserve", f.reserve, "--reserve");
   }
 
+  const std::string dir = f.out.empty() ? f.file + ".repro" : f.out;
+  refuse_repro_overwrite(dir, f.out.empty() ? "fuzz-import" : "--out", f.force);
   // What the target ran, step by step: deterministic, so the crash reproduces here.
   const PipelineRun run = run_pipeline_case(s);
-  const std::string dir = f.out.empty() ? f.file + ".repro" : f.out;
   if (!run.broken.empty()) {
     // Not a verdict the shrinker can keep: the case itself is the repro.
     std::filesystem::create_directories(dir);
@@ -116,6 +119,7 @@ void add_fuzz_import(CLI::App& app, Action& action) {
       "fuzz-import", "turn an input of the fuzz_pipeline libFuzzer target into a shrunk repro (repro.json + repro.md)");
   cmd->add_option("crash", f->file, "a crash file (or any input) of fuzz_pipeline")->required();
   cmd->add_option("--out", f->out, "directory for repro.json and repro.md (default: CRASH.repro)");
+  cmd->add_flag("--force", f->force, "replace a repro.json / repro.md already in that directory (else refused)");
   cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");
   // Hidden, for tests: replay with a fixed reserve (e.g. 0) instead of the overhead bound.

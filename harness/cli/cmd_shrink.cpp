@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "harness/cli/commands.h"
+#include "harness/cli/out_dir.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/repro.h"
@@ -20,6 +21,7 @@ struct ShrinkFlags {
   std::uint64_t execs = ShrinkOptions{}.max_execs;
   std::string time;
   std::uint32_t runs = 0;  // 0: 1 on sim, 5 on cuda
+  bool force = false;      // --force: replace a repro.json / repro.md already there
 };
 
 std::uint32_t default_runs(std::string_view backend) { return backend == "cuda" ? 5 : 1; }
@@ -27,13 +29,16 @@ std::uint32_t default_runs(std::string_view backend) { return backend == "cuda" 
 int do_shrink(const ShrinkFlags& f) {
   Catalog catalog;
   const Scenario s = load_case_file(f.file, catalog);
+  // Next to the finding is where its campaign wrote the repro of its signature: never replaced
+  // without --force (a repro written elsewhere neither).
+  const std::string dir = f.out.empty() ? std::filesystem::path(f.file).parent_path().string() : f.out;
+  refuse_repro_overwrite(dir.empty() ? "." : dir, f.out.empty() ? "shrink" : "--out", f.force);
   auto backend = make_backend(f.backend);
   ShrinkOptions opt;
   opt.max_execs = f.execs;
   if (!f.time.empty()) opt.max_seconds = parse_duration(f.time, "--shrink-time");
   opt.confirm_runs = f.runs ? f.runs : default_runs(backend->name());
   const ShrinkResult r = shrink(s, *backend, opt);
-  const std::string dir = f.out.empty() ? std::filesystem::path(f.file).parent_path().string() : f.out;
   const std::string path = write_repro(dir.empty() ? "." : dir, r, read_origin(f.file));
   std::fputs(fmt::format("{}\nshrunk {} models / {} modules / {} -> {} / {} / {} in {} executions ({} cached, {:.2f} s){}\n"
                          "overshoot {} (original {}, largest seen {}); reproduced {}/{}{}\nrepro: {}\n",
@@ -90,6 +95,7 @@ void add_shrink(CLI::App& app, Action& action) {
   CLI::App* cmd = app.add_subcommand("shrink", "shrink a finding into a minimal repro (repro.json + repro.md)");
   cmd->add_option("finding", f->file, "a finding file (vramfuzz.finding/1), a repro, or a scenario that fails")->required();
   cmd->add_option("--out", f->out, "directory for repro.json and repro.md (default: next to the finding)");
+  cmd->add_flag("--force", f->force, "replace a repro.json / repro.md already in that directory (else refused)");
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
   cmd->add_option("--shrink-execs", f->execs, "execution budget")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");

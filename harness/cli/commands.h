@@ -56,6 +56,10 @@ void add_import(CLI::App& models, Action& action);
 // every module has one), and the tag `--modules` puts on each (common.cpp; docs/models.md).
 std::string cast_hook_summary(const ModelSpec& m);
 std::string_view module_tag(const Module& m);
+// Every option and argument given on the command line of `app` and its chosen subcommands with
+// an empty value (`--vram ""`, `--out ""`, `run ""`) is an InputError naming it: an empty value
+// would otherwise read as the option left out, and `--out ""` as "write nothing" or "write here".
+void reject_empty_values(const CLI::App& app);
 
 // " --name value" for each non-empty value, values shell-quoted: the pieces of recorded commands.
 std::string option_text(std::string_view name, const std::string& value);

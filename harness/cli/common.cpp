@@ -82,6 +82,13 @@ void PolicyFlags::apply(Scenario& s) const {
   if (!policy.empty()) {
     const auto overrides = s.policy.overrides;
     s.policy = parse_policy(policy, "--policy");
+    // --policy replaces the preset; the constants the file overrides stay overridden (they are
+    // what the case is about), and the log says which: --set changes one.
+    std::string kept;
+    for (const auto& [k, v] : overrides) {
+      if (k != "exact_reserve" || s.policy.predictor == PredictorKind::exact) kept += fmt::format(" {}={}", k, v);
+    }
+    if (!kept.empty()) spdlog::warn("--policy {}: keeping the scenario's policy overrides:{} (--set KEY=VALUE changes one)", policy, kept);
     for (const auto& [k, v] : overrides) {
       // exact_reserve means something to `exact` only (a fuzz-import repro carries `bound`):
       // under another predictor the file's own reserve rules, as `reserve` does.
@@ -117,6 +124,18 @@ void PolicyFlags::apply(Scenario& s) const {
   sim::normalize_allocator_config(s.allocator, [&from_flags](std::string_view key) {
     return from_flags.contains(std::string(key)) ? fmt::format("--option {}", key) : fmt::format("allocator.options.{}", key);
   });
+}
+
+void reject_empty_values(const CLI::App& app) {
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() == 0 || opt->get_expected_min() == 0) continue;  // not given, or a flag
+    for (const std::string& v : opt->results()) {
+      if (v.find_first_not_of(" \t") != std::string::npos) continue;
+      const std::string name = opt->get_name();
+      throw InputError(name, name.rfind("--", 0) == 0 ? "empty value (leave the option out for its default)" : "empty value");
+    }
+  }
+  for (const CLI::App* sub : app.get_subcommands()) reject_empty_values(*sub);
 }
 
 std::pair<std::string, std::string> split_kv(const std::string& kv, const std::string& flag) {

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   try {
+    vf::cli::reject_empty_values(app);
     return action ? action() : vf::kExitBadInput;
   } catch (const vf::InputError& e) {
     spdlog::error("{}", e.what());

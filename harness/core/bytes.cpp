@@ -48,7 +48,8 @@ struct Unit {
   Bytes scale;
 };
 
-// Longest suffixes first so "MiB" is not read as "B".
+// Longest suffixes first so "MiB" is not read as "B". Every unit is binary: "MB" and "M" mean MiB,
+// as they do in ComfyUI's and PyTorch's logs (docs/formats.md).
 constexpr Unit kUnits[] = {
     {"KiB", KiB}, {"MiB", MiB}, {"GiB", GiB}, {"TiB", GiB * 1024}, {"KB", KiB}, {"MB", MiB},
     {"GB", GiB},  {"TB", GiB * 1024},         {"K", KiB},          {"M", MiB},  {"G", GiB},
@@ -82,7 +83,11 @@ Bytes parse_size(std::string_view text, std::string_view what) {
         break;
       }
     }
-    if (!found) throw InputError(field, fmt::format("unknown unit \"{}\" in \"{}\" (use B, KiB, MiB, GiB, TiB)", unit, text));
+    if (!found) {
+      throw InputError(field, fmt::format("unknown unit \"{}\" in \"{}\" (use B, KiB, MiB, GiB or TiB; KB, MB, GB, TB and K, M, G, T "
+                                          "are accepted as the same binary units)",
+                                          unit, text));
+    }
   }
 
   if (number.find('.') == std::string_view::npos) {

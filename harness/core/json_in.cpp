@@ -27,13 +27,27 @@ std::string JsonIn::type_name() const {
   if (j_->is_boolean()) return "a boolean";
   if (j_->is_number_unsigned() || j_->is_number_integer()) return fmt::format("integer {}", j_->dump());
   if (j_->is_number()) return fmt::format("number {}", j_->dump());
-  if (j_->is_string()) return fmt::format("string {}", j_->dump());
+  if (j_->is_string()) return fmt::format("string {}", json_excerpt(*j_));
   if (j_->is_array()) return "an array";
   return "an object";
 }
 
+namespace {
+
+// A key as a path shows it: cut to its first 48 bytes when longer (a hostile file's key can be
+// megabytes, and every message that names the field would repeat it).
+std::string path_key(std::string_view key) {
+  constexpr std::size_t kMax = 48;
+  if (key.size() <= kMax) return std::string(key);
+  std::size_t cut = kMax;
+  while (cut > 0 && (static_cast<unsigned char>(key[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+  return fmt::format("{}...({} bytes)", key.substr(0, cut), key.size());
+}
+
+}  // namespace
+
 std::string JsonIn::child(std::string_view key) const {
-  return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+  return path_.empty() ? path_key(key) : fmt::format("{}.{}", path_, path_key(key));
 }
 
 void JsonIn::expect_object(std::initializer_list<std::string_view> allowed_keys) const {
@@ -147,11 +161,65 @@ std::string JsonIn::scalar_text() const {
   fail("expected a string, number or boolean, got " + type_name());
 }
 
+std::string JsonTooDeep::describe(const std::string& path, std::size_t byte) {
+  // The path of the 65th level is mostly "[0][0]...": its start says where the nesting began.
+  constexpr std::size_t kShown = 64;
+  const std::string shown = path.size() <= kShown + 16 ? path : path.substr(0, kShown) + "...";
+  return fmt::format("arrays and objects nested deeper than {} levels at byte {}{}", kMaxJsonDepth, byte,
+                     path.empty() ? "" : fmt::format(" (at {})", shown));
+}
+
+std::string json_excerpt(const nlohmann::json& v) {
+  using nlohmann::json;
+  if (v.is_array()) return fmt::format("an array of {} element{}", v.size(), v.size() == 1 ? "" : "s");
+  if (v.is_object()) return fmt::format("an object with {} key{}", v.size(), v.size() == 1 ? "" : "s");
+  if (v.is_string()) {
+    constexpr std::size_t kMax = 48;
+    const std::string& text = v.get_ref<const std::string&>();
+    if (text.size() <= kMax) return v.dump(-1, ' ', false, json::error_handler_t::replace);
+    std::size_t cut = kMax;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+    return fmt::format("{}... ({} bytes)", json(text.substr(0, cut)).dump(-1, ' ', false, json::error_handler_t::replace),
+                       text.size());
+  }
+  return v.dump();  // a number, a boolean or null: short
+}
+
 namespace {
 
-// Follows the parser's events to know the path of each key and the keys each open object has.
+// The 1-based offset of the first bracket that opens level kMaxJsonDepth + 1, brackets inside
+// strings not counted (0: none). Asked only once the parser has refused that bracket, so the text
+// before it is valid JSON and the count is exact.
+std::size_t too_deep_offset(std::string_view text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return i + 1;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return 0;
+}
+
+// Follows the parser's events to know, for each open array or object, the element or key it is
+// at, and the keys each open object has had. The path of a key is not kept: it is built from the
+// frames only when an error names it, so a frame costs the same at any depth, and the depth is
+// capped at kMaxJsonDepth.
 class KeyTracker {
  public:
+  explicit KeyTracker(std::string_view text) : text_(text) {}
+
   bool operator()(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
     switch (event) {
@@ -160,7 +228,7 @@ class KeyTracker {
       case E::key: {
         Frame& f = stack_.back();
         f.key = parsed.get_ref<const std::string&>();
-        if (!f.keys.insert(f.key).second) throw JsonDuplicateKey(join(f.path, f.key));
+        if (!f.keys.insert(f.key).second) throw JsonDuplicateKey(path());
         break;
       }
       case E::object_end:
@@ -176,31 +244,38 @@ class KeyTracker {
  private:
   struct Frame {
     bool object;
-    std::string path;
     std::set<std::string> keys;  // objects: the keys seen so far
     std::string key;             // objects: the current key
     std::size_t index = 0;       // arrays: the current element
   };
-  static std::string join(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
-  void push(bool object) {
-    std::string path;
-    if (!stack_.empty()) {
-      const Frame& parent = stack_.back();
-      path = parent.object ? join(parent.path, parent.key) : fmt::format("{}[{}]", parent.path, parent.index);
+  // Where the parser is: each open object's current key, each open array's current element.
+  std::string path() const {
+    std::string out;
+    for (const Frame& f : stack_) {
+      if (f.object) {
+        out += (out.empty() ? "" : ".") + path_key(f.key);
+      } else {
+        out += fmt::format("[{}]", f.index);
+      }
     }
-    stack_.push_back(Frame{object, std::move(path), {}, {}, 0});
+    return out;
+  }
+  void push(bool object) {
+    if (stack_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) throw JsonTooDeep(path(), too_deep_offset(text_));
+    stack_.push_back(Frame{object, {}, {}, 0});
   }
   // A value (scalar or closed container) ended: in an array, the next one has the next index.
   void next_element() {
     if (!stack_.empty() && !stack_.back().object) ++stack_.back().index;
   }
+  std::string_view text_;
   std::vector<Frame> stack_;
 };
 
 }  // namespace
 
 nlohmann::json parse_json_unique(std::string_view text) {
-  KeyTracker tracker;
+  KeyTracker tracker(text);
   return nlohmann::json::parse(text.begin(), text.end(), std::ref(tracker));
 }
 
@@ -209,7 +284,10 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
     return parse_json_unique(text);
   } catch (const JsonDuplicateKey& e) {
     throw InputError(e.path(), fmt::format("key given twice in one object (in {}; keep one)", origin));
+  } catch (const JsonTooDeep& e) {
+    throw InputError(std::string(origin), e.what());
   } catch (const nlohmann::json::parse_error& e) {
+
     // e.byte is 1-based position of the failure; e.what() carries nlohmann's diagnosis.
     std::string what = e.what();
     const auto pos = what.find("; ");
@@ -230,6 +308,10 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
 }
 
 std::string read_text_file(const std::string& path) {
+  // A directory opens like a file on Linux and reads as nothing: say what it is instead of
+  // "invalid JSON at byte 1" (or, for a reader that takes any bytes, an empty input).
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path, "is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot open file");
   std::ostringstream ss;

@@ -71,14 +71,43 @@ class JsonDuplicateKey : public std::runtime_error {
   std::string path_;
 };
 
-// Parses JSON text, refusing a duplicate key (JsonDuplicateKey). Syntax errors and numbers too
-// large for a double throw nlohmann's own exceptions (parse_error, out_of_range): for readers that
-// word their errors themselves (the JSONL trace); the others use parse_json_text.
+// How deep arrays and objects may nest in any document vramfuzz reads. The deepest one it writes
+// (summary.json: findings[].case.trace.rows[][]) nests 6 levels; a hand-written or generated file
+// has no reason to go past a few more. A limit keeps every later walk of a document (validation,
+// copies, error messages) short, whatever the input.
+inline constexpr int kMaxJsonDepth = 64;
+
+// An array or object opened deeper than kMaxJsonDepth. `byte` is the 1-based offset of the bracket
+// that went too deep (the text before it is valid JSON so far); `path` names where it is.
+class JsonTooDeep : public std::runtime_error {
+ public:
+  JsonTooDeep(std::string path, std::size_t byte)
+      : std::runtime_error(describe(path, byte)), path_(std::move(path)), byte_(byte) {}
+  const std::string& path() const { return path_; }
+  std::size_t byte() const { return byte_; }
+
+ private:
+  static std::string describe(const std::string& path, std::size_t byte);
+  std::string path_;
+  std::size_t byte_;
+};
+
+// A value as an error message may quote it: scalars as JSON (a long string cut to its first 48
+// characters, with its length), arrays and objects by their size only ("an array of 30000
+// elements"). Messages never carry a whole value: a hostile one could be megabytes.
+std::string json_excerpt(const nlohmann::json& value);
+
+// Parses JSON text, refusing a duplicate key (JsonDuplicateKey) and nesting deeper than
+// kMaxJsonDepth (JsonTooDeep). Syntax errors and numbers too large for a double throw nlohmann's
+// own exceptions (parse_error, out_of_range): for readers that word their errors themselves (the
+// JSONL trace); the others use parse_json_text. Time and memory are linear in the text: a key's
+// path is built only when an error names it.
 nlohmann::json parse_json_unique(std::string_view text);
 // Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ..."), a
-// duplicate key InputError(path of the key, "key given twice in one object ...").
+// duplicate key InputError(path of the key, "key given twice in one object ..."), too deep a
+// nesting InputError(origin, "... nested deeper than 64 levels at byte N (at PATH)").
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin);
-// Reads a whole file (InputError if it can't be read; the path is the field).
+// Reads a whole file (InputError if it can't be read, or is a directory; the path is the field).
 std::string read_text_file(const std::string& path);
 // Writes atomically: a temporary in the same directory, fsync, rename. InfraError on failure.
 void write_file_atomic(const std::string& path, std::string_view content);

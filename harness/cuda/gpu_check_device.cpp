@@ -354,7 +354,11 @@ void section_calibration(CheckContext& c, const Deadline& dl, Json& out) {
   if (!quick) pool_sizes.push_back(1 * GiB);
   pool_sizes.insert(pool_sizes.end(), 40, 1 * MiB);
   Json pools = Json::array();
-  for (const auto& [dedicated, threshold] : {std::pair<bool, std::uint64_t>{true, 0}, {true, kReleaseNever}, {false, kReleaseNever}}) {
+  for (const auto& pool_kind : {std::pair<bool, std::uint64_t>{true, 0}, {true, kReleaseNever}, {false, kReleaseNever}}) {
+    // Plain variables, not a structured binding: the lambda below captures them, which C++20
+    // allows for bindings only from clang 16 (clang 14, Debian 12's, refuses it).
+    const bool dedicated = pool_kind.first;
+    const std::uint64_t threshold = pool_kind.second;
     if (dl.passed()) break;
     const std::string name = fmt::format("async_pool_{}_{}", dedicated ? "dedicated" : "default",
                                          threshold == kReleaseNever ? "UINT64_MAX" : "0");

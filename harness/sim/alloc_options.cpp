@@ -18,9 +18,10 @@ namespace {
 // Which modes an option applies to.
 enum : unsigned { kCachingModes = 1u, kAsyncMode = 2u };
 
-// PyTorch rejects max_split_size_mb / max_non_split_rounding_mb below the 20 MiB large buffer
-// and large_segment_size_mb at or below the 10 MiB kMinLargeAlloc.
-constexpr std::uint64_t kMinSplitMb = kLargeBuffer / MiB;
+// PyTorch's 2026 AllocatorConfig reads large_segment_size_mb first, wherever it is in the list,
+// and refuses it at or below the 10 MiB kMinLargeAlloc. The large segment size is then the
+// default of max_non_split_rounding_mb and the minimum of both max_split_size_mb and
+// max_non_split_rounding_mb (20 MiB when large_segment_size_mb is not given).
 constexpr std::uint64_t kMinLargeSegmentMbExclusive = kMinLargeAlloc / MiB;
 // Option values in MiB above this (1 EiB) are refused: no device is that large.
 constexpr std::uint64_t kMaxMb = kMaxRequest / MiB;
@@ -135,6 +136,7 @@ RoundupDivisions parse_roundup_power2_divisions(std::string_view text, std::stri
 namespace {
 
 struct Seen {
+  bool non_split_rounding = false;
   bool gc = false;
   bool fraction = false;
   bool probability = false;
@@ -142,6 +144,13 @@ struct Seen {
 };
 
 using Handler = void (*)(AllocOptions&, Seen&, std::string_view value, const std::string& field);
+
+// max_split_size_mb and max_non_split_rounding_mb may not be below the large segment size.
+void check_segment_minimum(Bytes value, Bytes large_segment_size, const std::string& field) {
+  if (value >= large_segment_size) return;
+  throw InputError(field, fmt::format("must be >= {} (PyTorch's minimum: large_segment_size_mb{}), got {}", large_segment_size / MiB,
+                                      large_segment_size == kLargeBuffer ? ", 20 unless given" : "", value / MiB));
+}
 
 struct OptionSpec {
   AllocOptionInfo info;
@@ -152,20 +161,21 @@ struct OptionSpec {
 // The table of options. Meanings and defaults are repeated in docs/allocators.md.
 const OptionSpec kOptions[] = {
     {{"max_split_size_mb", "caching, caching-expandable", "unlimited",
-      "blocks of this size or more are never split; requests below it never take them (§1.4, §1.7); >= 20"},
+      "blocks of this size or more are never split; requests below it never take them (§1.4, §1.7); >= large_segment_size_mb"},
      kCachingModes,
      [](AllocOptions& o, Seen&, std::string_view v, const std::string& f) {
        const Bytes b = parse_mb(v, f);
-       if (b < kMinSplitMb * MiB) throw InputError(f, fmt::format("must be >= {} (PyTorch's minimum), got {}", kMinSplitMb, b / MiB));
+       check_segment_minimum(b, o.caching.large_segment_size, f);
        o.caching.max_split_size = b;
      }},
-    {{"max_non_split_rounding_mb", "caching, caching-expandable", "20",
-      "an oversize request may take a cached block less than this much larger (§1.4); >= 20"},
+    {{"max_non_split_rounding_mb", "caching, caching-expandable", "large_segment_size_mb (20)",
+      "an oversize request may take a cached block less than this much larger (§1.4); >= large_segment_size_mb"},
      kCachingModes,
-     [](AllocOptions& o, Seen&, std::string_view v, const std::string& f) {
+     [](AllocOptions& o, Seen& s, std::string_view v, const std::string& f) {
        const Bytes b = parse_mb(v, f);
-       if (b < kMinSplitMb * MiB) throw InputError(f, fmt::format("must be >= {} (PyTorch's minimum), got {}", kMinSplitMb, b / MiB));
+       check_segment_minimum(b, o.caching.large_segment_size, f);
        o.caching.max_non_split_rounding = b;
+       s.non_split_rounding = true;
      }},
     {{"roundup_power2_divisions", "caching, caching-expandable", "0 (off)",
       "round requests up to one of d steps per power-of-two interval: \"4\" or \"[256:4,>:8]\" (§1.2)"},
@@ -200,7 +210,8 @@ const OptionSpec kOptions[] = {
        s.expandable_given = true;
      }},
     {{"large_segment_size_mb", "caching, caching-expandable", "20",
-      "segment size for 1-10 MiB requests; page size of large expandable segments (§1.1, §1.8); > 10"},
+      "segment size for 1-10 MiB requests; page size of large expandable segments (§1.1, §1.8); > 10; read before every "
+      "other option: the default of max_non_split_rounding_mb and the minimum of it and max_split_size_mb"},
      kCachingModes,
      [](AllocOptions& o, Seen&, std::string_view v, const std::string& f) {
        const Bytes b = parse_mb(v, f);
@@ -272,7 +283,8 @@ struct Unmodelled {
   std::string_view reason;
 };
 const Unmodelled kUnmodelled[] = {
-    {"backend", "choose the backend with the allocator mode (caching, caching-expandable, async), not an option"},
+    {"backend", "is not an option here: the allocator mode is the backend (native = caching, cudaMallocAsync = async); "
+                "give it with --allocator or the scenario's allocator.mode"},
     {"pinned_use_background_threads", "is a pinned host memory option; the sim models device memory only"},
     {"pinned_use_cuda_host_register", "is a pinned host memory option; the sim models device memory only"},
     {"pinned_num_register_threads", "is a pinned host memory option; the sim models device memory only"},
@@ -321,8 +333,16 @@ AllocOptions parse_alloc_options(const AllocatorConfig& config, const OptionFiel
   if (config.mode == AllocatorMode::caching_expandable) out.caching.expandable_segments = true;
 
   Seen seen;
+  // large_segment_size_mb first, wherever it is: the minimums of two other options depend on it.
+  std::vector<std::pair<std::string, std::string>> ordered;
+  for (const auto& kv : config.options) {
+    if (kv.first == "large_segment_size_mb" && !async) ordered.push_back(kv);
+  }
+  for (const auto& kv : config.options) {
+    if (kv.first != "large_segment_size_mb" || async) ordered.push_back(kv);
+  }
   std::vector<std::string_view> given;
-  for (const auto& [key, value] : config.options) {
+  for (const auto& [key, value] : ordered) {
     const std::string field = field_of(key);
     if (std::find(given.begin(), given.end(), key) != given.end()) {
       throw InputError(field, "given twice; keep one value");
@@ -348,6 +368,8 @@ AllocOptions parse_alloc_options(const AllocatorConfig& config, const OptionFiel
     }
     spec->parse(out, seen, value, field);
   }
+
+  if (!seen.non_split_rounding) out.caching.max_non_split_rounding = out.caching.large_segment_size;
 
   // Combinations.
   if (config.mode == AllocatorMode::caching_expandable && !out.caching.expandable_segments) {

@@ -2,6 +2,8 @@
 // The expandable device layer is in caching_expandable.cpp. Rules: cuda-allocators.md §1.
 #include "harness/sim/caching.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <bit>
 
@@ -59,10 +61,11 @@ CachingAllocator::CachingAllocator(DeviceLayer& device, const CachingOptions& op
   large_.small = false;
   any_divisions_ = std::any_of(options_.roundup_divisions.begin(), options_.roundup_divisions.end(),
                                [](std::uint32_t d) { return d > 1; });
-  // set_per_process_memory_fraction: the limit is f x the device's total memory, and it is
-  // compared with *reserved* memory (segments), not with allocated bytes.
+  // set_per_process_memory_fraction: the limit is f x the device's total memory, rounded to the
+  // nearest byte (PyTorch 2026: std::round; earlier versions truncated), and it is compared with
+  // *reserved* memory (segments), not with allocated bytes. f = 1 sets no limit.
   if (options_.memory_fraction < 1.0) {
-    allowed_ = static_cast<Bytes>(options_.memory_fraction * static_cast<double>(device.spec().total));
+    allowed_ = static_cast<Bytes>(std::round(options_.memory_fraction * static_cast<double>(device.spec().total)));
   }
 }
 
@@ -124,19 +127,22 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   }
   if (key >= keys_.size()) keys_.resize(static_cast<std::size_t>(key) + 1, kNone);
 
-  // Every malloc first reclaims blocks whose cross-stream events have completed (§1.9).
-  process_events();
-
-  // An empty tensor has no storage: PyTorch never calls the allocator for it.
+  // An empty tensor has no storage: PyTorch's allocate() never calls the allocator for it.
   if (size == 0) {
     keys_[key] = kZeroSized;
     return true;
   }
-  if (size > kMaxRequest) {
+  // allocate() refuses 1 EiB and more (`size < one_exa_bytes`) before the allocator runs: no
+  // events are processed and the allocator's OOM count does not move.
+  if (size >= kMaxRequest) {
     last_failure_ = Failure::device;
     record_oom(size, size, size, stream);
     return false;
   }
+
+  // Every malloc that reaches the allocator first reclaims blocks whose cross-stream events have
+  // completed (§1.9).
+  process_events();
 
   const Bytes rounded = round_size(size, options_.roundup_divisions);
   Pool& pool = rounded <= kSmallSize ? small_ : large_;
@@ -497,15 +503,15 @@ void CachingAllocator::release_pool_native(Pool& pool) {
 // ---- Stats and introspection ------------------------------------------------------------------
 
 void CachingAllocator::record_oom(Bytes size, Bytes rounded, Bytes alloc_size, StreamId stream) {
-  ++stats_.num_ooms;
+  if (size < kMaxRequest) ++stats_.num_ooms;  // the 1 EiB refusal happens before the allocator
   OomInfo info;
   info.request = size;
   info.device_free = device_.free_bytes();
   info.reserved = stats_.reserved.current;
   info.allocated = stats_.allocated.current;
   std::string why;
-  if (size > kMaxRequest) {
-    why = "the request is larger than any device";
+  if (size >= kMaxRequest) {
+    why = "1 EiB or more is refused before the allocator runs (PyTorch: \"Tried to allocate more than 1EB memory\")";
   } else if (last_failure_ == Failure::fraction) {
     why = fmt::format("per_process_memory_fraction: reserved {} + new segment {} > allowed {}",
                       format_mib(stats_.reserved.current), format_mib(alloc_size), format_mib(*allowed_));

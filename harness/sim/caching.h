@@ -46,7 +46,9 @@ inline constexpr Bytes kSmallSize = 1 * MiB;
 inline constexpr Bytes kSmallBuffer = 2 * MiB;
 // Large requests below 10 MiB share a "large buffer" segment instead of getting their own.
 inline constexpr Bytes kMinLargeAlloc = 10 * MiB;
-// That large buffer: 20 MiB. Newer PyTorch makes it `large_segment_size_mb`; this is the default.
+// That large buffer: 20 MiB by default. PyTorch's 2026 AllocatorConfig makes it
+// `large_segment_size_mb` (> 10), which is also the default of max_non_split_rounding_mb and the
+// minimum of both max_split_size_mb and max_non_split_rounding_mb (alloc_options.cpp).
 inline constexpr Bytes kLargeBuffer = 20 * MiB;
 // Requests of 10 MiB and more get a segment of their own, rounded up to whole 2 MiB pages.
 inline constexpr Bytes kRoundLarge = 2 * MiB;
@@ -59,8 +61,9 @@ inline constexpr Bytes kExpandableVaNum = 9;
 inline constexpr Bytes kExpandableVaDen = 8;
 // "No limit" for max_split_size (PyTorch: SIZE_MAX).
 inline constexpr Bytes kUnlimited = ~Bytes{0};
-// Requests above this can never be satisfied by any device and are refused as OOM up front
-// (PyTorch refuses >= 1 EB the same way); it also keeps the rounding arithmetic overflow-free.
+// Requests of this size (1 EiB) and more are refused as OOM before the allocator runs, as
+// PyTorch's allocate() does (`size < one_exa_bytes`): no pending event is processed for them.
+// It also keeps the rounding arithmetic overflow-free.
 inline constexpr Bytes kMaxRequest = Bytes{1} << 60;
 
 using RoundupDivisions = std::array<std::uint32_t, kRoundupIntervals>;
@@ -69,9 +72,9 @@ using RoundupDivisions = std::array<std::uint32_t, kRoundupIntervals>;
 struct CachingOptions {
   RoundupDivisions roundup_divisions{};     // roundup_power2_divisions; 0 / 1 = plain 512 B rounding
   Bytes max_split_size = kUnlimited;        // max_split_size_mb: blocks >= it are never split
-  Bytes max_non_split_rounding = 20 * MiB;  // max_non_split_rounding_mb: oversize reuse slack
+  Bytes max_non_split_rounding = kLargeBuffer;  // max_non_split_rounding_mb (default: large_segment_size): oversize reuse slack
   double garbage_collection_threshold = 0;  // (0,1); active only with a memory fraction
-  double memory_fraction = 1.0;             // per_process_memory_fraction; 1 = no limit
+  double memory_fraction = 1.0;             // per_process_memory_fraction; limit round(f x total); 1 = no limit
   bool expandable_segments = false;         // expandable_segments:True
   Bytes large_segment_size = kLargeBuffer;  // large_segment_size_mb
   // Sim-only: how many later mallocs still see a record_stream event pending. nullopt (the

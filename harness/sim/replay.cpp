@@ -1,5 +1,6 @@
 #include "harness/sim/replay.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -43,8 +44,8 @@ const json& require(const json& obj, std::string_view field, const LineContext& 
 
 std::uint64_t get_uint(const json& v, std::string_view field, const LineContext& ctx) {
   if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-  if (v.is_number_integer()) throw InputError(ctx.at(field), fmt::format("must not be negative, got {}", v.dump()));
-  throw InputError(ctx.at(field), fmt::format("expected a non-negative integer, got {}", v.dump()));
+  if (v.is_number_integer()) throw InputError(ctx.at(field), fmt::format("must not be negative, got {}", json_excerpt(v)));
+  throw InputError(ctx.at(field), fmt::format("expected a non-negative integer, got {}", json_excerpt(v)));
 }
 
 StreamId get_stream(const json& obj, std::string_view field, const LineContext& ctx, bool optional) {
@@ -63,7 +64,7 @@ StreamId get_stream(const json& obj, std::string_view field, const LineContext& 
 Bytes get_size(const json& v, const LineContext& ctx) {
   if (v.is_string()) return parse_size(v.get<std::string>(), ctx.at("size"));
   if (v.is_number_float()) {
-    throw InputError(ctx.at("size"), fmt::format("expected whole bytes or a string like \"320MiB\", got {}", v.dump()));
+    throw InputError(ctx.at("size"), fmt::format("expected whole bytes or a string like \"320MiB\", got {}", json_excerpt(v)));
   }
   return get_uint(v, "size", ctx);
 }
@@ -84,7 +85,7 @@ bool field_allowed(TraceEvent::Op op, std::string_view key) {
 TraceEvent parse_event(const json& obj, const LineContext& ctx) {
   if (!obj.is_object()) throw InputError(ctx.here(), "each line must be a JSON object like {\"op\":\"alloc\",...}");
   const json& op_value = require(obj, "op", ctx);
-  if (!op_value.is_string()) throw InputError(ctx.at("op"), fmt::format("expected a string, got {}", op_value.dump()));
+  if (!op_value.is_string()) throw InputError(ctx.at("op"), fmt::format("expected a string, got {}", json_excerpt(op_value)));
   const std::string op = op_value.get<std::string>();
   TraceEvent e;
   e.line = ctx.line;
@@ -107,7 +108,7 @@ TraceEvent parse_event(const json& obj, const LineContext& ctx) {
   for (const auto& [key, value] : obj.items()) {
     if (key == "op") continue;
     if (key == "name") {
-      if (!value.is_string()) throw InputError(ctx.at("name"), fmt::format("expected a string, got {}", value.dump()));
+      if (!value.is_string()) throw InputError(ctx.at("name"), fmt::format("expected a string, got {}", json_excerpt(value)));
       e.name = value.get<std::string>();
       continue;
     }
@@ -156,6 +157,8 @@ std::vector<TraceEvent> parse_trace_text(std::string_view text, std::string_view
     } catch (const JsonDuplicateKey& err) {
       // nlohmann would keep the last value: {"op":"alloc","id":1,"size":10,"size":20} is not 20.
       throw InputError(ctx.at(err.path()), "key given twice on one line (keep one)");
+    } catch (const JsonTooDeep& err) {
+      throw InputError(ctx.here(), err.what());  // the byte is the line's
     } catch (const json::exception& err) {
       // parse_error, and out_of_range for a number too large for a double (1e999).
       throw InputError(ctx.here(), fmt::format("not valid JSON ({})", err.what()));
@@ -181,6 +184,8 @@ std::vector<TraceEvent> parse_trace_text(std::string_view text, std::string_view
 }
 
 std::vector<TraceEvent> parse_trace_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path, "is a directory, not a trace file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path, "cannot open the trace file");
   std::ostringstream buf;

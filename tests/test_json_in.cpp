@@ -1,0 +1,155 @@
+// The JSON reader every file format goes through (harness/core/json_in.h): nesting is capped and
+// refused at the byte that goes too deep, a duplicate key is named by its path at any depth, the
+// path is built only for the message, and messages never carry a whole value.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+
+namespace vf {
+namespace {
+
+std::string nested(std::size_t depth, std::string_view inner = "") {
+  return std::string(depth, '[') + std::string(inner) + std::string(depth, ']');
+}
+
+// The message parse_json_text gives for `text` ("" when it parses).
+std::string error_of(std::string_view text, std::string_view origin = "doc.json") {
+  try {
+    (void)parse_json_text(text, origin);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(JsonIn, NestingUpToTheLimitIsRead) {
+  const nlohmann::json j = parse_json_text(nested(kMaxJsonDepth, "1"), "doc.json");
+  const nlohmann::json* v = &j;
+  for (int i = 0; i < kMaxJsonDepth; ++i) v = &(*v)[0];
+  EXPECT_EQ(*v, 1);
+}
+
+TEST(JsonIn, OneLevelTooDeepIsRefusedAtItsBracket) {
+  // The 65th '[' is byte 65.
+  const std::string e = error_of(nested(kMaxJsonDepth + 1));
+  EXPECT_NE(e.find("doc.json: arrays and objects nested deeper than 64 levels at byte 65"), std::string::npos) << e;
+}
+
+// The inputs of issue 14: a 200 KB document nested 100,000 deep ran for minutes and took
+// gigabytes (each level copied the whole key path); 40,000 deep took 8.8 s and 2.4 GB.
+TEST(JsonIn, HundredThousandDeepIsRefusedAtOnce) {
+  const std::string text = nested(100000);
+  ASSERT_EQ(text.size(), 200000u);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of(text);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(e.find("nested deeper than 64 levels at byte 65"), std::string::npos) << e;
+  // Generous for a sanitized build on a loaded machine; the CLI measurement is in test_hostile.
+  EXPECT_LT(s, 1.0);
+}
+
+TEST(JsonIn, FortyThousandDeepScenarioFieldNamesWhere) {
+  const std::string text = R"({"schema":"vramfuzz.scenario/1","device":)" + nested(40000) + "}";
+  const std::string e = error_of(text, "case.json");
+  // "device" opens at byte 42; its 64th nested '[' (the 65th level) is byte 42 + 63 = 105.
+  EXPECT_NE(e.find("case.json: arrays and objects nested deeper than 64 levels at byte 105 (at device[0][0]"), std::string::npos)
+      << e;
+  EXPECT_LT(e.size(), 300u) << "the path of the deep level is cut, not printed 64 levels long";
+}
+
+TEST(JsonIn, BracketsInsideStringsDoNotCount) {
+  const std::string deep_text = "\"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"";
+  const nlohmann::json j = parse_json_text("{\"a\":" + deep_text + ",\"b\":" + nested(kMaxJsonDepth - 1) + "}", "doc.json");
+  EXPECT_EQ(j["a"].get<std::string>().size(), 2001u);
+  // A string before the deep part moves the byte the error names, not the count.
+  const std::string e = error_of("[" + deep_text + "," + nested(kMaxJsonDepth) + "]");
+  EXPECT_NE(e.find(fmt::format("at byte {}", 1 + deep_text.size() + 1 + kMaxJsonDepth)), std::string::npos) << e;
+}
+
+TEST(JsonIn, SyntaxErrorBeforeTheDeepPartIsTheError) {
+  const std::string e = error_of("[1,,2," + nested(100000));
+  EXPECT_NE(e.find("invalid JSON at byte 4"), std::string::npos) << e;
+}
+
+TEST(JsonIn, DuplicateKeyIsNamedByItsPathAtAnyDepth) {
+  EXPECT_NE(error_of(R"({"a":[{"b":1},{"c":{"d":1,"d":2}}]})").find("a[1].c.d: key given twice in one object"), std::string::npos);
+  // Deep inside arrays, the indices of every level.
+  // 62 arrays, then one holding the object: 64 levels.
+  const std::string text = std::string(kMaxJsonDepth - 2, '[') + R"([0,{"x":1,"x":2}])" + std::string(kMaxJsonDepth - 2, ']');
+  std::string path;
+  for (int i = 0; i < kMaxJsonDepth - 2; ++i) path += "[0]";
+  EXPECT_NE(error_of(text).find(path + "[1].x: key given twice"), std::string::npos) << error_of(text);
+}
+
+TEST(JsonIn, DuplicateKeyThrownByTheLowLevelParserToo) {
+  try {
+    (void)parse_json_unique(R"({"op":"alloc","size":1,"size":2})");
+    FAIL() << "duplicate accepted";
+  } catch (const JsonDuplicateKey& e) {
+    EXPECT_EQ(e.path(), "size");
+  }
+  try {
+    (void)parse_json_unique(R"({"op":)" + nested(30000) + "}");
+    FAIL() << "deep line accepted";
+  } catch (const JsonTooDeep& e) {
+    EXPECT_EQ(e.byte(), 6u + 64u);
+  }
+}
+
+TEST(JsonIn, LongKeysAreCutInPaths) {
+  const std::string key(100000, 'k');
+  const std::string e = error_of("{\"" + key + "\":1,\"" + key + "\":2}");
+  EXPECT_NE(e.find("...(100000 bytes): key given twice"), std::string::npos) << e.substr(0, 200);
+  EXPECT_LT(e.size(), 200u);
+  const nlohmann::json doc = nlohmann::json::parse("{\"" + key + "\":1}");
+  try {
+    JsonIn(doc, "device").expect_object({"total"});
+    FAIL();
+  } catch (const InputError& err) {
+    EXPECT_LT(std::string(err.what()).size(), 200u);
+    EXPECT_EQ(err.path().rfind("device.kkkk", 0), 0u) << err.path();
+  }
+}
+
+TEST(JsonIn, MessagesQuoteValuesShortly) {
+  EXPECT_EQ(json_excerpt(nlohmann::json::array({1, 2, 3})), "an array of 3 elements");
+  EXPECT_EQ(json_excerpt(nlohmann::json::object({{"a", 1}})), "an object with 1 key");
+  EXPECT_EQ(json_excerpt(nlohmann::json("short")), "\"short\"");
+  EXPECT_EQ(json_excerpt(nlohmann::json(-4)), "-4");
+  EXPECT_EQ(json_excerpt(nlohmann::json(std::string(1 << 20, 'x'))), "\"" + std::string(48, 'x') + "\"... (1048576 bytes)");
+  // A cut never splits a UTF-8 sequence: no replacement character (U+FFFD) where the cut is.
+  std::string accents(47, 'x');
+  for (int i = 0; i < 10; ++i) accents += "\xc3\xa9";  // é: the 48-byte cut falls inside the first one
+  const std::string cut = json_excerpt(nlohmann::json(accents));
+  EXPECT_EQ(cut.find("\xef\xbf\xbd"), std::string::npos) << cut;
+  EXPECT_EQ(cut, "\"" + std::string(47, 'x') + "\"... (67 bytes)");
+  const nlohmann::json big_string = std::string(1 << 20, 'y');
+  try {
+    (void)JsonIn(big_string, "name").u64();
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u);
+  }
+}
+
+TEST(JsonIn, ADirectoryIsNotAFile) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  try {
+    (void)read_text_file(dir);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), dir);
+    EXPECT_NE(std::string(e.what()).find("is a directory, not a file"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace vf
