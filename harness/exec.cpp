@@ -59,6 +59,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   sim::SimDevice device(s.device);
   // Modelled time (dynamic VRAM's poll, other processes' events): advanced by every op.
   std::uint64_t now_us = 0;
+  const bool timed = p.dynamic || opt.record_trace || !s.device.events.empty();
   std::unique_ptr<sim::Aimdo> aimdo;
   std::unique_ptr<sim::Allocator> alloc_owner;
   sim::Allocator* alloc = nullptr;
@@ -185,7 +186,9 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.final_stats = alloc->stats();
       return r;
     }
-    if (runs) now_us += op_duration_us(s, p, op, moved);
+    // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
+    // t column; a classic case without events that keeps no trace has no use for it.
+    if (runs && timed) now_us += op_duration_us(s, p, op, moved);
     if (aimdo && aimdo->stats().polls != poll_seen) {
       poll_seen = aimdo->stats().polls;
       others_at_poll = device.spec().used_by_others;
