@@ -247,6 +247,22 @@ DynamicOom account_oom(const Scenario& s, const Op& op, const LiveTensors& live,
   return o;
 }
 
+void fill_dynamic_report(DynamicReport& d, const sim::Aimdo& aimdo, const DynamicRuntime& rt, std::uint64_t elapsed_us) {
+  const sim::AimdoStats& a = aimdo.stats();
+  d.elapsed_us = elapsed_us;
+  d.faults = a.faults;
+  d.resident_hits = rt.resident_hits();
+  d.copies = rt.copies();
+  d.refused = rt.refused();
+  d.pages_mapped = a.pages_mapped;
+  d.pages_evicted = a.pages_evicted;
+  d.polls = a.polls;
+  d.hook_retries = a.hook_retries;
+  d.vbar_peak = a.vbar_peak;
+  d.cast_peak = a.cast_peak;
+  d.ledger_peak = a.ledger_peak;
+}
+
 OthersFailure others_failure(std::uint32_t op, std::uint64_t now_us, Bytes bytes, Bytes free, const sim::Aimdo& aimdo,
                              bool others_changed) {
   OthersFailure f;

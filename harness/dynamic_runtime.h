@@ -60,6 +60,10 @@ class DynamicRuntime;
 DynamicOom account_oom(const Scenario& s, const Op& op, const LiveTensors& live, const sim::AllocStats& torch, Bytes free, Bytes held,
                        const sim::Aimdo& aimdo, const DynamicRuntime& rt, std::string what, Bytes request);
 
+// The run's counters at its end (exec.h's DynamicReport), from aimdo and the runtime: the same on
+// the simulated device and the real one.
+void fill_dynamic_report(DynamicReport& d, const sim::Aimdo& aimdo, const DynamicRuntime& rt, std::uint64_t elapsed_us);
+
 // Another process's allocation of `bytes` at `now_us` that found only `free` free.
 OthersFailure others_failure(std::uint32_t op, std::uint64_t now_us, Bytes bytes, Bytes free, const sim::Aimdo& aimdo,
                              bool others_changed);

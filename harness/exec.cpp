@@ -221,22 +221,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   }
   r.allocated_peak = alloc->stats().allocated.peak;
   r.final_stats = alloc->stats();
-  if (r.dynamic) {
-    DynamicReport& d = *r.dynamic;
-    const sim::AimdoStats& a = aimdo->stats();
-    d.elapsed_us = now_us;
-    d.faults = a.faults;
-    d.resident_hits = dyn->resident_hits();
-    d.copies = dyn->copies();
-    d.refused = dyn->refused();
-    d.pages_mapped = a.pages_mapped;
-    d.pages_evicted = a.pages_evicted;
-    d.polls = a.polls;
-    d.hook_retries = a.hook_retries;
-    d.vbar_peak = a.vbar_peak;
-    d.cast_peak = a.cast_peak;
-    d.ledger_peak = a.ledger_peak;
-  }
+  if (r.dynamic) fill_dynamic_report(*r.dynamic, *aimdo, *dyn, now_us);
   return r;
 }
 

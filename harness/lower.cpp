@@ -417,15 +417,7 @@ class Lowerer final : public lowering::ProgramSink {
   }
 
   // The module's kernels (the compute op names its module for the modelled time).
-  void emit_compute(std::uint32_t m, std::uint32_t i, std::uint32_t act) {
-    Op op;
-    op.kind = OpKind::compute;
-    op.phase = Phase::forward;
-    op.buffer = act;
-    op.model = static_cast<std::uint16_t>(m);
-    op.module = i;
-    emit(op);
-  }
+  void emit_compute(std::uint32_t m, std::uint32_t i, std::uint32_t act) { emit(lowering::module_op(OpKind::compute, Phase::forward, act, m, i)); }
 
   const Scenario& s_;
   const Plan& plan_;

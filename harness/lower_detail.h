@@ -10,6 +10,18 @@
 
 namespace vf::lowering {
 
+// An op on module `i` of model `m` (a compute op, a forced weight's h2d): both lowerers name the
+// module, for the modelled time and the dynamic runtime.
+inline Op module_op(OpKind kind, Phase phase, std::uint32_t buffer, std::uint32_t m, std::uint32_t i) {
+  Op op;
+  op.kind = kind;
+  op.phase = phase;
+  op.buffer = buffer;
+  op.model = static_cast<std::uint16_t>(m);
+  op.module = i;
+  return op;
+}
+
 // What the dynamic lowering asks of the program being built.
 class ProgramSink {
  public:

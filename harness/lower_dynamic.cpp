@@ -97,13 +97,7 @@ void DynamicLowering::load(const LoadPlan& lp) {
       const Tensor& tensor = mod.tensors[t];
       if (!st.forced_module[i] && staged_tensor(tensor)) continue;  // lives in the VBAR slice
       const std::uint32_t b = out_.alloc(Phase::load, tensor.bytes, 0, BufferKind::weight, m, i, t);
-      Op h2d;
-      h2d.kind = OpKind::h2d;
-      h2d.phase = Phase::load;
-      h2d.buffer = b;
-      h2d.model = static_cast<std::uint16_t>(m);
-      h2d.module = i;
-      out_.emit(h2d);
+      out_.emit(module_op(OpKind::h2d, Phase::load, b, m, i));
       forced_[m][i][t] = b;
       // patch_weight_to_device: a force-loaded weight with a LoRA is patched now, through a copy
       // and a result in the LoRA dtype, rounded back into the stored weight.
@@ -186,13 +180,7 @@ void DynamicLowering::forward(const StagePlan& sp) {
         // Force-loaded: an ordinary resident torch tensor, converted like a classic resident
         // module (modules without the cast hook use their raw parameters as they are).
         if (mod.cast_hook) out_.convert_module(m, i, forced_[m][i], temps);
-        Op compute;
-        compute.kind = OpKind::compute;
-        compute.phase = Phase::forward;
-        compute.buffer = act;
-        compute.model = static_cast<std::uint16_t>(m);
-        compute.module = i;
-        out_.emit(compute);
+        out_.emit(module_op(OpKind::compute, Phase::forward, act, m, i));
         for (std::uint32_t b : temps) out_.free(Phase::forward, b);
         continue;
       }
@@ -258,13 +246,7 @@ void DynamicLowering::forward(const StagePlan& sp) {
           lora_temps.push_back(out_.alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t, When::not_resident));
         }
       }
-      Op compute;
-      compute.kind = OpKind::compute;
-      compute.phase = Phase::forward;
-      compute.buffer = act;
-      compute.model = static_cast<std::uint16_t>(m);
-      compute.module = i;
-      out_.emit(compute);
+      out_.emit(module_op(OpKind::compute, Phase::forward, act, m, i));
       for (std::uint32_t b : temps) out_.free(Phase::forward, b);
       for (std::uint32_t b : lora_temps) out_.free(Phase::forward, b, When::not_resident);
       if (cast_buf != kNone) {

@@ -39,6 +39,27 @@ namespace {
 
 std::string mib(Bytes b) { return format_mib(b); }
 
+// P1 over the plan's checked stages: the one whose measured reserved peak is furthest over its
+// prediction + reserve goes into `v` (stage, op, measured, predicted, overshoot). False when no
+// stage was checked.
+bool worst_checked_stage(const Plan& plan, const ExecResult& r, Verdict& v) {
+  bool found = false;
+  for (const StagePlan& sp : plan.stages) {
+    if (!sp.checked || sp.stage >= r.stage_reserved_peak.size()) continue;
+    const std::int64_t over = static_cast<std::int64_t>(r.stage_reserved_peak[sp.stage]) -
+                              static_cast<std::int64_t>(sp.predicted_peak + plan.reserve);
+    if (!found || over > v.overshoot) {
+      found = true;
+      v.overshoot = over;
+      v.stage = sp.stage;
+      v.op = r.stage_reserved_peak_op[sp.stage];
+      v.measured = r.stage_reserved_peak[sp.stage];
+      v.predicted = sp.predicted_peak;
+    }
+  }
+  return found;
+}
+
 // Dynamic VRAM's property (docs/dynamic.md "The property"): dynamic VRAM predicts no peak; it
 // promises to make room by evicting. An OOM is a finding when it was avoidable: the bytes the
 // failing op could not do without (the context, other processes, aimdo's headroom, the tensors
@@ -197,19 +218,7 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
     }
   }
   // Legacy models next to dynamic ones are judged by P1 like the classic path.
-  bool found = false;
-  for (const StagePlan& sp : plan.stages) {
-    if (!sp.checked || sp.stage >= r.stage_reserved_peak.size()) continue;
-    const std::int64_t over = static_cast<std::int64_t>(r.stage_reserved_peak[sp.stage]) - static_cast<std::int64_t>(sp.predicted_peak + plan.reserve);
-    if (!found || over > v.overshoot) {
-      found = true;
-      v.overshoot = over;
-      v.stage = sp.stage;
-      v.op = r.stage_reserved_peak_op[sp.stage];
-      v.measured = r.stage_reserved_peak[sp.stage];
-      v.predicted = sp.predicted_peak;
-    }
-  }
+  const bool found = worst_checked_stage(plan, r, v);
   if (found && v.overshoot > 0) {
     const Op& op = p.ops[v.op];
     v.kind = VerdictKind::violation;
@@ -267,20 +276,7 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
     return v;
   }
   // P1 per checked stage; the worst overshoot is the verdict.
-  bool found = false;
-  for (const StagePlan& sp : plan.stages) {
-    if (!sp.checked || sp.stage >= r.stage_reserved_peak.size()) continue;
-    const std::int64_t over = static_cast<std::int64_t>(r.stage_reserved_peak[sp.stage]) -
-                              static_cast<std::int64_t>(sp.predicted_peak + plan.reserve);
-    if (!found || over > v.overshoot) {
-      found = true;
-      v.overshoot = over;
-      v.stage = sp.stage;
-      v.op = r.stage_reserved_peak_op[sp.stage];
-      v.measured = r.stage_reserved_peak[sp.stage];
-      v.predicted = sp.predicted_peak;
-    }
-  }
+  const bool found = worst_checked_stage(plan, r, v);
   if (found && v.overshoot > 0) {
     const Op& op = p.ops[v.op];
     v.kind = VerdictKind::violation;

@@ -24,6 +24,7 @@
 #include "harness/predictors/predictors.h"
 #include "harness/shrink.h"
 #include "properties/classic_before18.h"
+#include "tests/sanitizer.h"
 
 namespace vf {
 namespace {
@@ -440,17 +441,7 @@ TEST(ShrinkComparison, OursIsNoLargerInAThirdOfTheExecutions) {
 }
 
 // The median shrink of a comfy:oct2025 finding from a campaign: <= 3 modules, <= 200 executions.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 TEST(ShrinkComparison, MedianOct2025FindingShrinksToThreeModulesIn200Executions) {
   if (kSanitized) {

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/run_cli.h"
+#include "tests/sanitizer.h"
 
 #ifndef VF_CLI
 #error "VF_CLI must name the vramfuzz executable (tests/CMakeLists.txt)"
@@ -46,17 +47,7 @@ const std::string kSource = VF_SOURCE_DIR;
 const std::string kExample = kSource + "/docs/examples/flux2-te-fp8-fp32-12gib.json";
 const std::string kRepro = kSource + "/fuzz/corpus/regressions/origin-oct2025/repro.json";
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using test::kSanitized;
 
 // One malformed input: the files it needs (relative to the test's directory), the command, and
 // what stderr must name (a field path or a byte offset).

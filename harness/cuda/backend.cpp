@@ -528,22 +528,7 @@ void CudaBackend::Case::run() {
     r_.allocated_peak = std::max(r_.allocated_peak, rep_.pool_used_high);
   }
   r_.device_peak = std::max(r_.device_peak, sat_sub(s_.device.total, min_free_));
-  if (r_.dynamic) {
-    DynamicReport& d = *r_.dynamic;
-    const sim::AimdoStats& a = aimdo_->stats();
-    d.elapsed_us = now_us_;
-    d.faults = a.faults;
-    d.resident_hits = dyn_->resident_hits();
-    d.copies = dyn_->copies();
-    d.refused = dyn_->refused();
-    d.pages_mapped = a.pages_mapped;
-    d.pages_evicted = a.pages_evicted;
-    d.polls = a.polls;
-    d.hook_retries = a.hook_retries;
-    d.vbar_peak = a.vbar_peak;
-    d.cast_peak = a.cast_peak;
-    d.ledger_peak = a.ledger_peak;
-  }
+  if (r_.dynamic) fill_dynamic_report(*r_.dynamic, *aimdo_, *dyn_, now_us_);
   cleanup();
   r_.device = rep_;
 }
