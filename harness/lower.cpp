@@ -79,7 +79,7 @@ OpKind conversion_kind(Dtype storage) {
 
 class Lowerer final : public lowering::ProgramSink {
  public:
-  Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()), dynamic_(s, plan, *this) {
+  Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()), dynamic_(s, *this) {
     weights_.resize(s.models.size());
     resident_.resize(s.models.size());
     lowvram_.resize(s.models.size());

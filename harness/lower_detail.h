@@ -42,7 +42,7 @@ class ProgramSink {
 // ModelPatcherDynamic's stages (lower_dynamic.cpp; docs/dynamic.md "Lowering").
 class DynamicLowering {
  public:
-  DynamicLowering(const Scenario& s, const Plan& plan, ProgramSink& out);
+  DynamicLowering(const Scenario& s, ProgramSink& out);
   // Staging: the VBAR prioritized, force-loaded tensors moved (after the classic lowerer has
   // done the load's evictions of legacy models).
   void load(const LoadPlan& lp);
@@ -62,7 +62,6 @@ class DynamicLowering {
   std::vector<Block> blocks(std::uint32_t m) const;
 
   const Scenario& s_;
-  const Plan& plan_;
   ProgramSink& out_;
   std::uint32_t ns_;
   std::vector<std::vector<std::vector<std::uint32_t>>> forced_;  // [model][module][tensor] torch buffers

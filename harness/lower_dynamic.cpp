@@ -49,8 +49,8 @@ bool converted(const Tensor& t, Dtype compute) {
 
 }  // namespace
 
-DynamicLowering::DynamicLowering(const Scenario& s, const Plan& plan, ProgramSink& out)
-    : s_(s), plan_(plan), out_(out), ns_(s.streams()), forced_(s.models.size()), staging_(s.models.size(), nullptr) {}
+DynamicLowering::DynamicLowering(const Scenario& s, ProgramSink& out)
+    : s_(s), out_(out), ns_(s.streams()), forced_(s.models.size()), staging_(s.models.size(), nullptr) {}
 
 void DynamicLowering::free_forced(std::uint32_t m) {
   for (auto& mod : forced_[m]) {
