@@ -865,7 +865,9 @@ TEST_F(Hostile, KilledCampaignIsRecoveredByReport) {
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
       std::error_code ec;
       for (const auto& e : fs::recursive_directory_iterator(dir_ / out / "findings", ec)) {
-        found = found || e.path().filename().string().rfind("case-", 0) == 0;
+        // A complete case file: the campaign writes a temporary (case-….json.tmp.PID) and renames it.
+        const std::string name = e.path().filename().string();
+        found = found || (name.rfind("case-", 0) == 0 && name.find(".tmp.") == std::string::npos);
       }
     }
     if (attempt == 0) std::this_thread::sleep_for(std::chrono::milliseconds(kSanitized ? 3000 : 600));
@@ -881,11 +883,20 @@ TEST_F(Hostile, KilledCampaignIsRecoveredByReport) {
     for (const char* f : {"summary.json", "junit.xml", "summary.md", "report.html"}) EXPECT_TRUE(fs::exists(dir_ / out / f)) << f;
     const json s = json::parse(test::read_file(dir_ / out / "summary.json"));
     ASSERT_TRUE(s.contains("recovered")) << s.dump().substr(0, 400);
-    // Every signature folder on disk is a finding of the summary, with the repro it has.
+    // Every signature folder on disk that holds a complete case file is a finding of the summary,
+    // with the repro it has. (The kill can land between a new folder's creation and its first
+    // file's rename: such a folder holds only a temporary, and is not a finding.)
     std::map<std::string, bool> folders;  // folder -> has repro.json
     std::error_code ec;
     for (const auto& pol : fs::directory_iterator(dir_ / out / "findings", ec)) {
-      for (const auto& sig : fs::directory_iterator(pol.path(), ec)) folders[sig.path().lexically_relative(dir_).string()] = fs::exists(sig.path() / "repro.json");
+      for (const auto& sig : fs::directory_iterator(pol.path(), ec)) {
+        bool complete = false;
+        for (const auto& e : fs::directory_iterator(sig.path(), ec)) {
+          const std::string name = e.path().filename().string();
+          complete = complete || (name.rfind("case-", 0) == 0 && e.path().extension() == ".json");
+        }
+        if (complete) folders[sig.path().lexically_relative(dir_).string()] = fs::exists(sig.path() / "repro.json");
+      }
     }
     ASSERT_FALSE(folders.empty());
     EXPECT_EQ(s["findings"].size(), folders.size());
