@@ -80,6 +80,12 @@ nlohmann::ordered_json trace_excerpt(const Scenario& s, const CaseResult& r, std
                     {"allocated", row.allocated},
                     {"reserved", row.reserved},
                     {"device_used", row.device_used}});
+    if (r.program.dynamic) {
+      // Dynamic VRAM: aimdo's resident VBAR pages and cast buffers, and the modelled time.
+      rows.back()["vbar"] = row.vbar;
+      rows.back()["cast"] = row.cast;
+      rows.back()["t_us"] = row.time_us;
+    }
   }
   return rows;
 }
@@ -101,6 +107,8 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
                   {"predicted", r.verdict.predicted},
                   {"reserve", r.verdict.reserve},
                   {"overshoot", r.verdict.overshoot}};
+  if (!r.verdict.explanation.empty()) j["verdict"]["explanation"] = r.verdict.explanation;
+  if (!r.verdict.rests_on.empty()) j["verdict"]["rests_on"] = r.verdict.rests_on;
   j["campaign_seed"] = campaign_seed;
   j["case_index"] = case_index;
   j["case_seed"] = seed;

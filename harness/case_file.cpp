@@ -60,7 +60,8 @@ const Check& finding_schema(bool result) {
         req("signature", signature_check(is_result, is_result)),
         opt("verdict", object({req("kind", is_result ? one_of({"pass", "error"}) : one_of({"violation", "oom"})),
                                opt("message", str()), opt("stage", u64()), opt("op", u64()), opt("measured", u64()),
-                               opt("predicted", u64()), opt("reserve", u64()), opt("overshoot", i64())})),
+                               opt("predicted", u64()), opt("reserve", u64()), opt("overshoot", i64()),
+                               opt("explanation", str()), opt("rests_on", str())})),
         opt("campaign_seed", u64()),
         opt("case_index", u64()),
         opt("case_seed", u64()),
@@ -73,7 +74,7 @@ const Check& finding_schema(bool result) {
         opt("trace_around_peak",
             array_of(object({req("op", u64()), opt("kind", str()), opt("phase", str()), opt("stream", u64()), opt("what", str()),
                              opt("bytes", u64()), opt("live", u64()), opt("allocated", u64()), opt("reserved", u64()),
-                             opt("device_used", u64())}))),
+                             opt("device_used", u64()), opt("vbar", u64()), opt("cast", u64()), opt("t_us", u64())}))),
         opt("replay", str()),
         req("scenario", scenario_object()),
     });
