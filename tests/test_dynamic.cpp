@@ -315,5 +315,37 @@ TEST(DynamicMechanisms, AnotherProcessAllocatingBetweenTwoPolls) {
   EXPECT_LT(f.since_poll_us, 2'000'000u);
 }
 
+
+TEST(DynamicFindingFile, CarriesTheDiagnosisAndAimdosColumnsAndReadsBack) {
+  // A finding file written for a dynamic OOM says why (explanation) and what the verdict rests on,
+  // and its trace rows carry aimdo's resident pages, its cast buffers and the modelled time; the
+  // strict reader takes the file back and it replays to the same signature.
+  Catalog catalog;
+  const std::string path = std::string(VF_SOURCE_DIR) + "/fuzz/corpus/regressions/sep2026-oom-forward-cast-buffer-async/repro.json";
+  const Scenario s = load_case_file(path, catalog);
+  SimBackend sim;
+  const CaseResult r = run_case(s, sim, true);
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("vf-dynfinding-{}.json", ::getpid());
+  const nlohmann::json j = nlohmann::json::parse(case_json(s, r, 1, 2, 3, out.string()));
+  EXPECT_EQ(j["schema"], "vramfuzz.finding/1");
+  EXPECT_EQ(j["verdict"]["explanation"], r.verdict.explanation);
+  EXPECT_NE(j["verdict"]["explanation"].get<std::string>().find("reset_cast_buffers"), std::string::npos);
+  EXPECT_EQ(j["verdict"]["rests_on"].get<std::string>().rfind("modelled:", 0), 0u) << j["verdict"]["rests_on"];
+  ASSERT_FALSE(j["trace_around_peak"].empty());
+  bool cast_seen = false;
+  std::uint64_t last_t = 0;
+  for (const nlohmann::json& row : j["trace_around_peak"]) {
+    ASSERT_TRUE(row.contains("vbar") && row.contains("cast") && row.contains("t_us")) << row.dump();
+    cast_seen = cast_seen || row["cast"].get<std::uint64_t>() >= 2592 * MiB;
+    EXPECT_GE(row["t_us"].get<std::uint64_t>(), last_t) << "modelled time runs forward";
+    last_t = row["t_us"].get<std::uint64_t>();
+  }
+  EXPECT_TRUE(cast_seen) << "the 2592 MiB cast buffer is in the rows around the OOM";
+  write_file_atomic(out.string(), j.dump(1));
+  const Scenario again = load_case_file(out.string(), catalog);
+  EXPECT_EQ(run_case(again, sim, false).verdict.signature, "oom:forward:cast-buffer:async");
+  std::filesystem::remove(out);
+}
+
 }  // namespace
 }  // namespace vf
