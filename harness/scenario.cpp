@@ -1,7 +1,9 @@
 #include "harness/scenario.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -970,6 +972,147 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   for (const Stage& st : s.stages) pipe.push_back({{"op", stage_op_name(st.op)}, {"model", s.models[st.model].id}});
   j["pipeline"] = std::move(pipe);
   return j.dump(indent);
+}
+
+// ---- fingerprint ------------------------------------------------------------------------------
+
+namespace {
+
+// Two independent multiply-rotate lanes over 64-bit words, finished with splitmix64's mixer.
+class Fingerprinter {
+ public:
+  void word(std::uint64_t w) {
+    a_ = std::rotl((a_ ^ w) * 0x9e3779b97f4a7c15ull, 31);
+    b_ = std::rotl((b_ + w) * 0xc2b2ae3d27d4eb4full, 27) ^ 0x165667b19e3779f9ull;
+  }
+  void num(double d) { word(std::bit_cast<std::uint64_t>(d)); }
+  void text(std::string_view t) {
+    word(t.size());
+    std::size_t i = 0;
+    for (; i + 8 <= t.size(); i += 8) {
+      std::uint64_t w = 0;
+      std::memcpy(&w, t.data() + i, 8);
+      word(w);
+    }
+    std::uint64_t w = 0;
+    std::memcpy(&w, t.data() + i, t.size() - i);
+    word(w);
+  }
+  void fp(const ScenarioFingerprint& f) {
+    word(f.a);
+    word(f.b);
+  }
+  ScenarioFingerprint done() const { return {mix(a_ ^ 0x243f6a8885a308d3ull), mix(b_ + 0x13198a2e03707344ull)}; }
+
+ private:
+  static std::uint64_t mix(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t a_ = 0x6a09e667f3bcc908ull;
+  std::uint64_t b_ = 0xbb67ae8584caa73bull;
+};
+
+// What model_json writes of an inline spec.
+ScenarioFingerprint spec_fingerprint(const ModelSpec& spec) {
+  Fingerprinter h;
+  h.word(static_cast<std::uint64_t>(spec.kind));
+  h.word(static_cast<std::uint64_t>(spec.family));
+  h.num(spec.memory_usage_factor);
+  const ArchShape& a = spec.arch;
+  for (const std::uint64_t v : {std::uint64_t{a.latent_channels}, std::uint64_t{a.hidden}, std::uint64_t{a.widest},
+                                std::uint64_t{a.text_tokens}, std::uint64_t{a.patch}, std::uint64_t{a.temporal_down},
+                                std::uint64_t{a.gated}, std::uint64_t{a.kept_hidden_states}}) {
+    h.word(v);
+  }
+  h.word(spec.modules.size());
+  for (const Module& mod : spec.modules) {
+    h.text(mod.name);
+    h.word(mod.cast_hook);
+    h.word(mod.tensors.size());
+    for (const Tensor& t : mod.tensors) {
+      h.text(t.name);
+      h.word(t.shape.size());
+      for (const std::uint64_t d : t.shape) h.word(d);
+      h.word(static_cast<std::uint64_t>(t.dtype));
+      h.word(static_cast<std::uint64_t>(t.role));
+    }
+  }
+  return h.done();
+}
+
+void options_fingerprint(Fingerprinter& h, const std::vector<std::pair<std::string, std::string>>& options) {
+  h.word(options.size());
+  for (const auto& [k, v] : options) {
+    h.text(k);
+    h.text(v);
+  }
+}
+
+}  // namespace
+
+ScenarioFingerprint FingerprintMemo::spec(const std::shared_ptr<const ModelSpec>& spec) {
+  if (auto it = by_spec_.find(spec.get()); it != by_spec_.end() && it->second.owner.lock() == spec) return it->second.fp;
+  if (by_spec_.size() >= 4096) {
+    std::erase_if(by_spec_, [](const auto& e) { return e.second.owner.expired(); });
+  }
+  const ScenarioFingerprint fp = spec_fingerprint(*spec);
+  by_spec_[spec.get()] = Entry{spec, fp};
+  return fp;
+}
+
+ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* memo) {
+  Fingerprinter h;
+  h.text(s.name);
+  h.word(s.seed);
+  h.text(s.device.name);
+  h.word(s.device.total);
+  h.word(s.device.used_by_others);
+  h.word(s.device.context_overhead);
+  h.num(s.device.h2d_gbps);
+  h.num(s.device.tflops);
+  h.word(s.device.events.size());
+  for (const OthersEvent& e : s.device.events) {
+    h.word(e.at_us);
+    h.word(e.bytes);
+    h.word(e.take);
+  }
+  h.word(static_cast<std::uint64_t>(s.allocator.mode));
+  options_fingerprint(h, s.allocator.options);
+  h.text(s.policy.label());
+  options_fingerprint(h, s.policy.overrides);
+  h.word(s.models.size());
+  for (const ModelRef& m : s.models) {
+    h.text(m.id);
+    h.text(m.source);
+    if (m.source == "inline") {
+      h.fp(memo ? memo->spec(m.spec) : spec_fingerprint(*m.spec));
+    } else if (m.source.rfind("file:", 0) == 0) {
+      h.word(static_cast<std::uint64_t>(m.spec->family));
+    } else {
+      h.word(static_cast<std::uint64_t>(m.storage.dtype));
+      if (dtype_info(m.storage.dtype).fp8 || m.storage.dtype == Dtype::int8) h.word(m.storage.scaled);  // as model_json
+    }
+    h.word(static_cast<std::uint64_t>(m.compute));
+    h.word(m.lora);
+    h.word(m.legacy);
+    h.word(m.prefetch);
+  }
+  const Workload& w = s.workload;
+  for (const std::uint64_t v : {std::uint64_t{w.width}, std::uint64_t{w.height}, std::uint64_t{w.batch}, std::uint64_t{w.frames},
+                                std::uint64_t{w.text_tokens}, std::uint64_t{w.steps}}) {
+    h.word(v);
+  }
+  h.num(w.cfg);
+  h.word(s.offload_streams.has_value());
+  h.word(s.offload_streams.value_or(0));
+  h.word(s.stages.size());
+  for (const Stage& st : s.stages) {
+    h.word(static_cast<std::uint64_t>(st.op));
+    h.text(s.models[st.model].id);
+  }
+  return h.done();
 }
 
 }  // namespace vf

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -249,6 +250,35 @@ Scenario load_case_file(const std::string& path, Catalog& catalog);
 // The same from text (`origin` names it in errors; its directory is where "file:" sources are found).
 Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_view origin);
 std::string scenario_to_json(const Scenario& s, int indent = 2);
+
+// A structural fingerprint of everything scenario_to_json writes, computed without writing it
+// (the shrinker keys its candidate cache with it): scenarios whose canonical JSON differs have
+// different fingerprints (up to a 2^-128 collision), and a scenario's fingerprint does not change
+// when it is copied. Whoever adds a field to scenario_to_json adds it here;
+// tests/test_scenario.cpp checks the two against each other on generated and shrunk cases.
+struct ScenarioFingerprint {
+  std::uint64_t a = 0;
+  std::uint64_t b = 0;
+  bool operator==(const ScenarioFingerprint&) const = default;
+};
+struct ScenarioFingerprintHash {
+  std::size_t operator()(const ScenarioFingerprint& f) const { return static_cast<std::size_t>(f.a ^ (f.b * 0x9e3779b97f4a7c15ull)); }
+};
+// Remembers the fingerprints of inline model specs by identity (a spec is immutable once
+// finalized, and candidates share the specs they do not change), so a candidate costs the specs
+// it changed, not all of them. One per thread of use.
+class FingerprintMemo {
+ public:
+  ScenarioFingerprint spec(const std::shared_ptr<const ModelSpec>& spec);
+
+ private:
+  struct Entry {
+    std::weak_ptr<const ModelSpec> owner;  // the address names this spec only while it lives
+    ScenarioFingerprint fp;
+  };
+  std::unordered_map<const ModelSpec*, Entry> by_spec_;
+};
+ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* memo = nullptr);
 
 // The dtype most of a model's weight bytes are stored in (catalog, inline and imported models
 // alike; the compute dtype when it has no weight tensors).

@@ -45,15 +45,6 @@ int plainness(Dtype d) {
   return kDtypeCount;
 }
 
-// Two independent 64-bit hashes of the candidate's canonical JSON: the cache key.
-std::string candidate_key(const Scenario& s) {
-  const std::string json = scenario_to_json(s, -1);
-  std::uint64_t fnv = 0xcbf29ce484222325ull;
-  for (unsigned char ch : json) fnv = (fnv ^ ch) * 0x100000001b3ull;
-  const std::uint64_t h2 = std::hash<std::string>{}(json);
-  return fmt::format("{:016x}{:016x}{:x}", fnv, h2, json.size());
-}
-
 // The labels of a shrunk case. The original's name and device name describe the original ("...,
 // 12 GiB, 2 offload streams"), which the shrunk case no longer is: the name says what the case is
 // now and that it was shrunk from the original (named once, however often it is shrunk again);
@@ -99,7 +90,7 @@ class Shrinker {
     best_ = s;
     best_verdict_ = first.verdict;
     best_elapsed_us_ = first.exec.dynamic ? first.exec.dynamic->elapsed_us : 0;
-    cache_[candidate_key(s)] = true;
+    cache_[scenario_fingerprint(s, &memo_)] = true;
 
     bool progress = true;
     // An other process's failed allocation happens at a time: bring it forward before the case
@@ -156,7 +147,7 @@ class Shrinker {
     } catch (const InputError&) {
       return false;  // not a valid case: never run, never counted
     }
-    const std::string key = candidate_key(c);
+    const ScenarioFingerprint key = scenario_fingerprint(c, &memo_);
     if (auto it = cache_.find(key); it != cache_.end()) {
       ++hits_;
       return false;  // seen before: either rejected, or the very case we already hold
@@ -447,7 +438,7 @@ class Shrinker {
     auto try_set = [&](auto mutate, const std::string& what) {
       Scenario c = best_;
       mutate(c.workload);
-      if (scenario_to_json(c, -1) != scenario_to_json(best_, -1)) any |= accept(c, what);
+      if (!(scenario_fingerprint(c, &memo_) == scenario_fingerprint(best_, &memo_))) any |= accept(c, what);
     };
     try_set([](Workload& w) { w.batch = 1; }, "batch 1");
     try_set([](Workload& w) { w.frames = 1; }, "frames 1");
@@ -655,7 +646,9 @@ class Shrinker {
   std::uint64_t best_elapsed_us_ = 0;  // the modelled length of best_ (dynamic VRAM runs)
   std::uint64_t last_elapsed_us_ = 0;  // that of the candidate run last
   Verdict best_verdict_;
-  std::unordered_map<std::string, bool> cache_;
+  // The candidates run so far, by structural fingerprint: whether each kept the signature.
+  FingerprintMemo memo_;
+  std::unordered_map<ScenarioFingerprint, bool, ScenarioFingerprintHash> cache_;
   std::uint64_t execs_ = 0, hits_ = 0, accepted_ = 0;
   bool exhausted_ = false;
   std::vector<std::string> log_;

@@ -3,11 +3,13 @@
 // that names the offending field exactly as the user wrote it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
+#include "harness/generate.h"
 #include "harness/scenario.h"
 #include "models/catalog.h"
 
@@ -1023,6 +1026,132 @@ TEST_F(ScenarioCaseFile, MissingFileNamesIt) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.path(), path);
     EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+  }
+}
+
+
+// ---- the structural fingerprint (the shrinker's cache key) -----------------------------------
+
+Scenario generated(std::uint64_t seed, Catalog& catalog, const char* policy) {
+  PrngChoices c(seed);
+  GenConfig cfg;
+  cfg.policy = policy;
+  return generate_scenario(c, cfg, catalog);
+}
+
+TEST(ScenarioFingerprint, EqualExactlyWhenTheCanonicalJsonIsEqual) {
+  Catalog catalog;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::string> json_of;
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> fp_of;
+  FingerprintMemo memo;
+  std::size_t inline_models = 0;
+  for (std::uint64_t seed = 1; seed <= 400; ++seed) {
+    const Scenario s = generated(seed, catalog, seed % 2 ? "comfy:sep2026" : "comfy:oct2025,comfy:dec2025");
+    for (const ModelRef& m : s.models) inline_models += m.source == "inline";
+    const std::string j = scenario_to_json(s, -1);
+    const ScenarioFingerprint f = scenario_fingerprint(s);
+    EXPECT_EQ(scenario_fingerprint(s, &memo), f) << "the memo changes nothing";
+    const Scenario copy = s;  // NOLINT(performance-unnecessary-copy-initialization): the copy is the point
+    EXPECT_EQ(scenario_fingerprint(copy, &memo), f);
+    // Written and read back, the scenario is the same case.
+    EXPECT_EQ(scenario_fingerprint(parse_scenario_json(j, catalog, "roundtrip")), f) << j.substr(0, 300);
+    const auto key = std::make_pair(f.a, f.b);
+    if (auto it = json_of.find(key); it != json_of.end()) {
+      EXPECT_EQ(it->second, j) << "a collision: two cases, one key";
+    }
+    if (auto it = fp_of.find(j); it != fp_of.end()) {
+      EXPECT_EQ(it->second, key);
+    }
+    json_of[key] = j;
+    fp_of[j] = key;
+  }
+  EXPECT_GT(inline_models, 50u) << "the generator's synthetic (inline) models are covered";
+  EXPECT_GT(json_of.size(), 390u);
+}
+
+TEST(ScenarioFingerprint, EveryFieldTheJsonWritesMovesIt) {
+  Catalog catalog;
+  // A dynamic case with an inline model, events and options, so that every edit below applies.
+  Scenario base;
+  for (std::uint64_t seed = 1; seed < 2000; ++seed) {
+    base = generated(seed, catalog, "comfy:sep2026");
+    const bool has_inline = std::any_of(base.models.begin(), base.models.end(), [](const ModelRef& m) {
+      return m.source == "inline" && m.spec->modules.size() >= 2 && !m.spec->modules[0].tensors.empty() &&
+             !m.spec->modules[0].tensors[0].shape.empty();
+    });
+    if (has_inline && base.stages.size() >= 2) break;
+  }
+  std::size_t im = 0;
+  while (base.models[im].source != "inline") ++im;
+  base.device.events = {OthersEvent{5000, 64 * MiB, true}};
+  base.allocator.options = {{"release_threshold", "0"}};
+  const auto edit_spec = [im](Scenario& s, const std::function<void(ModelSpec&)>& f) {
+    auto spec = std::make_shared<ModelSpec>(*s.models[im].spec);
+    f(*spec);
+    s.models[im].spec = spec;
+  };
+  const std::vector<std::pair<std::string, std::function<void(Scenario&)>>> edits = {
+      {"name", [](Scenario& s) { s.name += "x"; }},
+      {"seed", [](Scenario& s) { s.seed += 1; }},
+      {"device.name", [](Scenario& s) { s.device.name += "x"; }},
+      {"device.total", [](Scenario& s) { s.device.total += 1; }},
+      {"device.used_by_others", [](Scenario& s) { s.device.used_by_others += MiB; }},
+      {"device.context_overhead", [](Scenario& s) { s.device.context_overhead += 1; }},
+      {"device.h2d_gbps", [](Scenario& s) { s.device.h2d_gbps = 12.5; }},
+      {"device.tflops", [](Scenario& s) { s.device.tflops = 50.0; }},
+      {"device.events[0].at", [](Scenario& s) { s.device.events[0].at_us += 1000; }},
+      {"device.events[0].bytes", [](Scenario& s) { s.device.events[0].bytes += MiB; }},
+      {"device.events[0].take", [](Scenario& s) { s.device.events[0].take = false; }},
+      {"device.events +1", [](Scenario& s) { s.device.events.push_back(OthersEvent{9000, MiB, false}); }},
+      {"allocator.mode", [](Scenario& s) { s.allocator.mode = s.allocator.mode == AllocatorMode::raw ? AllocatorMode::async : AllocatorMode::raw; }},
+      {"allocator.options value", [](Scenario& s) { s.allocator.options[0].second = "1"; }},
+      {"allocator.options key", [](Scenario& s) { s.allocator.options[0].first = "garbage_collection_threshold"; }},
+      {"policy", [](Scenario& s) { s.policy = parse_policy("comfy:feb2026", "policy"); }},
+      {"policy.overrides", [](Scenario& s) {
+         s.policy.overrides.emplace_back("vram_headroom", "512MiB");
+         apply_policy_override(s.policy, "vram_headroom", "512MiB", "policy");
+       }},
+      {"models[i].id", [im](Scenario& s) { s.models[im].id += "x"; }},
+      {"models[i].compute", [im](Scenario& s) { s.models[im].compute = s.models[im].compute == Dtype::fp32 ? Dtype::bf16 : Dtype::fp32; }},
+      {"models[i].lora", [im](Scenario& s) { s.models[im].lora = !s.models[im].lora; }},
+      {"models[i].patcher", [im](Scenario& s) { s.models[im].legacy = !s.models[im].legacy; }},
+      {"models[i].prefetch", [im](Scenario& s) { s.models[im].prefetch = !s.models[im].prefetch; }},
+      {"models[i].kind", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.kind = m.kind == ModelKind::vae ? ModelKind::diffusion : ModelKind::vae; }); }},
+      {"models[i].family", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.family = m.family == Family::flux ? Family::generic : Family::flux; }); }},
+      {"models[i].memory_usage_factor", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.memory_usage_factor += 0.25; }); }},
+      {"models[i].arch.hidden", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.arch.hidden += 1; }); }},
+      {"models[i].arch.kept_hidden_states", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.arch.kept_hidden_states += 1; }); }},
+      {"modules[0].name", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.modules[0].name += "x"; }); }},
+      {"modules[0].cast_hook", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.modules[0].cast_hook = !m.modules[0].cast_hook; }); }},
+      {"modules[0] dropped", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.modules.erase(m.modules.begin()); }); }},
+      {"modules swapped", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { std::swap(m.modules[0], m.modules[1]); }); }},
+      {"tensors[0].name", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.modules[0].tensors[0].name += "x"; }); }},
+      {"tensors[0].shape[0]", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.modules[0].tensors[0].shape[0] += 1; }); }},
+      {"tensors[0].shape +1 dim", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { m.modules[0].tensors[0].shape.push_back(1); }); }},
+      {"tensors[0].dtype", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { auto& d = m.modules[0].tensors[0].dtype; d = d == Dtype::fp16 ? Dtype::bf16 : Dtype::fp16; }); }},
+      {"tensors[0].role", [&](Scenario& s) { edit_spec(s, [](ModelSpec& m) { auto& r = m.modules[0].tensors[0].role; r = r == TensorRole::weight ? TensorRole::bias : TensorRole::weight; }); }},
+      {"workload.width", [](Scenario& s) { s.workload.width += 64; }},
+      {"workload.height", [](Scenario& s) { s.workload.height += 64; }},
+      {"workload.batch", [](Scenario& s) { s.workload.batch += 1; }},
+      {"workload.frames", [](Scenario& s) { s.workload.frames += 4; }},
+      {"workload.cfg", [](Scenario& s) { s.workload.cfg += 1.5; }},
+      {"workload.text_tokens", [](Scenario& s) { s.workload.text_tokens += 1; }},
+      {"workload.steps", [](Scenario& s) { s.workload.steps += 1; }},
+      {"offload_streams", [](Scenario& s) { s.offload_streams = s.offload_streams.value_or(2) + 1; }},
+      {"offload_streams unset/set", [](Scenario& s) { s.offload_streams = s.offload_streams ? std::nullopt : std::optional<std::uint32_t>(s.streams()); }},
+      {"pipeline order", [](Scenario& s) { std::swap(s.stages[0], s.stages[1]); }},
+      {"pipeline +1", [](Scenario& s) { s.stages.push_back(s.stages.back()); }},
+  };
+  const ScenarioFingerprint f0 = scenario_fingerprint(base);
+  const std::string j0 = scenario_to_json(base, -1);
+  FingerprintMemo memo;
+  for (const auto& [what, edit] : edits) {
+    Scenario s = base;
+    edit(s);
+    ASSERT_NE(scenario_to_json(s, -1), j0) << what << ": the edit must change the case";
+    EXPECT_NE(scenario_fingerprint(s), f0) << what;
+    EXPECT_NE(scenario_fingerprint(s, &memo), f0) << what << " (memo)";
+    EXPECT_EQ(scenario_fingerprint(s, &memo), scenario_fingerprint(s)) << what;
   }
 }
 
