@@ -54,6 +54,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   r.environment = "sim";
   r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
   r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
+  r.stage_allocated_at_peak.assign(p.stage_begin.size(), 0);
   r.stage_entry_reserved.assign(p.stage_begin.size(), 0);
   std::vector<std::uint8_t> entered(p.stage_begin.size(), 0);
   sim::SimDevice device(s.device);
@@ -197,6 +198,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     if (!is_transition(op) && (st.reserved.current > r.stage_reserved_peak[op.stage] || r.stage_reserved_peak[op.stage] == 0)) {
       r.stage_reserved_peak[op.stage] = st.reserved.current;
       r.stage_reserved_peak_op[op.stage] = i;
+      r.stage_allocated_at_peak[op.stage] = st.allocated.current;
     }
     if (st.reserved.current > r.reserved_peak) {
       r.reserved_peak = st.reserved.current;

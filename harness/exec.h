@@ -133,6 +133,7 @@ struct ExecResult {
   Bytes device_peak = 0;
   std::vector<Bytes> stage_reserved_peak;        // per stage: reserved after each of its ops (transitions aside)
   std::vector<std::uint32_t> stage_reserved_peak_op;
+  std::vector<Bytes> stage_allocated_at_peak;    // per stage: allocated at that op (attribution: rounding, slack)
   // Reserved when the stage's own ops begin (after its transitions): what earlier stages left
   // cached. A stage whose peak is no higher was over budget before it allocated anything.
   std::vector<Bytes> stage_entry_reserved;

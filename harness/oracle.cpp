@@ -1,5 +1,7 @@
 #include "harness/oracle.h"
 
+#include "harness/attribution.h"
+
 #include <fmt/format.h>
 
 #include "harness/sim/aimdo.h"
@@ -60,6 +62,24 @@ bool worst_checked_stage(const Plan& plan, const ExecResult& r, Verdict& v) {
   return found;
 }
 
+// A classic finding's explanation: the judged op's reserved bytes against the plan's terms.
+void attribute_classic(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
+  const bool measured = r.backend == "cuda";
+  v.rests_on = fmt::format("{}: the {} allocator {}; the bytes each op requests are exact (the program's own tensors); "
+                           "activations from vramfuzz's formula (models/activation.cpp)",
+                           measured ? "measured" : "modelled", allocator_mode_name(s.allocator.mode),
+                           measured ? "on " + r.environment : std::string("on the simulated device"));
+  Attribution a;
+  if (r.oom && v.kind == VerdictKind::oom) {
+    a = attribute(s, plan, p, v.stage, v.op, r.oom->reserved, r.oom->allocated, r.oom->request);
+  } else {
+    const Bytes allocated = v.stage < r.stage_allocated_at_peak.size() ? r.stage_allocated_at_peak[v.stage] : 0;
+    a = attribute(s, plan, p, v.stage, v.op, v.measured, allocated, std::nullopt);
+  }
+  v.cause = attribution_cause(a);
+  v.explanation = attribution_paragraph(a);
+}
+
 // Dynamic VRAM's property (docs/dynamic.md "The property"): dynamic VRAM predicts no peak; it
 // promises to make room by evicting. An OOM is a finding when it was avoidable: the bytes the
 // failing op could not do without (the context, other processes, aimdo's headroom, the tensors
@@ -111,6 +131,24 @@ std::string explain(std::string_view mech, const DynamicOom& o, const Scenario& 
   return fmt::format("{} went to rounding: the allocator's block rounding and the driver's 2 MiB pages for small cudaMalloc "
                      "allocations, which aimdo's ledger books at their requested size.",
                      mib(o.rounding));
+}
+
+std::string_view mech_label(std::string_view mech) {
+  if (mech == "torch-cache") return "torch's cached blocks";
+  if (mech == "cast-buffer") return "cast-buffer slack";
+  if (mech == "prefetch-pins") return "prefetch pins";
+  if (mech == "other-weights") return "other models' weights";
+  if (mech == "resident-pages") return "unevicted pages";
+  return "rounding";
+}
+
+Bytes mech_bytes(std::string_view mech, const DynamicOom& o) {
+  if (mech == "torch-cache") return o.torch_cache;
+  if (mech == "cast-buffer") return o.cast_slack;
+  if (mech == "prefetch-pins") return o.prefetch_pins;
+  if (mech == "other-weights") return o.other_weights;
+  if (mech == "resident-pages") return o.resident_pages;
+  return o.rounding;
 }
 
 void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
@@ -167,6 +205,8 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
                             at, o.what, mib(o.request), mib(o.free), r.oom->detail.empty() ? "no detail" : r.oom->detail, need, slack,
                             mech);
     v.explanation = explain(mech, o, s, *d);
+    v.cause = fmt::format("{} {} held while a {} of {} failed with {} free (the op needed {} of the {} card)", mech_label(mech),
+                          mib(mech_bytes(mech, o)), o.what, mib(o.request), mib(o.free), mib(o.necessary()), format_size(o.total));
     return;
   }
   if (d) {
@@ -189,6 +229,8 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
           "aimdo held {} of unpinned VBAR pages; aimdo's last poll was {:.3f} s old and with its ledger made {} free of it",
           mib(f.bytes), static_cast<double>(f.at_us) / 1e6, mib(f.free), mib(headroom), mib(f.evictable),
           static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free));
+      v.cause = fmt::format("another process's {} failed {:.3f} s after aimdo's last poll ({}), with {} of unpinned VBAR pages held",
+                            mib(f.bytes), static_cast<double>(f.since_poll_us) / 1e6, mech, mib(f.evictable));
       if (mech == "stale-poll") {
         v.explanation = fmt::format(
             "aimdo sees other processes only through its cuMemGetInfo poll, at most one every {} ms: the simple term counts "
@@ -226,6 +268,9 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
     v.message = fmt::format("stage {} (legacy {}): measured reserved peak {} > predicted {} + reserve {} by {} at op {} ({})", v.stage,
                             s.models[s.stages[v.stage].model].id, mib(v.measured), mib(v.predicted), mib(v.reserve),
                             mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op));
+    const std::string rests_on = v.rests_on;  // aimdo is modelled here too
+    attribute_classic(s, plan, p, r, v);
+    v.rests_on = rests_on;
     return;
   }
   v.overshoot = 0;
@@ -273,6 +318,7 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
                             v.op, describe_op(s, p, v.op), format_mib(r.oom->request), format_mib(r.oom->device_free),
                             format_mib(r.oom->reserved), r.oom->detail.empty() ? "" : " (" + r.oom->detail + ")",
                             format_mib(plan.predicted_peak), format_mib(plan.reserve), format_mib(plan.available));
+    attribute_classic(s, plan, p, r, v);
     return v;
   }
   // P1 per checked stage; the worst overshoot is the verdict.
@@ -289,6 +335,7 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
                             format_mib(v.measured), format_mib(v.predicted), format_mib(v.reserve),
                             format_mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op),
                             cached ? "; all of it held in cache by earlier stages" : "");
+    attribute_classic(s, plan, p, r, v);
   } else if (!plan.fits) {
     // Nothing to judge against: the plan said it would not fit, and it ran without an OOM.
     v.message = fmt::format("pass: no OOM although the plan does not fit (predicted {} + reserve {} > {} available), "

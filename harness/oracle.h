@@ -27,11 +27,14 @@ struct Verdict {
   Bytes reserve = 0;
   bool expected_oom = false;   // an OOM where the plan said it does not fit: not a finding
   std::string message;         // one line for people
-  // Dynamic VRAM findings: what the mechanism in the signature did, in a paragraph (the first of
-  // a repro.md); empty otherwise.
+  // Findings: why, in a paragraph (the first of a repro.md): what the dynamic mechanism in the
+  // signature did, or what a classic peak is made of against the plan's budget; empty otherwise.
   std::string explanation;
   // What the verdict rests on: exact bytes, a modelled allocator, a modelled activation.
   std::string rests_on;
+  // Findings: the cause in one line, for tables (the largest over-budget category of a classic
+  // peak, harness/attribution.h; a dynamic finding's mechanism with its bytes).
+  std::string cause;
   bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom; }
 };
 

@@ -478,6 +478,7 @@ void CudaBackend::Case::run() {
   r_.backend = "cuda";
   r_.stage_reserved_peak.assign(p_.stage_begin.size(), 0);
   r_.stage_reserved_peak_op.assign(p_.stage_begin.size(), 0);
+  r_.stage_allocated_at_peak.assign(p_.stage_begin.size(), 0);
   ptr_.assign(p_.buffers.size(), 0);
   live_.assign(p_.buffers.size(), 0);
   const bool ready = prepare();
@@ -850,6 +851,7 @@ bool CudaBackend::Case::measure(std::uint32_t i) {
   if (!is_transition(op) && (reserved > r_.stage_reserved_peak[stage] || r_.stage_reserved_peak[stage] == 0)) {
     r_.stage_reserved_peak[stage] = reserved;
     r_.stage_reserved_peak_op[stage] = i;
+    r_.stage_allocated_at_peak[stage] = allocated;
   }
   if (reserved > r_.reserved_peak) {
     r_.reserved_peak = reserved;
@@ -939,6 +941,7 @@ ExecResult CudaBackend::execute(const Scenario& s, const Program& p, const ExecO
   if (poisoned_) {
     r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
     r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
+    r.stage_allocated_at_peak.assign(p.stage_begin.size(), 0);
     r.error = fmt::format("the CUDA context is unusable after an earlier sticky error ({}); restart the process", *poisoned_);
     r.fatal = true;
     return r;

@@ -86,6 +86,7 @@ std::string exec_result_to_json(const ExecResult& r) {
   j["device_peak"] = r.device_peak;
   j["stage_reserved_peak"] = r.stage_reserved_peak;
   j["stage_reserved_peak_op"] = r.stage_reserved_peak_op;
+  j["stage_allocated_at_peak"] = r.stage_allocated_at_peak;
   if (r.oom) {
     j["oom"] = {{"op", r.oom->op},       {"request", r.oom->request},     {"device_free", r.oom->device_free},
                 {"reserved", r.oom->reserved}, {"allocated", r.oom->allocated}, {"detail", r.oom->detail}};
@@ -146,6 +147,7 @@ ExecResult exec_result_from_json(std::string_view text, std::string_view origin)
     r.device_peak = j.at("device_peak").get<Bytes>();
     r.stage_reserved_peak = j.at("stage_reserved_peak").get<std::vector<Bytes>>();
     r.stage_reserved_peak_op = j.at("stage_reserved_peak_op").get<std::vector<std::uint32_t>>();
+    r.stage_allocated_at_peak = j.at("stage_allocated_at_peak").get<std::vector<Bytes>>();
     if (j.contains("oom")) {
       const json& o = j.at("oom");
       r.oom = OomEvent{o.at("op").get<std::uint32_t>(), o.at("request").get<Bytes>(), o.at("device_free").get<Bytes>(),
@@ -204,6 +206,7 @@ ExecResult IsolatedBackend::execute(const Scenario& s, const Program& p, const E
   failed.environment = "isolated child";
   failed.stage_reserved_peak.assign(p.stage_begin.size(), 0);
   failed.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
+  failed.stage_allocated_at_peak.assign(p.stage_begin.size(), 0);
 
   TempDir dir;
   const std::string scenario = (dir.path / "scenario.json").string();

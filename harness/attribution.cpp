@@ -1,0 +1,260 @@
+#include "harness/attribution.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace vf {
+
+std::string_view peak_part_name(PeakPart p) {
+  switch (p) {
+    case PeakPart::weights: return "resident weights";
+    case PeakPart::transfer: return "transfer copies";
+    case PeakPart::convert: return "conversions";
+    case PeakPart::scaled: return "scaled-fp8 products";
+    case PeakPart::lora: return "LoRA patches";
+    case PeakPart::activation: return "activations";
+    case PeakPart::rounding: return "allocator rounding";
+    case PeakPart::slack: return "allocator slack";
+  }
+  return "?";
+}
+
+std::string_view budget_name(Budget b) {
+  switch (b) {
+    case Budget::loaded_weights: return "loaded weights";
+    case Budget::offload_buffer: return "offload buffer";
+    case Budget::activation_allowance: return "activation allowance";
+    case Budget::none: return "nothing";
+  }
+  return "?";
+}
+
+Budget budget_of(PeakPart p) {
+  switch (p) {
+    case PeakPart::weights: return Budget::loaded_weights;
+    case PeakPart::transfer:
+    case PeakPart::convert:
+    case PeakPart::scaled:
+    case PeakPart::lora: return Budget::offload_buffer;
+    case PeakPart::activation: return Budget::activation_allowance;
+    case PeakPart::rounding:
+    case PeakPart::slack: return Budget::none;
+  }
+  return Budget::none;
+}
+
+namespace {
+
+PeakPart part_of(BufferKind k) {
+  switch (k) {
+    case BufferKind::weight: return PeakPart::weights;
+    case BufferKind::transfer: return PeakPart::transfer;
+    case BufferKind::convert: return PeakPart::convert;
+    case BufferKind::scaled: return PeakPart::scaled;
+    case BufferKind::lora: return PeakPart::lora;
+    case BufferKind::activation: return PeakPart::activation;
+  }
+  return PeakPart::activation;
+}
+
+std::string mib(Bytes b) { return format_mib(b); }
+std::string plural(std::uint64_t n, std::string_view one, std::string_view many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+}  // namespace
+
+Bytes Attribution::group(Budget b) const {
+  Bytes sum = 0;
+  for (std::size_t i = 0; i < kPeakParts; ++i) {
+    if (budget_of(static_cast<PeakPart>(i)) == b) sum += parts[i].bytes;
+  }
+  return sum;
+}
+
+Bytes Attribution::budget(Budget b) const {
+  switch (b) {
+    case Budget::loaded_weights: return budget_weights;
+    case Budget::offload_buffer: return budget_offload;
+    case Budget::activation_allowance: return budget_activation;
+    case Budget::none: return 0;
+  }
+  return 0;
+}
+
+std::vector<Attribution::Excess> Attribution::excesses() const {
+  std::vector<Excess> out;
+  for (const Budget b : {Budget::loaded_weights, Budget::offload_buffer, Budget::activation_allowance}) {
+    const std::int64_t over = static_cast<std::int64_t>(group(b)) - static_cast<std::int64_t>(budget(b));
+    if (over > 0) out.push_back({b, PeakPart::rounding, over});
+  }
+  // Rounding and slack are budgeted nothing: each is its own excess.
+  for (const PeakPart part : {PeakPart::rounding, PeakPart::slack}) {
+    const Bytes bytes = parts[static_cast<std::size_t>(part)].bytes;
+    if (bytes > 0) out.push_back({Budget::none, part, static_cast<std::int64_t>(bytes)});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Excess& x, const Excess& y) { return x.bytes > y.bytes; });
+  return out;
+}
+
+Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std::uint32_t stage, std::uint32_t op, Bytes reserved,
+                      Bytes allocated, std::optional<Bytes> failed) {
+  Attribution a;
+  a.op = op;
+  a.stage = stage;
+  a.reserve = plan.reserve;
+  for (const StagePlan& sp : plan.stages) {
+    if (sp.stage != stage) continue;
+    a.budget_weights = sp.resident_total;
+    a.budget_offload = sp.offload_buffer;
+    a.budget_activation = sp.activation_allowance;
+  }
+  // The buffers live after op `op` (an OOM's failing allocation is not: it is added as the request).
+  std::vector<std::uint8_t> live(p.buffers.size(), 0);
+  for (std::uint32_t i = 0; i <= op && i < p.ops.size(); ++i) {
+    const Op& o = p.ops[i];
+    if (o.buffer >= p.buffers.size() || o.when != When::always) continue;
+    if (o.kind == OpKind::alloc && !(failed && i == op)) live[o.buffer] = 1;
+    if (o.kind == OpKind::free) live[o.buffer] = 0;
+  }
+  if (failed && op < p.ops.size() && p.ops[op].buffer < p.buffers.size()) live[p.ops[op].buffer] = 1;
+  // The transients' tensors, by bytes (a tensor can have a transfer copy and a conversion).
+  std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, Bytes> transient;  // (model, module, tensor) -> bytes
+  Bytes largest_conversion = 0;
+  for (std::size_t b = 0; b < p.buffers.size(); ++b) {
+    if (!live[b]) continue;
+    const Buffer& buf = p.buffers[b];
+    const PeakPart part = part_of(buf.kind);
+    a.parts[static_cast<std::size_t>(part)].bytes += buf.bytes;
+    a.parts[static_cast<std::size_t>(part)].tensors += 1;
+    a.requested += buf.bytes;
+    if (budget_of(part) == Budget::offload_buffer && buf.module != kNone) {
+      transient[{buf.model, buf.module, buf.tensor}] += buf.bytes;
+    }
+    if ((buf.kind == BufferKind::convert || buf.kind == BufferKind::scaled) && buf.bytes > largest_conversion && buf.module != kNone &&
+        buf.model < s.models.size()) {
+      const ModelSpec& spec = *s.models[buf.model].spec;
+      if (buf.module < spec.modules.size() && buf.tensor < spec.modules[buf.module].tensors.size()) {
+        largest_conversion = buf.bytes;
+        a.has_conversion = true;
+        a.storage = spec.modules[buf.module].tensors[buf.tensor].dtype;
+        a.compute = s.models[buf.model].compute;
+      }
+    }
+  }
+  a.transient_weights = static_cast<std::uint32_t>(transient.size());
+  std::vector<std::pair<Bytes, std::string>> named;
+  for (const auto& [key, bytes] : transient) {
+    const auto [model, module, tensor] = key;
+    if (model >= s.models.size()) continue;
+    const ModelSpec& spec = *s.models[model].spec;
+    if (module >= spec.modules.size()) continue;
+    const Module& m = spec.modules[module];
+    named.emplace_back(bytes, tensor < m.tensors.size() ? m.name + "." + m.tensors[tensor].name : m.name);
+  }
+  std::stable_sort(named.begin(), named.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  for (std::size_t i = 0; i < named.size() && i < 3; ++i) a.transient_modules.push_back(named[i].second);
+  a.allocated = std::max(allocated + (failed ? *failed : 0), a.requested);
+  a.reserved = std::max(reserved + (failed ? *failed : 0), a.allocated);
+  std::uint32_t tensors = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(PeakPart::rounding); ++i) tensors += a.parts[i].tensors;
+  if (s.allocator.mode == AllocatorMode::raw) {
+    // Every tensor is its own cudaMalloc: reserved - allocated is the driver's page rounding (2 MiB
+    // pages, small buffers packed), not cached memory.
+    a.parts[static_cast<std::size_t>(PeakPart::rounding)] = {a.reserved - a.requested, tensors};
+  } else {
+    a.parts[static_cast<std::size_t>(PeakPart::rounding)] = {a.allocated - a.requested, tensors};
+    a.parts[static_cast<std::size_t>(PeakPart::slack)] = {a.reserved - a.allocated, 0};
+  }
+  return a;
+}
+
+namespace {
+
+// "weight transients 1120.0 MiB for 2 weights (2 offloaded, their transfer copies 160.0 MiB), fp8_e4m3fn -> fp32 conversions 960.0 MiB (largest: ...)"
+std::string group_label(const Attribution& a, Budget b) {
+  switch (b) {
+    case Budget::loaded_weights:
+      return fmt::format("resident weights {} in {}", mib(a.group(b)), plural(a.parts[0].tensors, "tensor", "tensors"));
+    case Budget::offload_buffer: {
+      const std::uint32_t offloaded = a.parts[static_cast<std::size_t>(PeakPart::transfer)].tensors;
+      std::string out = fmt::format("weight transients {} for {}{}", mib(a.group(b)), plural(a.transient_weights, "tensor", "tensors"),
+                                    offloaded ? fmt::format(" ({} offloaded, their transfer copies {})", offloaded,
+                                                            mib(a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes))
+                                              : std::string(" (resident)"));
+      const PeakShare& conv = a.parts[static_cast<std::size_t>(PeakPart::convert)];
+      const PeakShare& scaled = a.parts[static_cast<std::size_t>(PeakPart::scaled)];
+      if (a.has_conversion && conv.bytes + scaled.bytes > 0) {
+        out += fmt::format(", {} -> {} conversions {}", dtype_name(a.storage), dtype_name(a.compute), mib(conv.bytes + scaled.bytes));
+        if (!a.transient_modules.empty()) {
+          out += " (largest: ";
+          for (std::size_t i = 0; i < a.transient_modules.size(); ++i) out += (i ? ", " : "") + a.transient_modules[i];
+          out += ")";
+        }
+      } else if (!a.transient_modules.empty()) {
+        out += " (largest: " + a.transient_modules[0] + ")";
+      }
+      return out;
+    }
+    case Budget::activation_allowance:
+      return fmt::format("activations {}", mib(a.group(b)));
+    case Budget::none: break;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string attribution_cause(const Attribution& a) {
+  const auto over = a.excesses();
+  if (over.empty()) return fmt::format("nothing over its budget at op {}", a.op);
+  const Budget b = over.front().budget;
+  const std::int64_t bytes = over.front().bytes;
+  if (b == Budget::none) {
+    const PeakShare& r = a.parts[static_cast<std::size_t>(PeakPart::rounding)];
+    if (over.front().part == PeakPart::rounding) {
+      return fmt::format("allocator rounding {} over {}, budgeted 0: +{}", mib(r.bytes), plural(r.tensors, "tensor", "tensors"), mib(r.bytes));
+    }
+    return fmt::format("allocator slack {} (reserved but not allocated), budgeted 0: +{}", mib(static_cast<Bytes>(bytes)),
+                       mib(static_cast<Bytes>(bytes)));
+  }
+  return fmt::format("{}, budgeted {} ({}): +{}", group_label(a, b), mib(a.budget(b)), budget_name(b), mib(static_cast<Bytes>(bytes)));
+}
+
+std::string attribution_paragraph(const Attribution& a) {
+  const PeakShare& r = a.parts[static_cast<std::size_t>(PeakPart::rounding)];
+  const PeakShare& sl = a.parts[static_cast<std::size_t>(PeakPart::slack)];
+  std::string out = fmt::format(
+      "At op {} the allocator held {} reserved against the plan's {} + reserve {}: {} (budgeted {} as loaded weights); {} "
+      "(budgeted {} as the offload buffer); activations {} (budgeted {} as the activation allowance); allocator rounding {} over "
+      "{} and slack {} (budgeted nothing: the reserve is meant to cover them).",
+      a.op, mib(a.reserved), mib(a.budget_weights + a.budget_offload + a.budget_activation), mib(a.reserve),
+      group_label(a, Budget::loaded_weights), mib(a.budget_weights), group_label(a, Budget::offload_buffer), mib(a.budget_offload),
+      mib(a.group(Budget::activation_allowance)), mib(a.budget_activation), mib(r.bytes), plural(r.tensors, "tensor", "tensors"),
+      mib(sl.bytes));
+  const auto over = a.excesses();
+  if (over.empty()) return out;
+  std::int64_t total = 0;
+  std::string list;
+  for (const Attribution::Excess& e : over) {
+    const Budget b = e.budget;
+    const std::int64_t bytes = e.bytes;
+    total += bytes;
+    std::string_view what = "activations";
+    if (b == Budget::none) {
+      what = e.part == PeakPart::rounding ? "rounding" : "slack";
+    } else if (b == Budget::loaded_weights) {
+      what = "resident weights";
+    } else if (b == Budget::offload_buffer) {
+      what = "weight transients";
+    }
+    list += fmt::format("{}{} +{}", list.empty() ? "" : ", ", what, mib(static_cast<Bytes>(bytes)));
+  }
+  out += fmt::format(" Over budget: {}; together +{} against the {} reserve.", list, mib(static_cast<Bytes>(total)), mib(a.reserve));
+  return out;
+}
+
+}  // namespace vf

@@ -1,0 +1,115 @@
+// Attribution: what a classic finding's peak is made of against the plan's budget
+// (harness/attribution.h), and the one-line cause every report shows.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "harness/attribution.h"
+#include "harness/campaign.h"
+#include "harness/exec.h"
+#include "harness/lower.h"
+#include "harness/oracle.h"
+#include "harness/predict.h"
+#include "harness/scenario.h"
+
+namespace vf {
+namespace {
+
+Scenario corpus(const std::string& name, Catalog& catalog) {
+  return load_case_file(std::string(VF_SOURCE_DIR) + "/fuzz/corpus/regressions/" + name + "/repro.json", catalog);
+}
+
+Scenario origin(Catalog& catalog) {
+  return load_scenario_file(std::string(VF_SOURCE_DIR) + "/docs/examples/flux2-te-fp8-fp32-12gib.json", catalog);
+}
+
+TEST(Attribution, TheOriginCaseNamesTheFp32CopiesOfTheOffloadedFp8MlpWeights) {
+  // The FLUX.2 text encoder (fp8 stored, fp32 compute) on 12 GiB under comfy:oct2025 OOMs at the
+  // fp32 copy of layer 0's gate_proj. Live there: the three offloaded MLP weights' transfer copies
+  // (5120 x 32768 fp8 = 160 MiB each, 480 MiB, and their three scales) and the one conversion in
+  // flight (160 MiB x 4 = 640 MiB): 1120 MiB of transients against an offload buffer of 0.
+  Catalog catalog;
+  SimBackend sim;
+  const CaseResult r = run_case(origin(catalog), sim, false);
+  EXPECT_EQ(r.verdict.signature, "oom:forward:upcast:raw");
+  EXPECT_EQ(r.verdict.cause.rfind("weight transients 1120.00 MiB for 6 tensors (6 offloaded, their transfer copies 480.00 MiB), "
+                                  "fp8_e4m3fn -> fp32 conversions 640.00 MiB (largest: model.layers.0.mlp.gate_proj.weight",
+                                  0),
+            0u)
+      << r.verdict.cause;
+  EXPECT_NE(r.verdict.cause.find("budgeted 0.00 MiB (offload buffer): +1120.00 MiB"), std::string::npos) << r.verdict.cause;
+  EXPECT_NE(r.verdict.explanation.find("resident weights 10795.05 MiB in 136 tensors (budgeted 10795.05 MiB as loaded weights)"),
+            std::string::npos)
+      << r.verdict.explanation;
+  EXPECT_NE(r.verdict.explanation.find("activations 252.00 MiB (budgeted 819.20 MiB as the activation allowance)"), std::string::npos)
+      << r.verdict.explanation;
+  EXPECT_EQ(r.verdict.rests_on.rfind("modelled: the raw allocator on the simulated device", 0), 0u) << r.verdict.rests_on;
+}
+
+TEST(Attribution, PartsAreTheLiveBuffersAndTheAllocatorsOwnBytes) {
+  Catalog catalog;
+  Scenario s = origin(catalog);
+  const Plan plan = predict(s);
+  const Program p = lower(s, plan);
+  SimBackend sim;
+  const ExecResult r = sim.execute(s, p, ExecOptions{});
+  ASSERT_TRUE(r.oom);
+  const std::uint32_t op = r.oom->op;
+  const Bytes request = r.oom->request;
+  ASSERT_EQ(request, 640 * MiB);
+  // Given 100 MiB of reserved memory above what is allocated and 3 MiB of rounding, on caching:
+  s.allocator.mode = AllocatorMode::caching;
+  const Attribution before = attribute(s, plan, p, 1, op, 0, 0, request);
+  const Bytes live = before.requested;  // with the request
+  const Attribution a = attribute(s, plan, p, 1, op, live - request + 3 * MiB + 100 * MiB, live - request + 3 * MiB, request);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::convert)].bytes, 640 * MiB);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::convert)].tensors, 1u);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::transfer)].tensors, 6u);
+  EXPECT_GE(a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes, 480 * MiB);
+  EXPECT_LT(a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes, 481 * MiB);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::rounding)].bytes, 3 * MiB);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::slack)].bytes, 100 * MiB);
+  EXPECT_EQ(a.budget_weights + a.budget_offload + a.budget_activation, plan.stages[1].predicted_peak);
+  // Every byte reserved is in exactly one part.
+  Bytes sum = 0;
+  for (const PeakShare& part : a.parts) sum += part.bytes;
+  EXPECT_EQ(sum, a.reserved);
+  // The excesses, largest first: the transients (1120 MiB over 0), then slack, then rounding.
+  const auto over = a.excesses();
+  ASSERT_EQ(over.size(), 3u);
+  EXPECT_EQ(over[0].budget, Budget::offload_buffer);
+  EXPECT_EQ(over[1].part, PeakPart::slack);
+  EXPECT_EQ(over[1].bytes, static_cast<std::int64_t>(100 * MiB));
+  EXPECT_EQ(over[2].part, PeakPart::rounding);
+  // On raw every tensor is its own cudaMalloc: reserved - requested is all page rounding.
+  s.allocator.mode = AllocatorMode::raw;
+  const Attribution raw = attribute(s, plan, p, 1, op, live - request + 103 * MiB, live - request + 3 * MiB, request);
+  EXPECT_EQ(raw.parts[static_cast<std::size_t>(PeakPart::rounding)].bytes, 103 * MiB);
+  EXPECT_EQ(raw.parts[static_cast<std::size_t>(PeakPart::slack)].bytes, 0u);
+  EXPECT_EQ(raw.parts[static_cast<std::size_t>(PeakPart::rounding)].tensors, 144u);
+}
+
+TEST(Attribution, ACachingFindingNamesTheCachedBytesAndTheRounding) {
+  // dec2025-violation-forward-upcast-caching: 733 MiB of the caching allocator's segments held
+  // no tensor at the peak; the paragraph counts the tensors the rounding is spread over.
+  Catalog catalog;
+  SimBackend sim;
+  const CaseResult r = run_case(corpus("dec2025-violation-forward-upcast-caching", catalog), sim, false);
+  EXPECT_EQ(r.verdict.cause, "allocator slack 733.00 MiB (reserved but not allocated), budgeted 0: +733.00 MiB");
+  EXPECT_NE(r.verdict.explanation.find("allocator rounding 2.00 MiB over 11 tensors and slack 733.00 MiB"), std::string::npos)
+      << r.verdict.explanation;
+  EXPECT_NE(r.verdict.explanation.find("Over budget: slack +733.00 MiB, weight transients +504.00 MiB, rounding +2.00 MiB"),
+            std::string::npos)
+      << r.verdict.explanation;
+}
+
+TEST(Attribution, AnActivationFindingSaysTheActivationsAreModelled) {
+  Catalog catalog;
+  SimBackend sim;
+  const CaseResult r = run_case(corpus("dec2025-violation-forward-compute-caching-expandable", catalog), sim, false);
+  EXPECT_EQ(r.verdict.cause, "activations 2410.31 MiB, budgeted 1182.66 MiB (activation allowance): +1227.66 MiB");
+  EXPECT_NE(r.verdict.rests_on.find("activations from vramfuzz's formula"), std::string::npos) << r.verdict.rests_on;
+}
+
+}  // namespace
+}  // namespace vf
