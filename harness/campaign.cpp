@@ -107,6 +107,7 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
                   {"predicted", r.verdict.predicted},
                   {"reserve", r.verdict.reserve},
                   {"overshoot", r.verdict.overshoot}};
+  if (!r.verdict.cause.empty()) j["verdict"]["cause"] = r.verdict.cause;
   if (!r.verdict.explanation.empty()) j["verdict"]["explanation"] = r.verdict.explanation;
   if (!r.verdict.rests_on.empty()) j["verdict"]["rests_on"] = r.verdict.rests_on;
   j["campaign_seed"] = campaign_seed;
@@ -241,8 +242,12 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     if (cf.count == 1 || r.verdict.overshoot > cf.worst_overshoot) cf.worst_overshoot = r.verdict.overshoot;
     SignatureCount& sc = out.signatures[key];
     ++sc.count;
-    if (sc.count == 1 || r.verdict.overshoot > sc.worst_overshoot) sc.worst_overshoot = r.verdict.overshoot;
+    if (sc.count == 1 || r.verdict.overshoot > sc.worst_overshoot) {
+      sc.worst_overshoot = r.verdict.overshoot;
+      sc.worst_device = s.device.total;
+    }
     if (sc.count == 1) {
+      sc.cause = r.verdict.cause;
       sc.first_case_seed = seed;
       sc.first_case_index = i;
       sc.known = known.count(key) > 0;

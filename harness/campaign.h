@@ -74,6 +74,8 @@ struct FindingKey {
 struct SignatureCount {
   std::uint64_t count = 0;
   std::int64_t worst_overshoot = 0;
+  Bytes worst_device = 0;    // the device total of the worst case (severity: overshoot / device)
+  std::string cause;         // the first case's one-line cause (Verdict::cause)
   std::string first_file;    // the first finding written for it
   std::uint64_t first_case_seed = 0;
   std::uint64_t first_case_index = 0;

@@ -86,6 +86,7 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
   j["peaks"] = {{"reserved", c.exec.reserved_peak}, {"allocated", c.exec.allocated_peak}, {"live", c.exec.live_peak},
                 {"device_used", c.exec.device_peak}};
   j["trace_around_peak"] = debug_lines(s, c, v.op, 10);
+  if (!v.cause.empty()) j["cause"] = v.cause;
   if (!v.explanation.empty()) j["explanation"] = v.explanation;
   if (!v.rests_on.empty()) j["rests_on"] = v.rests_on;
   if (c.exec.dynamic) {
@@ -131,8 +132,10 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   const CaseResult& c = r.result;
   const Verdict& v = c.verdict;
   std::string md = fmt::format("# [vramfuzz] {}\n\n", repro_title(r));
-  md += fmt::format("**Verdict:** {}\n\n", v.message);
+  // The diagnosis first: what a developer reads to decide whether to file it.
+  if (!v.cause.empty()) md += fmt::format("**Cause:** {}\n\n", v.cause);
   if (!v.explanation.empty()) md += fmt::format("**Why:** {}\n\n", v.explanation);
+  md += fmt::format("**Verdict:** {}\n\n", v.message);
   if (!v.rests_on.empty()) md += fmt::format("**Rests on:** {}\n\n", v.rests_on);
   md += fmt::format("**Environment:** {} ({}); vramfuzz {}\n\n", c.exec.backend, c.exec.environment, tool_version());
   md += fmt::format("**Reliability:** reproduced {} of {} runs{}\n\n", r.reproduced, r.confirm_runs,

@@ -6,6 +6,7 @@
 // policy x allocator matrix, the corpus, and per allocator mode the overshoot histogram of a
 // calibration.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -54,8 +55,10 @@ svg .grid { stroke: #eaeef2; } svg .axis { stroke: #8c959f; }
 svg .s-used { stroke: var(--used); } svg .s-reserved { stroke: var(--reserved); } svg .s-allocated { stroke: var(--allocated); }
 svg .s-live { stroke: var(--live); } svg .s-limit { stroke: var(--limit); } svg .s-predicted { stroke: var(--limit); }
 svg .fill-reserved { fill: var(--reserved); fill-opacity: .10; stroke: none; }
+svg .a-rounding { fill: #e9d5ff; } svg .a-activations { fill: #bbf7d0; } svg .a-transients { fill: #fde68a; }
+svg .a-weights { fill: #cbd5e1; } svg .b-weights { stroke: #475569; } svg .b-offload { stroke: #b45309; }
 .hide-used .s-used, .hide-reserved .s-reserved, .hide-reserved .fill-reserved, .hide-allocated .s-allocated,
-.hide-live .s-live, .hide-limit .s-limit, .hide-predicted .s-predicted { display: none; }
+.hide-live .s-live, .hide-limit .s-limit, .hide-predicted .s-predicted, .hide-parts .part, .hide-budget .budget { display: none; }
 .split { display: flex; height: 14px; width: 420px; border: 1px solid var(--line); border-radius: 3px; overflow: hidden; }
 .split .res { background: var(--reserved); } .split .off { background: #c8d1db; }
 .cell-bad { background: #ffebe9; } .cell-ok { background: #dafbe1; } .cell-known { background: #fff8c5; } .cell-skip { color: var(--muted); }
@@ -177,6 +180,38 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
   };
   const std::string reserved = series(4);
   svg += fmt::format("<path class=\"fill-reserved\" d=\"{}V{:.1f}H{:.1f}Z\"/>\n", reserved, Y(0), X(rows.front()[0].get<double>()));
+  // What the bytes are made of (docs/attribution.md), stacked as PyTorch's memory_viz draws a
+  // snapshot: weights at the bottom, then weight transients, activations, the allocator's rounding
+  // (up to allocated); the reserved area above it is slack. Each band is the area under its
+  // cumulative top, drawn top down so the lower ones cover the rest.
+  const Json& parts = get_arr(trace, "parts");
+  bool stacked = parts.size() == rows.size();
+  for (std::size_t i = 0; stacked && i < parts.size(); ++i) {
+    stacked = parts[i].is_array() && parts[i].size() == 3 && parts[i][0].is_number() && parts[i][1].is_number() && parts[i][2].is_number();
+  }
+  if (stacked) {
+    auto area = [&](const std::function<double(std::size_t)>& top) {
+      std::string d;
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const double x = X(rows[i][0].get<double>()), y = Y(top(i));
+        d += i == 0 ? fmt::format("M{:.1f} {:.1f}", x, y) : fmt::format("H{:.1f}V{:.1f}", x, y);
+      }
+      if (!has_oom) d += fmt::format("H{:.1f}", X(ops));
+      return fmt::format("{}V{:.1f}H{:.1f}Z", d, Y(0), X(rows.front()[0].get<double>()));
+    };
+    auto part = [&](std::size_t i, std::size_t upto) {
+      double v = 0;
+      for (std::size_t c = 0; c < upto; ++c) v += parts[i][c].get<double>();
+      return v;
+    };
+    // On raw every tensor is its own cudaMalloc: reserved - allocated is the driver's pages, rounding too.
+    const bool raw = cv.contains("scenario") && get_str(cv["scenario"], "allocator") == "raw";
+    svg += fmt::format("<path class=\"part a-rounding\" d=\"{}\"/>\n",
+                       area([&](std::size_t i) { return rows[i][raw ? 4 : 3].get<double>(); }));
+    svg += fmt::format("<path class=\"part a-activations\" d=\"{}\"/>\n", area([&](std::size_t i) { return part(i, 3); }));
+    svg += fmt::format("<path class=\"part a-transients\" d=\"{}\"/>\n", area([&](std::size_t i) { return part(i, 2); }));
+    svg += fmt::format("<path class=\"part a-weights\" d=\"{}\"/>\n", area([&](std::size_t i) { return part(i, 1); }));
+  }
   svg += fmt::format("<path class=\"s-used\" fill=\"none\" stroke-width=\"1.5\" d=\"{}\"/>\n", series(5));
   svg += fmt::format("<path class=\"s-allocated\" fill=\"none\" stroke-width=\"1\" d=\"{}\"/>\n", series(3));
   svg += fmt::format("<path class=\"s-reserved\" fill=\"none\" stroke-width=\"2\" d=\"{}\"/>\n", reserved);
@@ -186,6 +221,19 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
   for (const Json& st : get_arr(cv, "stages")) {
     if (!get_bool(st, "checked")) continue;
     const double x0 = X(get_num(st, "begin")), x1 = X(get_num(st, "end"));
+    // The plan's budgets beside the bands: loaded weights, then + the offload buffer (+ the
+    // activation allowance is the predicted line).
+    if (stacked && st.contains("budget") && st["budget"].is_object()) {
+      const double w = get_num(st["budget"], "weights"), b = w + get_num(st["budget"], "offload");
+      svg += fmt::format("<line class=\"budget b-weights\" x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke-width=\"1\" "
+                         "stroke-dasharray=\"6 3\"/>",
+                         x0, x1, Y(w), Y(w));
+      if (b > w) {
+        svg += fmt::format("<line class=\"budget b-offload\" x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke-width=\"1\" "
+                           "stroke-dasharray=\"6 3\"/>",
+                           x0, x1, Y(b), Y(b));
+      }
+    }
     svg += fmt::format("<line class=\"s-limit\" x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke-width=\"2\" "
                        "stroke-dasharray=\"8 4\"/>",
                        x0, x1, Y(get_num(st, "limit")), Y(get_num(st, "limit")));
@@ -228,6 +276,13 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
            {"predicted", "predicted", "var(--limit)"}}) {
     legend += fmt::format("<button type=\"button\" data-series=\"{}\"><span class=\"sw\" style=\"background:{}\"></span>{}</button>", key,
                           color, label);
+  }
+  if (stacked) {
+    legend += "<button type=\"button\" data-series=\"parts\"><span class=\"sw\" style=\"height:10px;background:linear-gradient(to top,"
+              "#cbd5e1 25%,#fde68a 25% 50%,#bbf7d0 50% 75%,#e9d5ff 75%)\"></span>weights / weight transients / activations / "
+              "rounding (slack above)</button>";
+    legend += "<button type=\"button\" data-series=\"budget\"><span class=\"sw\" style=\"background:#475569\"></span>budget: loaded "
+              "weights, + offload buffer</button>";
   }
   legend += "</div>\n";
   return fmt::format("<figure class=\"timeline\">\n{}{}<figcaption>{} of {} ops{}; stage boundaries dashed; "
@@ -303,6 +358,7 @@ std::string case_html(const Json& cv, const std::string& id) {
                      xml_escape(get_str(sc, "allocator")), xml_escape(get_str(sc, "policy")), get_u64(sc, "streams"),
                      xml_escape(get_str(sc, "workload")));
   if (const Json& v = cv.contains("verdict") ? cv["verdict"] : Json::object(); v.is_object()) {
+    if (v.contains("cause")) out += fmt::format("<p class=\"cause\"><b>Cause:</b> {}</p>\n", xml_escape(get_str(v, "cause")));
     if (v.contains("explanation")) out += fmt::format("<p class=\"why\"><b>Why:</b> {}</p>\n", xml_escape(get_str(v, "explanation")));
     if (v.contains("rests_on")) out += fmt::format("<p class=\"rests\"><b>Rests on:</b> {}</p>\n", xml_escape(get_str(v, "rests_on")));
   }
@@ -459,10 +515,11 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
   h += "</div>\n";
 
   Table findings = findings_table(doc, link);
+  const std::vector<const Json*> ordered = findings_by_severity(doc);  // the table's rows and the sections below
   if (!findings.rows.empty()) {
     // The signature links to its section below.
-    for (std::size_t i = 0; i < findings.rows.size(); ++i) {
-      if (get_arr(doc, "findings")[i].contains("case")) findings.links[i][0] = fmt::format("#finding-{}", i + 1);
+    for (std::size_t i = 0; i < findings.rows.size() && i < ordered.size(); ++i) {
+      if (ordered[i]->contains("case")) findings.links[i][0] = fmt::format("#finding-{}", i + 1);
     }
     h += "<h2 id=\"findings\">Findings</h2>\n" + to_html(findings);
   }
@@ -476,7 +533,8 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
   }
 
   std::size_t i = 0;
-  for (const Json& f : get_arr(doc, "findings")) {
+  for (const Json* fp : ordered) {
+    const Json& f = *fp;
     ++i;
     if (!f.contains("case")) continue;
     const Json& cv = f["case"];

@@ -112,12 +112,14 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           }
           std::string elsewhere;  // the corpus has the signature, but under another policy
           for (const Json& p : get_arr(g, "corpus_other_policies")) elsewhere += (elsewhere.empty() ? "" : "; ") + p.get<std::string>();
+          // The cause before the replay command, which runs to the end of the line (pasted as it is).
+          const std::string why = g.contains("why") ? "; why: " + get_str(g, "why") + ";" : std::string(",");
           const std::string line =
-              fmt::format("{} x{}: overshoot {}, seed {:#x}{}{}{}", sig, get_u64(f, "count"),
+              fmt::format("{} x{}: overshoot {}, seed {:#x}{}{}{}{}", sig, get_u64(f, "count"),
                           format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
-                          elsewhere.empty() ? "" : " (new under this policy; the corpus has it under " + elsewhere + ")",
-                          replay.empty() ? fmt::format(", replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
-                                         : ", replay from the folder of junit.xml: " + replay);
+                          elsewhere.empty() ? "" : " (new under this policy; the corpus has it under " + elsewhere + ")", why,
+                          replay.empty() ? fmt::format(" replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
+                                         : " replay from the folder of junit.xml: " + replay);
           fresh.push_back(line);
           fresh_count += get_u64(f, "count");
           // Paths from the folder of junit.xml, as the replay command.

@@ -82,7 +82,8 @@ std::string markdown_summary(const Json& doc, const std::string& report_dir) {
     }
     md += to_markdown(findings) + "\n";
     // Commands, like the links, from this file's folder: they hold wherever the tree is moved.
-    for (const Json& f : get_arr(doc, "findings")) {
+    for (const Json* fp : findings_by_severity(doc)) {  // the most severe one's
+      const Json& f = *fp;
       const std::string replay = replay_command(get_str(f, "repro"), get_str(f, "file"), report_dir);
       if (replay.empty()) continue;
       md += fmt::format("Replay a finding from the folder of this file, e.g. `{}` (each repro.md says the same from its own "

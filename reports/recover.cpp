@@ -141,6 +141,8 @@ struct FoundFile {
   std::uint64_t case_index = 0, case_seed = 0;
   std::int64_t overshoot = 0;
   std::string device;
+  Bytes device_total = 0;
+  std::string cause;
 };
 
 }  // namespace
@@ -195,7 +197,11 @@ Recovered recover_campaign(const std::string& dir) {
         x.allocator = std::string(allocator_mode_name(s.allocator.mode));
         x.case_index = doc.value("case_index", std::uint64_t{0});
         x.case_seed = doc.value("case_seed", std::uint64_t{0});
-        if (doc.contains("verdict")) x.overshoot = doc["verdict"].value("overshoot", std::int64_t{0});
+        if (doc.contains("verdict")) {
+          x.overshoot = doc["verdict"].value("overshoot", std::int64_t{0});
+          x.cause = doc["verdict"].value("cause", "");
+        }
+        x.device_total = s.device.total;
         if (doc.contains("environment")) x.device = doc["environment"].value("device", "");
         folder_of[x.key.signature + "\n" + x.key.policy] = folder;
         found.push_back(std::move(x));
@@ -223,11 +229,15 @@ Recovered recover_campaign(const std::string& dir) {
     if (r.environment.empty()) r.environment = x.device;
     SignatureCount& sc = r.signatures[x.key];
     ++sc.count;
-    if (sc.count == 1 || x.overshoot > sc.worst_overshoot) sc.worst_overshoot = x.overshoot;
+    if (sc.count == 1 || x.overshoot > sc.worst_overshoot) {
+      sc.worst_overshoot = x.overshoot;
+      sc.worst_device = x.device_total;
+    }
     if (sc.count == 1 || x.case_index < sc.first_case_index) {
       sc.first_case_index = x.case_index;
       sc.first_case_seed = x.case_seed;
       sc.first_file = x.file;
+      sc.cause = x.cause;
     }
     sc.known = corpus.by_key.count(x.key) > 0;
     CellCount& cell = r.cells[{x.policy_label, x.allocator}];

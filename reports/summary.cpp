@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -71,6 +72,7 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
   j["verdict"] = {{"kind", verdict_kind_name(v.kind)}, {"signature", v.signature}, {"message", v.message},
                   {"stage", v.stage},  {"op", v.op},               {"measured", v.measured},
                   {"predicted", v.predicted}, {"reserve", v.reserve}, {"overshoot", v.overshoot}};
+  if (!v.cause.empty()) j["verdict"]["cause"] = v.cause;
   if (!v.explanation.empty()) j["verdict"]["explanation"] = v.explanation;
   if (!v.rests_on.empty()) j["verdict"]["rests_on"] = v.rests_on;
   j["scenario"] = {{"name", s.name},
@@ -107,6 +109,10 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
                {"limit", sp ? sp->predicted_peak + r.plan.reserve : 0},
                {"measured", i < r.exec.stage_reserved_peak.size() ? r.exec.stage_reserved_peak[i] : 0},
                {"peak_op", i < r.exec.stage_reserved_peak_op.size() ? r.exec.stage_reserved_peak_op[i] : 0}};
+    // The plan's terms the timeline draws its budget lines from (docs/attribution.md).
+    if (sp && sp->checked) {
+      st["budget"] = {{"weights", sp->resident_total}, {"offload", sp->offload_buffer}, {"activation", sp->activation_allowance}};
+    }
     stages.push_back(std::move(st));
   }
   j["stages"] = std::move(stages);
@@ -158,10 +164,45 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
     const std::uint32_t stage = row.op < prog.ops.size() ? prog.ops[row.op].stage : 0;
     trace_rows.push_back(Json::array({row.op, stage, row.live, row.allocated, row.reserved, row.device_used}));
   }
+  // What the live bytes are made of after each kept row's op (the stacked timeline): the
+  // program's own buffers by kind. Classic programs only: a dynamic one's conditional ops are
+  // decided at run time, and its weights live in VBAR pages.
+  Json parts = Json::array();
+  if (!prog.dynamic && !keep.empty()) {
+    std::vector<std::uint8_t> live(prog.buffers.size(), 0);
+    Bytes by[3] = {0, 0, 0};  // weights, weight transients, activations
+    auto slot = [](BufferKind k) { return k == BufferKind::weight ? 0 : k == BufferKind::activation ? 2 : 1; };
+    std::size_t next = 0;
+    bool exact = true;
+    for (std::uint32_t op = 0; op < prog.ops.size() && next < keep.size(); ++op) {
+      const Op& o = prog.ops[op];
+      const bool failed = r.exec.oom && op == r.exec.oom->op;
+      if (o.buffer < prog.buffers.size() && !failed) {
+        const Buffer& b = prog.buffers[o.buffer];
+        if (o.kind == OpKind::alloc && !live[o.buffer]) {
+          live[o.buffer] = 1;
+          by[slot(b.kind)] += b.bytes;
+        } else if (o.kind == OpKind::free && live[o.buffer]) {
+          live[o.buffer] = 0;
+          by[slot(b.kind)] -= b.bytes;
+        }
+      }
+      while (next < keep.size() && rows[keep[next]].op == op) {
+        exact = exact && by[0] + by[1] + by[2] == rows[keep[next]].live;
+        parts.push_back(Json::array({by[0], by[1], by[2]}));
+        ++next;
+      }
+    }
+    if (!exact || parts.size() != keep.size()) parts = Json::array();
+  }
   j["trace"] = {{"columns", Json::array({"op", "stage", "live", "allocated", "reserved", "device_used"})},
                 {"ops", prog.ops.size()},
                 {"downsampled", keep.size() < rows.size()},
                 {"rows", std::move(trace_rows)}};
+  if (!parts.empty()) {
+    j["trace"]["parts_columns"] = Json::array({"weights", "weight_transients", "activations"});
+    j["trace"]["parts"] = std::move(parts);
+  }
 
   Json around = Json::array();
   const std::uint32_t center = r.exec.oom ? r.exec.oom->op : v.op;
@@ -329,6 +370,11 @@ Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
           {"out", cfg.out_dir}};
 }
 
+double finding_severity(std::int64_t overshoot, Bytes device_total) {
+  if (device_total == 0 || overshoot <= 0) return 0.0;
+  return std::round(static_cast<double>(overshoot) / static_cast<double>(device_total) * 1e6) / 1e6;
+}
+
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info) {
   Json j;
   j["schema"] = kSummarySchema;
@@ -361,6 +407,10 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
               {"campaign_seed", cfg.seed},
               {"kind", kind_of(sig)},
               {"replay", replay_command(c.repro_file, c.first_file, cfg.out_dir)}};
+    // The cause a table shows: the repro's (what a reader opens), else the first case's.
+    const std::string why = c.shrunk && !c.shrunk->result.verdict.cause.empty() ? c.shrunk->result.verdict.cause : c.cause;
+    if (!why.empty()) f["why"] = why;
+    if (c.worst_device > 0) f["severity"] = finding_severity(c.worst_overshoot, c.worst_device);
     annotate_corpus(f, corpus);
     if (c.shrunk) {
       f["reliability"] = {{"runs", c.shrunk->confirm_runs}, {"reproduced", c.shrunk->reproduced}};
@@ -870,9 +920,11 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
           get_u64(f, "campaign_seed") == get_u64(m, "campaign_seed") && get_u64(f, "first_case_index") < get_u64(m, "first_case_index");
       const bool m_repro = !get_str(m, "repro").empty(), f_repro = !get_str(f, "repro").empty();
       if (f_repro ? !m_repro || earlier : !m_repro && earlier) m = f;
+      const double severity = std::max(m.value("severity", 0.0), f.value("severity", 0.0));
       m["count"] = count;
       m["worst_overshoot"] = worst;
       m["known"] = known;
+      if (severity > 0) m["severity"] = severity;
     }
   }
   Json findings = Json::array();

@@ -50,6 +50,9 @@ Json case_view(const ShrinkResult& sr, const std::string& replay);
 std::string replay_command(const std::string& repro, const std::string& file, const std::string& from_dir);
 
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info);
+// A finding's severity: its worst overshoot as a share of the device it happened on (an OOM's
+// or violation's bytes on a 6 GiB card weigh four times those on a 24 GiB one), rounded to 1e-6.
+double finding_severity(std::int64_t overshoot, Bytes device_total);
 // A campaign's `config` object (summary.json's, and run.json's: what recovery rebuilds it from).
 Json campaign_config(const CampaignConfig& cfg, const std::string& backend);
 Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationResult& r, const RunInfo& info);

@@ -106,23 +106,30 @@ Check case_view() {
       array_of(str())(j);
       if (j.raw() != kColumns) j.fail("expected [\"op\", \"stage\", \"live\", \"allocated\", \"reserved\", \"device_used\"]");
     };
+    const Check parts_columns = [](const JsonIn& j) {
+      static const json kColumns = json::array({"weights", "weight_transients", "activations"});
+      array_of(str())(j);
+      if (j.raw() != kColumns) j.fail("expected [\"weights\", \"weight_transients\", \"activations\"]");
+    };
     return object({
         req("title", str()),
         req("verdict", object({req("kind", one_of({"pass", "violation", "oom", "error"})), req("signature", str()), req("message", str()),
                                req("stage", u64()), req("op", u64()), req("measured", u64()), req("predicted", u64()),
-                               req("reserve", u64()), req("overshoot", i64()), opt("explanation", str()), opt("rests_on", str())})),
+                               req("reserve", u64()), req("overshoot", i64()), opt("cause", str()), opt("explanation", str()), opt("rests_on", str())})),
         req("scenario", object({req("name", str()), req("device_total", u64()), req("available", u64()), req("allocator", str()),
                                 req("policy", str()), req("streams", u64()), req("workload", str())})),
         req("oom", nullable(object({req("op", u64()), req("request", u64()), req("reserved", u64()), req("allocated", u64()),
                                     req("device_free", u64()), req("what", str())}))),
         req("stages", array_of(object({req("stage", u64()), req("op", str()), req("model", str()), req("begin", u64()), req("end", u64()),
                                        req("checked", boolean()), req("predicted", u64()), req("limit", u64()), req("measured", u64()),
-                                       req("peak_op", u64())}))),
+                                       req("peak_op", u64()),
+                                       opt("budget", object({req("weights", u64()), req("offload", u64()), req("activation", u64())}))}))),
         req("loads", array_of(object({req("model", str()), req("stage", u64()), req("loaded", u64()), req("offloaded", u64()),
                                       opt("uncounted", u64()), req("offload_buffer", u64()), req("modules", u64()), req("resident_modules", u64()),
                                       req("full_load", boolean()), req("log", str())}))),
         req("trace", object({req("columns", columns), req("ops", u64()), req("downsampled", boolean()),
-                             req("rows", array_of(row({u64(), u64(), u64(), u64(), u64(), u64()})))})),
+                             req("rows", array_of(row({u64(), u64(), u64(), u64(), u64(), u64()}))),
+                             opt("parts_columns", parts_columns), opt("parts", array_of(row({u64(), u64(), u64()})))})),
         req("around_peak", array_of(around)),
         req("peaks", peaks()),
         req("replay", str()),
@@ -153,6 +160,8 @@ Check finding() {
       req("file", str()),
       req("kind", one_of({"violation", "oom"})),
       req("replay", str()),
+      opt("why", str()),
+      opt("severity", number_in(0, 1e6)),
       opt("reliability", object({req("runs", u64_in(1, ~std::uint64_t{0})), req("reproduced", u64())})),
       opt("case", case_view()),
   });

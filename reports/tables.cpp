@@ -105,11 +105,25 @@ std::string corpus_note(const Json& doc, const Json& f) {
   return others.empty() ? "new" : fmt::format("new; the corpus has it under {}", others);
 }
 
+std::vector<const Json*> findings_by_severity(const Json& doc) {
+  // New before known, then the overshoot as a share of its device, then bytes.
+  std::vector<const Json*> order;
+  for (const Json& f : get_arr(doc, "findings")) order.push_back(&f);
+  std::stable_sort(order.begin(), order.end(), [](const Json* a, const Json* b) {
+    if (get_bool(*a, "known") != get_bool(*b, "known")) return !get_bool(*a, "known");
+    const double sa = a->value("severity", 0.0), sb = b->value("severity", 0.0);
+    if (sa != sb) return sa > sb;
+    return get_i64(*a, "worst_overshoot") > get_i64(*b, "worst_overshoot");
+  });
+  return order;
+}
+
 Table findings_table(const Json& doc, const LinkFn& link) {
   Table t;
-  t.headers = {"signature", "policy", "count", "worst overshoot", "repro", "reliability", "corpus"};
-  t.right = {false, false, true, true, false, false, false};
-  for (const Json& f : get_arr(doc, "findings")) {
+  t.headers = {"signature", "why", "policy", "count", "worst overshoot", "of device", "repro", "reliability", "corpus"};
+  t.right = {false, false, false, true, true, true, false, false, false};
+  for (const Json* fp : findings_by_severity(doc)) {
+    const Json& f = *fp;
     const std::string repro = get_str(f, "repro");
     const std::string file = get_str(f, "file");
     std::string repro_cell, target;
@@ -129,9 +143,11 @@ Table findings_table(const Json& doc, const LinkFn& link) {
     } else {
       reliability = "-";
     }
-    t.rows.push_back({get_str(f, "signature"), get_str(f, "policy"), std::to_string(get_u64(f, "count")),
-                      signed_mib1(get_i64(f, "worst_overshoot")), repro_cell, reliability, corpus_note(doc, f)});
-    t.links.push_back({"", "", "", "", target, "", ""});
+    const std::string share = f.contains("severity") ? fmt::format("{:.2f}%", f.value("severity", 0.0) * 100.0) : "-";
+    t.rows.push_back({get_str(f, "signature"), f.contains("why") ? get_str(f, "why") : "-", get_str(f, "policy"),
+                      std::to_string(get_u64(f, "count")), signed_mib1(get_i64(f, "worst_overshoot")), share, repro_cell, reliability,
+                      corpus_note(doc, f)});
+    t.links.push_back({"", "", "", "", "", "", target, "", ""});
   }
   return t;
 }

@@ -30,9 +30,12 @@ std::string reserve_arg(std::uint64_t bytes);
 
 using LinkFn = std::function<std::string(const std::string&)>;
 
-// One row per finding (signature x policy key): where its repro is, how reliably it reproduced,
-// and what the regression corpus says about it (corpus_note).
+// One row per finding (signature x policy key), most severe first (new before known, then the
+// worst overshoot as a share of its device): why it failed, where its repro is, how reliably it
+// reproduced, and what the regression corpus says about it (corpus_note).
 Table findings_table(const Json& doc, const LinkFn& link);
+// The summary's findings in the order every report lists them.
+std::vector<const Json*> findings_by_severity(const Json& doc);
 // Why a finding is known or new: "known (origin-oct2025/repro.json)", "new; the corpus has it
 // under comfy:oct2025", "new". Corpus files are named from the corpus directory.
 std::string corpus_note(const Json& doc, const Json& finding);

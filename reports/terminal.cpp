@@ -23,7 +23,12 @@ std::string terminal_findings(const Json& doc) {
       out += fmt::format("  no longer reproduces: {} ({} under {} -> {})\n", row[0], row[1], row[2], row[3]);
     }
   }
-  const Table t = findings_table(doc, [](const std::string& p) { return p; });
+  Table t = findings_table(doc, [](const std::string& p) { return p; });
+  // A terminal line stays readable: the cause cut at 72 characters (summary.md and the HTML
+  // report have it whole).
+  for (auto& row : t.rows) {
+    if (row.size() > 1 && row[1].size() > 72) row[1] = row[1].substr(0, 69) + "...";
+  }
   if (!t.rows.empty()) out += to_text(t);
   return out;
 }

@@ -220,7 +220,8 @@ TEST_F(Reports, MarkdownStartsWithTheVerdict) {
   const std::size_t fresh = report::get_u64(doc()["counts"], "new_signatures");
   ASSERT_GT(fresh, 0u);
   EXPECT_EQ(md.substr(0, md.find('\n')), "## vramfuzz fuzz: " + std::to_string(fresh) + " new signature" + (fresh == 1 ? "" : "s"));
-  EXPECT_NE(md.find("| signature | policy | count | worst overshoot | repro | reliability | corpus |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| signature | why | policy | count | worst overshoot | of device | repro | reliability | corpus |"), std::string::npos)
+      << md;
   // Repro links are relative to summary.md, and the files exist.
   const std::regex link(R"(\]\((findings/[^)]+/repro\.json)\))");
   std::size_t links = 0;
@@ -241,6 +242,73 @@ TEST_F(Reports, MarkdownStartsWithTheVerdict) {
   nothing["counts"]["new_signatures"] = 0;
   nothing["counts"]["findings"] = 0;
   EXPECT_EQ(report::markdown_summary(nothing, ".").rfind("## vramfuzz fuzz: nothing found\n", 0), 0u);
+}
+
+TEST_F(Reports, FindingsAreOrderedBySeverityNewFirstAndSayWhy) {
+  // Every finding of the campaign carries its cause and its severity (worst overshoot / device).
+  ASSERT_GE(doc()["findings"].size(), 2u);
+  for (const Json& f : doc()["findings"]) {
+    EXPECT_FALSE(report::get_str(f, "why").empty()) << f.dump().substr(0, 300);
+    EXPECT_GT(f.value("severity", 0.0), 0.0) << report::get_str(f, "signature");
+  }
+  // Three findings: a known one of the highest severity, a new one of 1%, a new one of 25%.
+  Json d = doc();
+  Json base = d["findings"][0];
+  base.erase("case");
+  Json a = base, b = base, c = base;
+  a["signature"] = "violation:forward:upcast:raw";
+  a["known"] = true;
+  a["severity"] = 0.5;
+  a["why"] = "known and worst";
+  b["signature"] = "violation:forward:dequant:raw";
+  b["known"] = false;
+  b["severity"] = 0.01;
+  b["why"] = "new and mild";
+  c["signature"] = "oom:forward:upcast:raw";
+  c["known"] = false;
+  c["severity"] = 0.25;
+  c["why"] = "new and severe";
+  d["findings"] = Json::array({a, b, c});
+  const std::string md = report::markdown_summary(d, ".");
+  const std::size_t severe = md.find("| new and severe |"), mild = md.find("| new and mild |"), known = md.find("| known and worst |");
+  ASSERT_NE(severe, std::string::npos) << md;
+  ASSERT_NE(mild, std::string::npos) << md;
+  ASSERT_NE(known, std::string::npos) << md;
+  EXPECT_LT(severe, mild);
+  EXPECT_LT(mild, known);
+  EXPECT_NE(md.find("| 25.00% |"), std::string::npos) << md;
+  const std::string html = report::html_report(d, ".");
+  EXPECT_LT(html.find("new and severe"), html.find("new and mild"));
+  EXPECT_LT(html.find("new and mild"), html.find("known and worst"));
+}
+
+TEST_F(Reports, TheTimelineSaysWhatTheLiveBytesAreMadeOf) {
+  // Each classic repro's trace carries, per row, the live bytes by kind (weights, weight
+  // transients, activations) summing to the row's live column, and each checked stage the plan's
+  // budget terms summing to its prediction; the HTML draws them as bands with budget lines.
+  std::size_t cases = 0;
+  for (const Json& f : doc()["findings"]) {
+    if (!f.contains("case")) continue;
+    const Json& t = f["case"]["trace"];
+    ASSERT_TRUE(t.contains("parts")) << report::get_str(f, "signature");
+    ASSERT_EQ(t["parts"].size(), t["rows"].size());
+    for (std::size_t i = 0; i < t["rows"].size(); ++i) {
+      const Json& p = t["parts"][i];
+      EXPECT_EQ(p[0].get<std::uint64_t>() + p[1].get<std::uint64_t>() + p[2].get<std::uint64_t>(), t["rows"][i][2].get<std::uint64_t>());
+    }
+    for (const Json& st : f["case"]["stages"]) {
+      if (!st["checked"].get<bool>()) continue;
+      ASSERT_TRUE(st.contains("budget"));
+      EXPECT_EQ(st["budget"]["weights"].get<std::uint64_t>() + st["budget"]["offload"].get<std::uint64_t>() +
+                    st["budget"]["activation"].get<std::uint64_t>(),
+                st["predicted"].get<std::uint64_t>());
+    }
+    ++cases;
+  }
+  EXPECT_GE(cases, 2u);
+  const std::string html = read_file(files().html);
+  EXPECT_GE(count(html, "class=\"part a-weights\""), cases);
+  EXPECT_GE(count(html, "class=\"budget b-weights\""), cases);
 }
 
 TEST_F(Reports, SummaryCarriesTheTraceOfEachRepro) {
@@ -384,19 +452,25 @@ TEST_F(Browser, ScreenshotIsNotBlankAndShowsTheTimeline) {
   const Rgb img = read_png(png.string());
   ASSERT_EQ(img.width, 1400u);
   ASSERT_EQ(img.height, 2000u);
-  std::size_t not_background = 0, fill = 0, blue = 0, orange = 0;
+  std::size_t not_background = 0, fill = 0, blue = 0, orange = 0, weights = 0, bands = 0;
   for (std::size_t i = 0; i + 2 < img.px.size(); i += 3) {
     const int r = img.px[i], g = img.px[i + 1], b = img.px[i + 2];
     if (r < 245 || g < 245 || b < 245) ++not_background;
     // The reserved area: #2563eb at 10% over white = (233, 239, 253), only inside the SVG.
     if (std::abs(r - 233) <= 3 && std::abs(g - 239) <= 3 && std::abs(b - 253) <= 3) ++fill;
+    // The stacked bands: weights #cbd5e1, weight transients #fde68a, activations #bbf7d0.
+    auto near = [&](int R, int G, int B) { return std::abs(r - R) <= 3 && std::abs(g - G) <= 3 && std::abs(b - B) <= 3; };
+    if (near(203, 213, 225)) ++weights;
+    if (near(253, 230, 138) || near(187, 247, 208)) ++bands;
     // The reserved line (#2563eb) and the predicted + reserve line (#ea580c).
     if (r < 70 && g > 80 && g < 120 && b > 215) ++blue;
     if (r > 215 && g > 70 && g < 110 && b < 40) ++orange;
   }
   const double total = static_cast<double>(img.width) * img.height;
   EXPECT_GT(not_background / total, 0.05) << not_background << " of " << total << " pixels differ from white";
-  EXPECT_GT(fill, 5000u) << "the area under allocator reserved";
+  EXPECT_GT(fill + weights + bands, 5000u) << "the area under allocator reserved";
+  EXPECT_GT(weights, 2000u) << "the resident weights' band";
+  EXPECT_GT(bands, 2000u) << "the weight transients' and activations' bands";
   EXPECT_GT(blue, 300u) << "the reserved line";
   EXPECT_GT(orange, 100u) << "the predicted + reserve line";
 }
