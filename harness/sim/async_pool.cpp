@@ -38,11 +38,13 @@ AsyncPoolAllocator::AsyncPoolAllocator(SimDevice& device, const AsyncOptions& op
 AsyncPoolAllocator::Arena::iterator AsyncPoolAllocator::insert_range(DeviceAddr addr, const Range& r) {
   auto it = arena_nodes_.insert(arena_, Arena::value_type{addr, r});
   if (r.kind == Kind::free) sizes_.insert(r.owner, r.size, addr, 0);
+  if (r.kind != Kind::used) open_.insert(addr);
   return it;
 }
 
 AsyncPoolAllocator::Arena::iterator AsyncPoolAllocator::erase_range(Arena::iterator it) {
   if (it->second.kind == Kind::free) sizes_.erase(it->second.owner, it->second.size, it->first);
+  if (it->second.kind != Kind::used) open_.erase(it->first);
   auto next = std::next(it);
   arena_nodes_.erase(arena_, it);
   return next;
@@ -216,8 +218,12 @@ bool AsyncPoolAllocator::best_run(Pred usable_range, Bytes size, DeviceAddr& at)
     }
     in_run = false;
   };
-  for (const auto& [addr, r] : arena_) {
+  DeviceAddr run_end = 0;
+  for (const DeviceAddr addr : open_) {
+    const Range& r = arena_.find(addr)->second;
     if (r.kind == Kind::free && usable_range(r)) {
+      if (in_run && addr != run_end) close_run();  // a tensor lies between: the run ended there
+      run_end = addr + r.size;
       if (!in_run) {
         in_run = true;
         run_start = addr;
@@ -241,18 +247,21 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
   DeviceAddr start = 0;
   Bytes run_total = 0;
   bool found = false;
-  for (const auto& [addr, r] : arena_) {
+  DeviceAddr end = 0;
+  for (const DeviceAddr addr : open_) {
+    const Range& r = arena_.find(addr)->second;
     const bool open = r.kind == Kind::unmapped || (r.kind == Kind::free && usable(r, stream));
     if (!open) {
       in_run = false;
       continue;
     }
-    if (!in_run) {
+    if (!in_run || addr != end) {  // a tensor lies between: a new run
       in_run = true;
       start = addr;
       run_total = 0;
     }
     run_total += r.size;
+    end = addr + r.size;
     if (run_total >= size) {
       found = true;
       break;
@@ -382,10 +391,15 @@ void AsyncPoolAllocator::stream_wait(StreamId waiter, StreamId target) {
 
 void AsyncPoolAllocator::synchronize() {
   // The host has seen every free complete: all free memory is reusable by every stream.
-  for (auto it = arena_.begin(); it != arena_.end(); ++it) {
+  // Only free and unmapped ranges change (open_): a tensor's range neither changes owner nor merges.
+  const std::vector<DeviceAddr> open(open_.begin(), open_.end());
+  for (const DeviceAddr addr : open) {
+    const auto it = arena_.find(addr);
     if (it->second.kind == Kind::free && it->second.owner != kAnyStream) set_owner(it, kAnyStream, 0, false);
   }
-  for (auto it = arena_.begin(); it != arena_.end(); ++it) it = coalesce(it);
+  for (const DeviceAddr addr : open) {
+    if (const auto it = arena_.find(addr); it != arena_.end()) coalesce(it);  // absent: merged into the one before
+  }
   // cudaMemPoolAttrReleaseThreshold: above it, the sync gives free chunks back.
   if (stats_.reserved.current > options_.release_threshold) trim_to(options_.release_threshold);
 }

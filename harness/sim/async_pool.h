@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "harness/sim/allocator.h"
@@ -150,6 +151,10 @@ class AsyncPoolAllocator final : public Allocator {
   DeviceAddr base_ = 0;         // arena start, aligned to the granularity
   Arena arena_;
   FreeIndex sizes_;  // free ranges by (owner, size, address), for the best fit of one owner
+  // The addresses of the ranges no tensor uses (free and unmapped), in address order: the runs
+  // best_run and grow look for are made of these alone, and a pool holding thousands of live
+  // tensors has few of them (walking the whole arena made every growth O(live tensors)).
+  std::set<DeviceAddr> open_;
   NodeStash<Arena> arena_nodes_;
   std::vector<Live> keys_;
   // Event-edge bookkeeping (vector clocks): ticks_[s] counts frees on stream s;
