@@ -117,21 +117,27 @@ std::optional<Family> parse_family(std::string_view name) {
   return std::nullopt;
 }
 
-void finalize_model(ModelSpec& m, std::string_view path) {
+namespace {
+
+// One pass over the model. Error messages name the field (`models[0].modules[3].tensors[1]`);
+// building those paths for every tensor was most of the cost of finalizing a model (the
+// shrinker refinalizes every candidate), so the first pass runs without them (`named` false)
+// and only a pass that failed runs again with them, to throw the error with its path.
+void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
   std::uint64_t params = 0;
   Bytes model_bytes = 0;
-  const std::string params_what = fmt::format("{}{}params", path, path.empty() ? "" : ".");
-  const std::string bytes_what = fmt::format("{}{}bytes", path, path.empty() ? "" : ".");
+  const std::string params_what = named ? fmt::format("{}{}params", path, path.empty() ? "" : ".") : std::string();
+  const std::string bytes_what = named ? fmt::format("{}{}bytes", path, path.empty() ? "" : ".") : std::string();
   mark_containers(m.modules);
   for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
     Module& mod = m.modules[mi];
-    const std::string module_path = child_path(path, "modules", mi);
+    const std::string module_path = named ? child_path(path, "modules", mi) : std::string();
     if (mod.container && mod.cast_hook) {
       // ComfyUI's castable ops (Linear, Conv, Norm, Embedding) are leaves: a module with
       // parameters below it is a container, and its own tensors are raw.
       const auto child = std::find_if(m.modules.begin(), m.modules.end(),
                                       [&](const Module& c) { return below(c.name, mod.name) && owns_parameters(c); });
-      throw InputError(module_path + ".cast_hook",
+      throw InputError(child_path(path, "modules", mi) + ".cast_hook",
                        fmt::format("module \"{}\" has parameters below it (\"{}\"), so it is a container and its own tensors "
                                    "are raw: a container has no cast hook (set \"cast_hook\": false or leave it out)",
                                    mod.name, child->name));
@@ -139,7 +145,7 @@ void finalize_model(ModelSpec& m, std::string_view path) {
     Bytes module_bytes = 0;
     for (std::size_t ti = 0; ti < mod.tensors.size(); ++ti) {
       Tensor& t = mod.tensors[ti];
-      const std::string tensor_path = child_path(module_path, "tensors", ti);
+      const std::string tensor_path = named ? child_path(module_path, "tensors", ti) : std::string();
       t.numel = tensor_numel(t.shape, tensor_path);
       t.bytes = tensor_bytes(t.dtype, t.shape, tensor_path);
       module_bytes = checked_add(module_bytes, t.bytes, module_path);
@@ -150,6 +156,17 @@ void finalize_model(ModelSpec& m, std::string_view path) {
   }
   m.params = params;
   m.bytes = model_bytes;
+}
+
+}  // namespace
+
+void finalize_model(ModelSpec& m, std::string_view path) {
+  try {
+    finalize_pass(m, path, false);
+  } catch (const InputError&) {
+    finalize_pass(m, path, true);  // throws the same error, naming the field
+    throw;                         // not reached: a pass fails the same way with or without names
+  }
 }
 
 }  // namespace vf
