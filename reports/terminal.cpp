@@ -27,7 +27,11 @@ std::string terminal_findings(const Json& doc) {
   // A terminal line stays readable: the cause cut at 72 characters (summary.md and the HTML
   // report have it whole).
   for (auto& row : t.rows) {
-    if (row.size() > 1 && row[1].size() > 72) row[1] = row[1].substr(0, 69) + "...";
+    if (row.size() > 1 && row[1].size() > 72) {
+      std::size_t cut = 69;
+      while (cut > 0 && (static_cast<unsigned char>(row[1][cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 character
+      row[1] = row[1].substr(0, cut) + "...";
+    }
   }
   if (!t.rows.empty()) out += to_text(t);
   return out;
