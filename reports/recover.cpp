@@ -278,6 +278,8 @@ Recovered recover_campaign(const std::string& dir) {
         throw InputError(repro, "not the repro of " + key.signature);
       }
       sc.repro_file = repro;
+      // The repro's cause, as an uninterrupted run shows it (the first case's otherwise).
+      if (doc.contains("cause") && doc["cause"].is_string()) sc.cause = doc["cause"].get<std::string>();
       if (doc.contains("shrink")) {
         const json& sh = doc["shrink"];
         if (sh.contains("final")) sc.repro_modules = sh["final"].value("modules", std::uint64_t{0});

@@ -372,7 +372,8 @@ Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
 
 double finding_severity(std::int64_t overshoot, Bytes device_total) {
   if (device_total == 0 || overshoot <= 0) return 0.0;
-  return std::round(static_cast<double>(overshoot) / static_cast<double>(device_total) * 1e6) / 1e6;
+  // At most 1e6 (what the strict reader takes): an absurd request on a tiny device stays readable.
+  return std::min(1e6, std::round(static_cast<double>(overshoot) / static_cast<double>(device_total) * 1e6) / 1e6);
 }
 
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info) {
@@ -919,8 +920,11 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       const bool earlier =
           get_u64(f, "campaign_seed") == get_u64(m, "campaign_seed") && get_u64(f, "first_case_index") < get_u64(m, "first_case_index");
       const bool m_repro = !get_str(m, "repro").empty(), f_repro = !get_str(f, "repro").empty();
-      if (f_repro ? !m_repro || earlier : !m_repro && earlier) m = f;
+      // Both inputs' severity and cause, read before the kept one may be replaced.
       const double severity = std::max(m.value("severity", 0.0), f.value("severity", 0.0));
+      const std::string why = get_str(m, "why");
+      if (f_repro ? !m_repro || earlier : !m_repro && earlier) m = f;
+      if (!m.contains("why") && !why.empty()) m["why"] = why;
       m["count"] = count;
       m["worst_overshoot"] = worst;
       m["known"] = known;

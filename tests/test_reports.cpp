@@ -311,6 +311,32 @@ TEST_F(Reports, TheTimelineSaysWhatTheLiveBytesAreMadeOf) {
   EXPECT_GE(count(html, "class=\"budget b-weights\""), cases);
 }
 
+TEST_F(Reports, AMergeKeepsTheHigherSeverityAndTheCauseWhicheverReproItKeeps) {
+  // Two shards with one finding: the first without a repro but the higher severity and a cause,
+  // the second with the repro (which the merge keeps) and neither.
+  Json a = doc(), b = doc();
+  a["shard"] = {{"index", 0}, {"count", 2}};
+  b["shard"] = {{"index", 1}, {"count", 2}};
+  Json fa = doc()["findings"][0], fb = doc()["findings"][0];
+  ASSERT_FALSE(report::get_str(fb, "repro").empty());
+  fa["repro"] = "";
+  fa.erase("case");
+  fa.erase("reliability");
+  fa["severity"] = 0.5;
+  fa["why"] = "the first shard's cause";
+  fb["severity"] = 0.1;
+  fb.erase("why");
+  a["findings"] = Json::array({fa});
+  b["findings"] = Json::array({fb});
+  const Json m = report::merge_summaries({a, b}, {(dir() / "out").string(), (dir() / "out").string()},
+                                         report::run_info("merge", "vramfuzz merge a b", "sim", (dir() / "out").string()));
+  ASSERT_EQ(m["findings"].size(), 1u);
+  const Json& f = m["findings"][0];
+  EXPECT_FALSE(report::get_str(f, "repro").empty()) << "the repro is kept";
+  EXPECT_EQ(f.value("severity", 0.0), 0.5);
+  EXPECT_EQ(report::get_str(f, "why"), "the first shard's cause");
+}
+
 TEST_F(Reports, SummaryCarriesTheTraceOfEachRepro) {
   for (const Json& f : report::get_arr(doc(), "findings")) {
     if (!f.contains("case")) continue;
