@@ -40,6 +40,10 @@ std::uint64_t case_seed(std::uint64_t campaign_seed, std::uint64_t index) {
   return splitmix64(splitmix64(campaign_seed) ^ index);
 }
 
+bool is_noise(std::string_view signature, std::int64_t worst_overshoot, Bytes min_overshoot) {
+  return signature.rfind("violation:", 0) == 0 && worst_overshoot < static_cast<std::int64_t>(std::min<Bytes>(min_overshoot, kMaxDeviceBytes));
+}
+
 std::string signature_dir(std::string_view signature) {
   std::string d(signature);
   for (char& ch : d) {
@@ -246,12 +250,13 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       sc.worst_overshoot = r.verdict.overshoot;
       sc.worst_device = s.device.total;
     }
+    sc.noise = is_noise(key.signature, sc.worst_overshoot, cfg.min_overshoot);
     if (sc.count == 1) {
       sc.cause = r.verdict.cause;
       sc.first_case_seed = seed;
       sc.first_case_index = i;
       sc.known = known.count(key) > 0;
-      spdlog::info("case {}: {} finding {} under {} ({})", i, sc.known ? "known" : "new", key.signature, key.policy,
+      spdlog::info("case {}: {} finding {} under {} ({})", i, sc.known ? "known" : sc.noise ? "noise-level" : "new", key.signature, key.policy,
                    r.verdict.message);
     }
     if (cfg.out_dir.empty() || sc.count > cfg.keep_per_signature) continue;

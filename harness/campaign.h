@@ -50,6 +50,10 @@ struct CampaignConfig {
   std::uint64_t shrink_execs = 400;
   double shrink_seconds = 120;
   std::uint32_t confirm_runs = 1;  // re-runs of each repro for its reliability figure
+  // `--min-overshoot`: a violation signature whose worst overshoot stays below this is within the
+  // allocator's own rounding noise (one 2 MiB device page by default): written, shrunk and listed,
+  // labelled noise, and not counted as new. 0 counts every violation. OOMs are never noise.
+  Bytes min_overshoot = 2 * MiB;
   std::string corpus_dir;    // repros replayed before searching; their signatures are known
   // `--shard I/N`: this run takes the cases whose index i has i mod N == I. Case seeds do not
   // change, so the shards of one campaign are disjoint and together are the unsharded campaign.
@@ -76,6 +80,7 @@ struct SignatureCount {
   std::int64_t worst_overshoot = 0;
   Bytes worst_device = 0;    // the device total of the worst case (severity: overshoot / device)
   std::string cause;         // the first case's one-line cause (Verdict::cause)
+  bool noise = false;        // a violation whose worst overshoot is below CampaignConfig::min_overshoot
   std::string first_file;    // the first finding written for it
   std::uint64_t first_case_seed = 0;
   std::uint64_t first_case_index = 0;
@@ -125,7 +130,7 @@ struct CampaignResult {
   std::string fatal_error;     // the backend can run no more cases (a sticky CUDA error): it ended here
   std::size_t new_signatures() const {
     std::size_t n = 0;
-    for (const auto& [sig, c] : signatures) n += c.known ? 0 : 1;
+    for (const auto& [sig, c] : signatures) n += c.known || c.noise ? 0 : 1;
     return n;
   }
 };
@@ -146,6 +151,10 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
 std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t campaign_seed, std::uint64_t case_index,
                       std::uint64_t seed, const std::string& path, const std::vector<std::uint64_t>& choices = {},
                       const std::string& found_by = "");
+
+// Whether a finding is within the allocator's rounding noise: a violation whose worst overshoot
+// is below `min_overshoot` (CampaignConfig::min_overshoot). OOMs never are.
+bool is_noise(std::string_view signature, std::int64_t worst_overshoot, Bytes min_overshoot);
 
 // Signature as a directory name ("violation:forward:upcast:raw" -> "violation-forward-upcast-raw").
 std::string signature_dir(std::string_view signature);

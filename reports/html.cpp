@@ -538,10 +538,10 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
     ++i;
     if (!f.contains("case")) continue;
     const Json& cv = f["case"];
-    const bool known = get_bool(f, "known");
+    const bool known = get_bool(f, "known"), noise = !known && f.value("noise", false);
     h += fmt::format("<article class=\"finding\" id=\"finding-{}\">\n<h2>{} <span class=\"tag {}\">{}</span></h2>\n<p>policy "
                      "<code>{}</code>: {}</p>\n",
-                     i, xml_escape(get_str(f, "signature")), known ? "known" : "bad", known ? "known" : "new",
+                     i, xml_escape(get_str(f, "signature")), known || noise ? "known" : "bad", known ? "known" : noise ? "noise" : "new",
                      xml_escape(get_str(f, "policy")), xml_escape(corpus_note(doc, f)));
     h += fmt::format("<p><b>{}</b></p>\n<p>{}</p>\n", xml_escape(get_str(cv, "title")),
                      xml_escape(cv.contains("verdict") ? get_str(cv["verdict"], "message") : ""));

@@ -92,7 +92,7 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           continue;
         }
         const std::string kind = get_str(prop, "kind");
-        std::vector<std::string> fresh, known;
+        std::vector<std::string> fresh, known, noisy;
         std::string body;
         std::uint64_t fresh_count = 0;
         for (const Json& f : get_arr(*cell, "findings")) {
@@ -102,6 +102,12 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           const Json& g = by_key.count(key) ? by_key[key] : f;
           const std::string replay = replay_command(get_str(g, "repro"), get_str(g, "file"), report_dir);
           const std::string under = key.second.empty() ? "" : ", policy " + key.second;
+          if (g.value("noise", false) && !get_bool(g, "known")) {
+            noisy.push_back(fmt::format("{} x{}: overshoot {}, seed {:#x}{}, within the allocator's rounding noise (below --min-overshoot)",
+                                        sig, get_u64(f, "count"), format_signed_mib(get_i64(f, "worst_overshoot")),
+                                        get_u64(f, "first_case_seed"), under));
+            continue;
+          }
           if (get_bool(g, "known")) {
             std::string by;
             for (const Json& file : get_arr(g, "known_by")) by += (by.empty() ? "" : ", ") + file.get<std::string>();
@@ -137,10 +143,14 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           tc.failure_type = kind;
           tc.failure_body = fmt::format("{} of {} cases ({} with {}) broke {}:\n{}", fresh_count, n, policy, alloc,
                                         get_str(prop, "name"), body);
-        } else if (!known.empty()) {
+        } else if (!known.empty() || !noisy.empty()) {
           std::string msg;
           for (const std::string& l : known) msg += (msg.empty() ? "" : "; ") + l;
-          tc.skipped_message = "known (in the regression corpus under the same policy): " + msg;
+          if (!msg.empty()) msg = "known (in the regression corpus under the same policy): " + msg;
+          std::string noise;
+          for (const std::string& l : noisy) noise += (noise.empty() ? "" : "; ") + l;
+          if (!noise.empty()) msg += (msg.empty() ? "noise: " : "; noise: ") + noise;
+          tc.skipped_message = msg;
         }
         if (get_u64(*cell, "errors") > 0) {
           tc.error_message = fmt::format("{} of {} cases ended in a backend error: the property was not checked for them",

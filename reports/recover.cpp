@@ -90,6 +90,7 @@ Marker read_marker(const std::string& dir) {
     cfg.shard_count = static_cast<std::uint32_t>(std::stoul(shard.substr(slash + 1)));
   }
   if (has("corpus")) cfg.corpus_dir = c["corpus"].get<std::string>();
+  if (has("min_overshoot")) cfg.min_overshoot = c["min_overshoot"].get<std::uint64_t>();
   cfg.out_dir = dir;  // where it is now: the paths below start with it
   cfg.command_line = doc["command_line"].get<std::string>();
   cfg.keep_per_signature = doc["keep"].get<std::uint32_t>();
@@ -240,6 +241,7 @@ Recovered recover_campaign(const std::string& dir) {
       sc.cause = x.cause;
     }
     sc.known = corpus.by_key.count(x.key) > 0;
+    sc.noise = is_noise(x.key.signature, sc.worst_overshoot, cfg.min_overshoot);
     CellCount& cell = r.cells[{x.policy_label, x.allocator}];
     ++cell.cases;
     CellCount::Finding& cf = cell.findings[x.key];

@@ -367,6 +367,7 @@ Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
           {"model", cfg.gen.model ? cfg.gen.model->name : ""},
           {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
           {"corpus", cfg.corpus_dir},
+          {"min_overshoot", cfg.min_overshoot},
           {"out", cfg.out_dir}};
 }
 
@@ -412,6 +413,7 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
     const std::string why = c.shrunk && !c.shrunk->result.verdict.cause.empty() ? c.shrunk->result.verdict.cause : c.cause;
     if (!why.empty()) f["why"] = why;
     if (c.worst_device > 0) f["severity"] = finding_severity(c.worst_overshoot, c.worst_device);
+    if (c.noise) f["noise"] = true;
     annotate_corpus(f, corpus);
     if (c.shrunk) {
       f["reliability"] = {{"runs", c.shrunk->confirm_runs}, {"reproduced", c.shrunk->reproduced}};
@@ -923,12 +925,19 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       // Both inputs' severity and cause, read before the kept one may be replaced.
       const double severity = std::max(m.value("severity", 0.0), f.value("severity", 0.0));
       const std::string why = get_str(m, "why");
+      // Noise while the worst overshoot of both stays below the threshold: the max of the two.
+      const bool noise = m.value("noise", false) && f.value("noise", false);
       if (f_repro ? !m_repro || earlier : !m_repro && earlier) m = f;
       if (!m.contains("why") && !why.empty()) m["why"] = why;
       m["count"] = count;
       m["worst_overshoot"] = worst;
       m["known"] = known;
       if (severity > 0) m["severity"] = severity;
+      if (noise) {
+        m["noise"] = true;
+      } else {
+        m.erase("noise");
+      }
     }
   }
   Json findings = Json::array();
@@ -1040,7 +1049,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
   std::size_t fresh = 0;
   for (Json& f : out["findings"]) {
     annotate_corpus(f, out);
-    fresh += get_bool(f, "known") ? 0 : 1;
+    fresh += get_bool(f, "known") || f.value("noise", false) ? 0 : 1;
   }
   out["counts"]["new_signatures"] = fresh;
 

@@ -75,6 +75,7 @@ Check config(bool merge, bool in_runs) {
       opt("model", or_mixed(str(), merge)),
       opt("reserve", or_mixed(str(), merge)),
       opt("margin", or_mixed(u64(), merge)),
+      opt("min_overshoot", or_mixed(u64(), merge)),
   };
   if (!in_runs) {
     f.push_back(opt("cases", or_mixed(u64(), merge)));
@@ -162,6 +163,7 @@ Check finding() {
       req("replay", str()),
       opt("why", str()),
       opt("severity", number_in(0, 1e6)),
+      opt("noise", boolean()),
       opt("reliability", object({req("runs", u64_in(1, ~std::uint64_t{0})), req("reproduced", u64())})),
       opt("case", case_view()),
   });
@@ -272,7 +274,10 @@ void check_consistency(const json& doc, const JsonIn& j) {
       j.at("findings").at(i).at("reliability").at("reproduced").fail("is more than the runs");
     }
     cases_with_findings += f["count"].get<std::uint64_t>();
-    fresh += f["known"].get<bool>() ? 0 : 1;
+    fresh += f["known"].get<bool>() || (f.contains("noise") && f["noise"].get<bool>()) ? 0 : 1;
+    if (f.contains("noise") && f["noise"].get<bool>() && f["kind"] != "violation") {
+      j.at("findings").at(i).at("noise").fail("only a violation can be noise (an OOM is an OOM)");
+    }
   }
   const json& c = doc["counts"];
   const auto expect_count = [&](const char* key, std::uint64_t want, const char* what) {
@@ -282,7 +287,7 @@ void check_consistency(const json& doc, const JsonIn& j) {
     }
   };
   expect_count("signatures", findings.size(), "entries in findings");
-  expect_count("new_signatures", fresh, "of them not known");
+  expect_count("new_signatures", fresh, "of them neither known nor noise");
   expect_count("findings", cases_with_findings, "cases counted by the findings");
   if (c.contains("findings") && c.contains("cases") && c["findings"].get<std::uint64_t>() > c["cases"].get<std::uint64_t>() &&
       !doc.contains("recovered")) {

@@ -100,6 +100,12 @@ std::string corpus_note(const Json& doc, const Json& f) {
     for (const Json& file : get_arr(f, "known_by")) by += (by.empty() ? "" : ", ") + short_name(file.get<std::string>());
     return by.empty() ? "known" : fmt::format("known ({})", by);
   }
+  if (f.value("noise", false)) {
+    const std::uint64_t min = doc.contains("config") && doc["config"].contains("min_overshoot") && doc["config"]["min_overshoot"].is_number()
+                                  ? doc["config"]["min_overshoot"].get<std::uint64_t>()
+                                  : 0;
+    return min ? fmt::format("noise: below --min-overshoot {}", format_mib(min)) : "noise: below --min-overshoot";
+  }
   std::string others;
   for (const Json& p : get_arr(f, "corpus_other_policies")) others += (others.empty() ? "" : "; ") + p.get<std::string>();
   return others.empty() ? "new" : fmt::format("new; the corpus has it under {}", others);
@@ -110,7 +116,8 @@ std::vector<const Json*> findings_by_severity(const Json& doc) {
   std::vector<const Json*> order;
   for (const Json& f : get_arr(doc, "findings")) order.push_back(&f);
   std::stable_sort(order.begin(), order.end(), [](const Json* a, const Json* b) {
-    if (get_bool(*a, "known") != get_bool(*b, "known")) return !get_bool(*a, "known");
+    const bool new_a = !get_bool(*a, "known") && !a->value("noise", false), new_b = !get_bool(*b, "known") && !b->value("noise", false);
+    if (new_a != new_b) return new_a;
     const double sa = a->value("severity", 0.0), sb = b->value("severity", 0.0);
     if (sa != sb) return sa > sb;
     return get_i64(*a, "worst_overshoot") > get_i64(*b, "worst_overshoot");

@@ -563,7 +563,7 @@ TEST_F(Hostile, Flags) {
       {"plan", "ex.json", "--policy", ""},     {"fuzz", "--devices", "", "--out", "o"}, {"fuzz", "--cases", "1", "--out", ""},
       {"fuzz", "--cases", "1", "--vram", ""},  {"fuzz", "--cases", "1", "--policy", ""}, {"fuzz", "--cases", "1", "--allocator", ""},
       {"fuzz", "--cases", "1", "--corpus", ""}, {"fuzz", "--cases", "1", "--model", ""}, {"fuzz", "--cases", "1", "--shard", ""},
-      {"fuzz", "--cases", "1", "--time", ""},  {"fuzz", "--cases", "1", "--family", ""}, {"calibrate", "--cases", "1", "--out", ""},
+      {"fuzz", "--cases", "1", "--time", ""},  {"fuzz", "--cases", "1", "--family", ""}, {"fuzz", "--cases", "1", "--min-overshoot", ""}, {"calibrate", "--cases", "1", "--out", ""},
       {"calibrate", "--cases", "1", "--vram", ""}, {"calibrate", "--cases", "1", "--margin", ""}, {"shrink", "ex.json", "--out", ""},
       {"replay", "ex.json", "--backend", ""},  {"alloc-replay", "t.jsonl", "--device", ""}, {"alloc-replay", "t.jsonl", "--allocator", ""},
       {"report", ""},                          {"report", "o", "--html", ""},          {"merge", "a", "--out", ""},
@@ -583,6 +583,7 @@ TEST_F(Hostile, Flags) {
            {{"run", "ex.json", "--vram", "24XB"}, "--vram"},
            {{"run", "ex.json", "--reserve", "1PB"}, "--reserve"},
            {{"fuzz", "--cases", "1", "--vram", "12gb"}, "--vram"},
+           {{"fuzz", "--cases", "1", "--min-overshoot", "2 MiBs"}, "--min-overshoot"},
            {{"calibrate", "--cases", "1", "--margin", "64Mi"}, "--margin"},
            {{"alloc-replay", "t.jsonl", "--device", "24 GiBs"}, "--device"}}) {
     cases.push_back({"unit " + args.back(), {}, args, flag + ": unknown unit"});

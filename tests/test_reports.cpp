@@ -337,6 +337,42 @@ TEST_F(Reports, AMergeKeepsTheHigherSeverityAndTheCauseWhicheverReproItKeeps) {
   EXPECT_EQ(report::get_str(f, "why"), "the first shard's cause");
 }
 
+TEST_F(Reports, ViolationsBelowMinOvershootAreNoiseNotNew) {
+  // The fixture's campaign again with every violation below the threshold (1 TiB): each violation
+  // signature is labelled noise, listed as such and not counted as new; OOMs stay new.
+  Catalog catalog;
+  SimBackend sim;
+  CampaignConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = 60;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.shrink = false;
+  cfg.min_overshoot = 1024 * GiB;
+  const CampaignResult r = run_campaign(cfg, catalog, sim);
+  std::size_t violations = 0, ooms = 0;
+  for (const auto& [key, c] : r.signatures) {
+    const bool violation = key.signature.rfind("violation:", 0) == 0;
+    EXPECT_EQ(c.noise, violation) << key.signature;
+    violations += violation;
+    ooms += !violation;
+  }
+  ASSERT_GT(violations, 0u);
+  EXPECT_EQ(r.new_signatures(), ooms);
+  const Json d = report::summary_from_campaign(cfg, r, report::run_info("fuzz", "vramfuzz fuzz --min-overshoot 1TiB", "sim", ""));
+  EXPECT_EQ(d["config"]["min_overshoot"], 1024 * GiB);
+  EXPECT_EQ(report::get_u64(d["counts"], "new_signatures"), ooms);
+  for (const Json& f : d["findings"]) EXPECT_EQ(f.value("noise", false), report::get_str(f, "kind") == "violation");
+  const std::string md = report::markdown_summary(d, ".");
+  EXPECT_NE(md.find("| noise: below --min-overshoot 1048576.00 MiB |"), std::string::npos) << md;
+  // JUnit: no violation fails a testcase; they are listed as skipped, within the noise.
+  const std::string junit = report::junit_xml(d, ".");
+  EXPECT_EQ(junit.find("<failure message=\"violation:"), std::string::npos) << junit;
+  EXPECT_NE(junit.find("rounding noise (below --min-overshoot)"), std::string::npos) << junit;
+  // The same campaign at 0 counts every signature as new.
+  cfg.min_overshoot = 0;
+  EXPECT_EQ(run_campaign(cfg, catalog, sim).new_signatures(), violations + ooms);
+}
+
 TEST_F(Reports, SummaryCarriesTheTraceOfEachRepro) {
   for (const Json& f : report::get_arr(doc(), "findings")) {
     if (!f.contains("case")) continue;

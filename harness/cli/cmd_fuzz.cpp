@@ -47,6 +47,7 @@ struct FuzzFlags {
   std::string transfer = "copy";  // --transfer copy | skip (cuda)
   bool isolate = false;           // --isolate: each case in a child process
   bool clean = false;             // --clean: remove an earlier run's results from --out first
+  std::string min_overshoot = "2MiB";  // --min-overshoot: violations below it are noise, not new
   PolicyFlags policy;
 };
 
@@ -81,6 +82,7 @@ std::string fuzz_command(const FuzzFlags& f, const CampaignConfig& cfg) {
   if (f.shrink_time != defaults.shrink_time) out += option_text("--shrink-time", f.shrink_time);
   if (f.runs != 0) out += fmt::format(" --runs {}", f.runs);
   if (f.keep != defaults.keep) out += fmt::format(" --keep {}", f.keep);
+  if (f.min_overshoot != defaults.min_overshoot) out += option_text("--min-overshoot", f.min_overshoot);
   return out + option_text("--out", f.out);
 }
 
@@ -214,6 +216,7 @@ int do_fuzz(const FuzzFlags& f) {
   if (!f.model.empty()) cfg.gen.model = load_fuzz_model(f.model, f.family);
   cfg.out_dir = f.out;
   cfg.keep_per_signature = f.keep;
+  cfg.min_overshoot = parse_size(f.min_overshoot, "--min-overshoot");
   cfg.shrink = !f.no_shrink;
   cfg.shrink_execs = f.shrink_execs;
   cfg.shrink_seconds = parse_duration(f.shrink_time, "--shrink-time");
@@ -302,6 +305,9 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_flag("--clean", f->clean, "remove an earlier run's results (summary, reports, findings/) from --out first (else refused)");
   cmd->add_option("--keep", f->keep, "finding files written per signature and policy (every finding is counted)")->capture_default_str()->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
+  cmd->add_option("--min-overshoot", f->min_overshoot,
+                  "a violation whose worst overshoot stays below this is allocator noise: listed and labelled, not new (0: count all)")
+      ->capture_default_str();
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
   cmd->add_option("--runs", f->runs, "re-runs of each repro for its reliability (default 1 on sim, 5 on cuda)")->transform(kPositiveCount);
