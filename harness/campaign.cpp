@@ -36,6 +36,28 @@ CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace) {
   return r;
 }
 
+void check_activation_dependence(const Scenario& s, const Plan& plan, Backend& backend, Verdict& v) {
+  if (!v.finding() || s.activations.source == ActivationSource::estimate) return;
+  const bool over = std::any_of(plan.stages.begin(), plan.stages.end(), [](const StagePlan& sp) {
+    return sp.op == StageOp::forward && sp.activation_bytes > sp.activation_allowance;
+  });
+  if (!over || s.activations.cap_at_budget) {
+    v.at_budget = "within budget";
+    v.activation_dependent = false;
+    return;
+  }
+  Scenario at = s;
+  at.activations.cap_at_budget = true;
+  const CaseResult r = run_case(at, backend, false);
+  v.at_budget = r.verdict.finding() ? r.verdict.signature
+                  : r.verdict.expected_oom ? std::string("expected OOM")
+                  : r.verdict.kind == VerdictKind::error ? "error: " + r.verdict.message
+                                                         : std::string("pass");
+  // Still a finding (the same, or another one: activations at the budget can turn a violation
+  // into an OOM): the weights, transients and the allocator overshoot on their own.
+  v.activation_dependent = !r.verdict.finding();
+}
+
 std::uint64_t case_seed(std::uint64_t campaign_seed, std::uint64_t index) {
   return splitmix64(splitmix64(campaign_seed) ^ index);
 }
@@ -114,6 +136,10 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
   if (!r.verdict.cause.empty()) j["verdict"]["cause"] = r.verdict.cause;
   if (!r.verdict.explanation.empty()) j["verdict"]["explanation"] = r.verdict.explanation;
   if (!r.verdict.rests_on.empty()) j["verdict"]["rests_on"] = r.verdict.rests_on;
+  if (!r.verdict.at_budget.empty()) {
+    j["verdict"]["activation_dependent"] = r.verdict.activation_dependent;
+    j["verdict"]["at_budget"] = r.verdict.at_budget;
+  }
   j["campaign_seed"] = campaign_seed;
   j["case_index"] = case_index;
   j["case_seed"] = seed;
@@ -263,6 +289,8 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     // On disk before the campaign moves on. Re-run with the trace for the file: the same
     // scenario gives the same trace on sim.
     r = run_case(s, backend, true);
+    check_activation_dependence(s, r.plan, backend, r.verdict);
+    if (sc.count == 1) sc.activation_dependent = r.verdict.activation_dependent;
     const std::string dir = finding_dir(cfg.out_dir, key);
     const std::string file = fmt::format("{}/case-{:016x}.json", dir, seed);
     const std::string found_by = fmt::format("vramfuzz fuzz --seed {} --cases {}{}", cfg.seed, i + 1, cfg.case_options);

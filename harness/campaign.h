@@ -33,6 +33,16 @@ struct CampaignResult;
 // become an `error` verdict.
 CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace);
 
+// Whether a finding needs activations larger than the predictor budgets for them (docs/
+// activations.md, "Activation-dependent findings"). Where some forward of `plan` held more than
+// its budget (activation_allowance), the case is re-judged with every forward capped at its
+// budget (the same activation source with "cap": "budget"); a finding that then passes, or
+// becomes an expected OOM, is activation-dependent: it rests on how vramfuzz sized the
+// activations, not on the weights, transients and the allocator alone. v.at_budget records
+// the outcome ("within budget" where no forward was over it: no re-run). A verdict that is no
+// finding, and a case sized at the budget already (source estimate), are left unchecked.
+void check_activation_dependence(const Scenario& s, const Plan& plan, Backend& backend, Verdict& v);
+
 struct CampaignConfig {
   std::uint64_t seed = 1;
   std::uint64_t cases = 0;   // 0: until the time budget
@@ -80,6 +90,7 @@ struct SignatureCount {
   std::int64_t worst_overshoot = 0;
   Bytes worst_device = 0;    // the device total of the worst case (severity: overshoot / device)
   std::string cause;         // the first case's one-line cause (Verdict::cause)
+  bool activation_dependent = false;  // the first written case's (Verdict::activation_dependent)
   bool noise = false;        // a violation whose worst overshoot is below CampaignConfig::min_overshoot
   std::string first_file;    // the first finding written for it
   std::uint64_t first_case_seed = 0;

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <span>
 
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "models/activation.h"
 
 namespace vf {
 namespace {
@@ -84,12 +86,19 @@ std::shared_ptr<ModelSpec> synthetic_model(Choices& c, Dtype storage, std::strin
   m->family = Family::generic;
   const std::uint64_t hidden = 256 * c.draw(4, 24);  // 1024 .. 6144
   m->arch = ArchShape{16, static_cast<std::uint32_t>(hidden), static_cast<std::uint32_t>(hidden * c.draw(3, 7)), 256, 2, 1, false, 0};
-  // A hand-tuned factor, as ComfyUI's are: the estimate per latent unit (0.01 x bytes x factor MiB)
-  // covers the true per-token width (widest + 3 x hidden, 4 latent units per token) with a margin
-  // of 1x to 4x, and one model in eight is under-tuned (0.5x to 1x), like a new architecture.
-  const double matched = static_cast<double>(m->arch.widest + 3 * m->arch.hidden) / (4.0 * 0.01 * static_cast<double>(MiB));
-  const double margin = c.chance(1, 8) ? static_cast<double>(c.draw(5, 10)) / 10.0 : static_cast<double>(c.draw(10, 40)) / 10.0;
-  m->memory_usage_factor = matched * margin;
+  // A hand-tuned factor, as ComfyUI's are, and no better or worse tuned than theirs: ComfyUI's
+  // estimate over vramfuzz's formula at 1024 x 1024 (the margin) is drawn log-uniformly from the
+  // range the catalog's diffusion models span (catalog_activation_margin(): 1.38, SDXL, to 14.8,
+  // FLUX.2). Without that, a campaign would report its own under-tuned factors as ComfyUI bugs.
+  const ActivationMarginRange& range = catalog_activation_margin();
+  const double margin = range.lo * std::pow(range.hi / range.lo, static_cast<double>(c.draw(0, 1000)) / 1000.0);
+  m->memory_usage_factor = 1.0;
+  {
+    const Workload reference;
+    const double per_unit_factor = static_cast<double>(comfy_memory_required(*m, reference, 1, Dtype::bf16, true, "synthetic")) /
+                                   static_cast<double>(activation_working_set(*m, reference, 1, Dtype::bf16, "synthetic"));
+    m->memory_usage_factor = margin / per_unit_factor;
+  }
   auto add = [&](std::string name, std::vector<std::uint64_t> shape, Dtype d, TensorRole role) {
     Module mod;
     mod.name = std::move(name);
@@ -260,6 +269,8 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   if (s.policy.dynamic()) draw_dynamic(c, s);
   s.seed = c.draw(0, 0xffffffffu);
   s.stages = default_stages(s.models.size());
+  s.activations = cfg.activations;
+  if (s.activations.source == ActivationSource::profile) s.activations.fallback_to_model = true;
   validate_scenario(s);
   return s;
 }

@@ -24,6 +24,9 @@ struct GenConfig {
   // A workload class: the storage -> compute dtype pair of the big models (e.g. fp8 -> fp32 for
   // the origin class); unset: drawn.
   std::optional<std::pair<Dtype, Dtype>> dtypes;
+  // `--activations`: what sizes every case's activations (a profile falls back to the formula for
+  // models it has no entry for, and says so). Default: the formula.
+  ActivationSpec activations;
 };
 
 // The policies of a comma-separated list, as written.

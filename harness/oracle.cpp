@@ -1,9 +1,11 @@
 #include "harness/oracle.h"
 
-#include "harness/attribution.h"
+#include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "harness/attribution.h"
 #include "harness/sim/aimdo.h"
 
 namespace vf {
@@ -62,13 +64,38 @@ bool worst_checked_stage(const Plan& plan, const ExecResult& r, Verdict& v) {
   return found;
 }
 
+// What the forwards' activations rest on: the scenario's source, and the models a profile had no
+// entry for (sized by the formula instead).
+std::string activation_basis(const Scenario& s, const Plan& plan) {
+  std::string out = activation_rests_on(s.activations);
+  std::vector<std::string> fell_back;
+  for (const StagePlan& sp : plan.stages) {
+    if (sp.op != StageOp::forward || !sp.activation.fallback) continue;
+    const std::string& id = s.models[sp.model].id;
+    if (std::find(fell_back.begin(), fell_back.end(), id) == fell_back.end()) fell_back.push_back(id);
+  }
+  if (!fell_back.empty()) out += fmt::format(" (no profile entry for {}: the formula)", fmt::join(fell_back, ", "));
+  return out;
+}
+
+}  // namespace
+
+std::string activation_dependence_text(const Verdict& v) {
+  return fmt::format("the formula sized some forward's activations above the predictor's own budget for them "
+                     "(max(memory_required, the inference floor)); capped at that budget, this case gives {}. The "
+                     "finding rests on how vramfuzz sized the activations, not on the weights, transients and the allocator "
+                     "alone: before filing it, check the activations against a measurement (a profile, docs/activations.md).",
+                     v.at_budget == "pass" ? std::string("a pass") : v.at_budget);
+}
+
+namespace {
+
 // A classic finding's explanation: the judged op's reserved bytes against the plan's terms.
 void attribute_classic(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
   const bool measured = r.backend == "cuda";
-  v.rests_on = fmt::format("{}: the {} allocator {}; the bytes each op requests are exact (the program's own tensors); "
-                           "activations from vramfuzz's formula (models/activation.cpp)",
+  v.rests_on = fmt::format("{}: the {} allocator {}; the bytes each op requests are exact (the program's own tensors); {}",
                            measured ? "measured" : "modelled", allocator_mode_name(s.allocator.mode),
-                           measured ? "on " + r.environment : std::string("on the simulated device"));
+                           measured ? "on " + r.environment : std::string("on the simulated device"), activation_basis(s, plan));
   Attribution a;
   if (r.oom && v.kind == VerdictKind::oom) {
     a = attribute(s, plan, p, v.stage, v.op, r.oom->reserved, r.oom->allocated, r.oom->request);
@@ -152,9 +179,8 @@ Bytes mech_bytes(std::string_view mech, const DynamicOom& o) {
 }
 
 void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
-  v.rests_on = fmt::format("modelled: the {} allocator and comfy-aimdo ({}) on the simulated device; activations from "
-                           "vramfuzz's formula (models/activation.cpp)",
-                           allocator_mode_name(s.allocator.mode), s.policy.label());
+  v.rests_on = fmt::format("modelled: the {} allocator and comfy-aimdo ({}) on the simulated device; {}",
+                           allocator_mode_name(s.allocator.mode), s.policy.label(), activation_basis(s, plan));
   const std::string_view mode = allocator_mode_name(s.allocator.mode);
   const DynamicReport* d = r.dynamic ? &*r.dynamic : nullptr;
   const std::string summary =

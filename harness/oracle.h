@@ -35,12 +35,22 @@ struct Verdict {
   // Findings: the cause in one line, for tables (the largest over-budget category of a classic
   // peak, harness/attribution.h; a dynamic finding's mechanism with its bytes).
   std::string cause;
+  // Findings checked by check_activation_dependence (harness/campaign.h): the verdict of the same
+  // case with every forward's activations capped at the predictor's budget ("pass", "expected
+  // OOM", a signature, or "within budget": none was over it), and whether that is no finding.
+  // Unchecked: at_budget is empty.
+  std::string at_budget;
+  bool activation_dependent = false;
   bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom; }
 };
 
 // What an op was doing, for signatures: alloc ops are named after the buffer they create
 // (weight -> load, transfer -> h2d, convert -> upcast/dequant, lora -> lora, activation -> compute).
 std::string_view op_activity(const Scenario& s, const Program& p, std::uint32_t op);
+
+// An activation-dependent finding's sentence (Verdict::activation_dependent): what the case gives
+// with its activations at the predictor's estimate, and what that means for filing it.
+std::string activation_dependence_text(const Verdict& v);
 
 Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r);
 

@@ -6,8 +6,18 @@
 
 #include "harness/overhead.h"
 #include "harness/predictors/predictors.h"
+#include "models/activation.h"
 
 namespace vf {
+
+void size_stage_activation(const Scenario& s, StagePlan& sp) {
+  const ModelRef& ref = s.models[sp.model];
+  const ModelSpec& m = *ref.spec;
+  const std::uint32_t rows = m.kind == ModelKind::text_encoder ? 1 : sp.run_batch;
+  sp.activation_formula = activation_working_set(m, s.workload, rows, ref.compute, fmt::format("models[{}]", sp.model));
+  sp.activation = size_activation(s.activations, m, ref.id, ref.compute, s.workload, rows, sp.activation_allowance, sp.activation_formula);
+  sp.activation_bytes = sp.activation.bytes;
+}
 
 Plan predict(const Scenario& s) {
   Plan plan = plan_comfy_classic(s);

@@ -89,7 +89,9 @@ struct StagePlan {
   Bytes resident_total = 0;         // weights of every model on the device during the stage
   Bytes offload_buffer = 0;         // of the model in use
   Bytes activation_allowance = 0;   // max(inference floor, estimate for the admitted batch)
-  Bytes activation_bytes = 0;       // the working set the runtime really holds (lowering allocates it)
+  Bytes activation_bytes = 0;       // the working set the runtime holds (lowering allocates it)
+  Bytes activation_formula = 0;     // vramfuzz's formula for the rows one forward runs (the `model` source)
+  ActivationSizing activation;      // which source sized activation_bytes (scenario.activations)
   std::uint32_t run_batch = 1;      // batch per forward pass (batch, or 2 x batch when conds are batched)
   std::uint32_t passes = 1;         // 2 when CFG runs cond and uncond as separate passes
   Bytes predicted_peak = 0;         // comfy: resident + buffer + allowance; exact: live peak

@@ -89,6 +89,10 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
   if (!v.cause.empty()) j["cause"] = v.cause;
   if (!v.explanation.empty()) j["explanation"] = v.explanation;
   if (!v.rests_on.empty()) j["rests_on"] = v.rests_on;
+  if (!v.at_budget.empty()) {
+    j["activation_dependent"] = v.activation_dependent;
+    j["at_budget"] = v.at_budget;
+  }
   if (c.exec.dynamic) {
     const DynamicReport& d = *c.exec.dynamic;
     nlohmann::ordered_json dj = {{"faults", d.faults},         {"resident_hits", d.resident_hits}, {"copies", d.copies},
@@ -135,6 +139,7 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   // The diagnosis first: what a developer reads to decide whether to file it.
   if (!v.cause.empty()) md += fmt::format("**Cause:** {}\n\n", v.cause);
   if (!v.explanation.empty()) md += fmt::format("**Why:** {}\n\n", v.explanation);
+  if (v.activation_dependent) md += "**Activation-dependent:** " + activation_dependence_text(v) + "\n\n";
   md += fmt::format("**Verdict:** {}\n\n", v.message);
   if (!v.rests_on.empty()) md += fmt::format("**Rests on:** {}\n\n", v.rests_on);
   md += fmt::format("**Environment:** {} ({}); vramfuzz {}\n\n", c.exec.backend, c.exec.environment, tool_version());

@@ -474,6 +474,13 @@ Workload parse_workload(const JsonIn& j) {
   return w;
 }
 
+}  // namespace
+
+Dtype parse_dtype_json(const JsonIn& j) { return parse_dtype_field(j); }
+Workload parse_workload_json(const JsonIn& j) { return parse_workload(j); }
+
+namespace {
+
 ArchShape parse_arch(const JsonIn& j) {
   j.expect_object({"latent_channels", "hidden", "widest", "text_tokens", "patch", "temporal_down", "gated",
                    "kept_hidden_states"});
@@ -701,6 +708,42 @@ std::vector<Stage> parse_pipeline(const JsonIn& j, const std::vector<ModelRef>& 
 
 }  // namespace
 
+namespace {
+
+// Every model the pipeline runs a forward of has its activations sized: a `bytes` entry (or
+// "*"), a matching profile entry (unless the profile falls back to the formula); every `bytes`
+// key names a model.
+void validate_activations(const Scenario& s) {
+  const ActivationSpec& a = s.activations;
+  if (a.source == ActivationSource::bytes) {
+    for (const auto& entry : a.bytes) {
+      const std::string& id = entry.first;
+      const bool named = id == "*" || std::any_of(s.models.begin(), s.models.end(), [&](const ModelRef& m) { return m.id == id; });
+      if (!named) throw InputError("activations.bytes." + id, fmt::format("no model has the id \"{}\"", id));
+    }
+  }
+  if (a.source != ActivationSource::bytes && (a.source != ActivationSource::profile || a.fallback_to_model)) return;
+  for (const Stage& st : s.stages) {
+    if (st.op != StageOp::forward) continue;
+    const ModelRef& m = s.models[st.model];
+    if (a.source == ActivationSource::bytes) {
+      const bool covered = std::any_of(a.bytes.begin(), a.bytes.end(), [&](const auto& e) { return e.first == m.id || e.first == "*"; });
+      if (!covered) throw InputError("activations.bytes", fmt::format("no bytes for model \"{}\", which the pipeline runs (add it, or \"*\")", m.id));
+      continue;
+    }
+    const bool matched = std::any_of(a.profile.begin(), a.profile.end(), [&](const ActivationProfileEntry& e) {
+      return (e.model == m.id || e.model == m.spec->name) && (!e.compute_given || e.compute == m.compute);
+    });
+    if (!matched) {
+      throw InputError("activations.entries", fmt::format("no entry for model \"{}\" ({}, computing in {}), which the pipeline runs "
+                                                          "(add one, or set \"fallback\": \"model\")",
+                                                          m.id, m.spec->name, dtype_name(m.compute)));
+    }
+  }
+}
+
+}  // namespace
+
 void validate_scenario(const Scenario& s) {
   if (s.models.empty()) throw InputError("models", "a scenario needs at least one model");
   std::set<std::string> ids;
@@ -769,6 +812,7 @@ void validate_scenario(const Scenario& s) {
     }
     if (st.op == StageOp::unload) loaded[st.model] = false;
   }
+  validate_activations(s);
 }
 
 Scenario parse_scenario_json(std::string_view text, Catalog& catalog, std::string_view origin) {
@@ -792,7 +836,7 @@ Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_vi
 Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir) {
   const JsonIn j(doc, path);
   j.expect_object({"schema", "name", "seed", "device", "allocator", "policy", "models", "workload", "offload_streams",
-                   "pipeline"});
+                   "pipeline", "activations"});
   if (auto v = j.opt("schema")) {
     if (v->str() != kScenarioSchema) v->fail(fmt::format("unsupported schema \"{}\" (this build reads {})", v->str(), kScenarioSchema));
   }
@@ -819,6 +863,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
   if (auto v = j.opt("offload_streams")) s.offload_streams = v->u32_in(0, kMaxOffloadStreams);
   if (auto v = j.opt("pipeline")) s.stages = parse_pipeline(*v, s.models);
   else s.stages = default_stages(s.models.size());
+  if (auto v = j.opt("activations")) s.activations = parse_activation_spec(*v, base_dir);
   validate_scenario(s);
   return s;
 }
@@ -971,6 +1016,7 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::json pipe = nlohmann::json::array();
   for (const Stage& st : s.stages) pipe.push_back({{"op", stage_op_name(st.op)}, {"model", s.models[st.model].id}});
   j["pipeline"] = std::move(pipe);
+  if (nlohmann::json a = activation_spec_json(s.activations); !a.is_null()) j["activations"] = std::move(a);
   return j.dump(indent);
 }
 
@@ -1112,6 +1158,24 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
     h.word(static_cast<std::uint64_t>(st.op));
     h.text(s.models[st.model].id);
   }
+  const ActivationSpec& a = s.activations;
+  h.word(static_cast<std::uint64_t>(a.source));
+  h.word(a.bytes.size());
+  for (const auto& [m, b] : a.bytes) {
+    h.text(m);
+    h.word(b);
+  }
+  h.word(a.profile.size());
+  for (const ActivationProfileEntry& e : a.profile) {
+    h.text(e.model);
+    h.word(e.compute_given ? 1 + static_cast<std::uint64_t>(e.compute) : 0);
+    for (const std::uint64_t v : {std::uint64_t{e.workload.width}, std::uint64_t{e.workload.height}, std::uint64_t{e.workload.batch},
+                                  std::uint64_t{e.workload.frames}, std::uint64_t{e.workload.text_tokens}, e.peak}) {
+      h.word(v);
+    }
+  }
+  h.text(a.profile_origin);
+  h.word(a.fallback_to_model);
   return h.done();
 }
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "harness/activation_source.h"
 #include "harness/core/bytes.h"
 #include "harness/core/dtype.h"
 #include "harness/core/workload.h"
@@ -20,6 +21,8 @@
 #include "models/model.h"
 
 namespace vf {
+
+class JsonIn;
 
 inline constexpr std::string_view kScenarioSchema = "vramfuzz.scenario/1";
 
@@ -224,6 +227,7 @@ struct Scenario {
   Workload workload;
   std::optional<std::uint32_t> offload_streams;  // 0..8; unset: the preset's NUM_STREAMS
   std::vector<Stage> stages;
+  ActivationSpec activations;  // what sizes each forward's activations (harness/activation_source.h)
   std::uint64_t seed = 0;  // seeds allocator-side nondeterminism (async opportunistic reuse)
 
   // NUM_STREAMS as the runtime uses it (scenario value, else the policy's).
@@ -279,6 +283,11 @@ class FingerprintMemo {
   std::unordered_map<const ModelSpec*, Entry> by_spec_;
 };
 ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* memo = nullptr);
+
+// Readers of a scenario's parts that other documents share (activation profiles): a dtype name,
+// and a workload object with the scenario's limits.
+Dtype parse_dtype_json(const JsonIn& j);
+Workload parse_workload_json(const JsonIn& j);
 
 // The dtype most of a model's weight bytes are stored in (catalog, inline and imported models
 // alike; the compute dtype when it has no weight tensors).

@@ -115,6 +115,7 @@ class Shrinker {
 
     out.minimal = best_;
     out.result = run_case(best_, backend_, true);
+    check_activation_dependence(best_, out.result.plan, backend_, out.result.verdict);
     out.signature = sig_;
     out.largest_overshoot = largest_;
     out.margin = margin_;
@@ -196,6 +197,7 @@ class Shrinker {
   static Scenario without_model(const Scenario& s, std::uint32_t m) {
     Scenario c = s;
     c.models.erase(c.models.begin() + m);
+    std::erase_if(c.activations.bytes, [&](const auto& e) { return e.first == s.models[m].id; });
     c.stages.clear();
     for (const Stage& st : s.stages) {
       if (st.model == m) continue;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "models/activation.h"
 #include "models/arch/net.h"
 #include "models/storage.h"
 
@@ -120,6 +121,38 @@ std::optional<FamilyDefaults> family_defaults(Family f) {
     return FamilyDefaults{r.entry.name, r.entry.kind, built.memory_usage_factor, built.arch};
   }
   return std::nullopt;
+}
+
+const ActivationMarginRange& catalog_activation_margin() {
+  static const ActivationMarginRange range = [] {
+    ActivationMarginRange out;
+    bool first = true;
+    for (const Recipe& r : kRecipes) {
+      if (r.entry.kind != ModelKind::diffusion) continue;
+      const arch::Built built = r.build(r.entry.native_dtype);
+      ModelSpec m;
+      m.name = std::string(r.entry.name);
+      m.kind = r.entry.kind;
+      m.family = r.entry.family;
+      m.memory_usage_factor = built.memory_usage_factor;
+      m.arch = built.arch;
+      const Workload w;  // 1024 x 1024, batch 1, one frame, the family's text tokens
+      const double est = static_cast<double>(comfy_memory_required(m, w, 1, Dtype::bf16, true, "catalog"));
+      const double live = static_cast<double>(activation_working_set(m, w, 1, Dtype::bf16, "catalog"));
+      const double ratio = est / live;
+      if (first || ratio < out.lo) {
+        out.lo = ratio;
+        out.lo_model = r.entry.name;
+      }
+      if (first || ratio > out.hi) {
+        out.hi = ratio;
+        out.hi_model = r.entry.name;
+      }
+      first = false;
+    }
+    return out;
+  }();
+  return range;
 }
 
 std::shared_ptr<const ModelSpec> Catalog::get(std::string_view name, StorageChoice storage, std::string_view path) {

@@ -53,6 +53,19 @@ struct FamilyDefaults {
 };
 std::optional<FamilyDefaults> family_defaults(Family f);
 
+// How generously ComfyUI's hand-tuned activation estimates cover vramfuzz's formula across the
+// catalog's diffusion models: memory_required / activation_working_set at 1024 x 1024, batch 1,
+// bf16, flash attention, per model; the smallest and largest ratio, and the models they belong
+// to. The generator draws its synthetic models' memory_usage_factor inside this range, so a
+// campaign's models are tuned as well (and as badly) as real ones are (docs/activations.md).
+struct ActivationMarginRange {
+  double lo = 0;
+  double hi = 0;
+  std::string_view lo_model;
+  std::string_view hi_model;
+};
+const ActivationMarginRange& catalog_activation_margin();
+
 // A thread-safe cache of built models: catalog models are immutable once built, and one campaign
 // shares one Catalog across its workers (no global state).
 class Catalog {

@@ -360,6 +360,11 @@ std::string case_html(const Json& cv, const std::string& id) {
   if (const Json& v = cv.contains("verdict") ? cv["verdict"] : Json::object(); v.is_object()) {
     if (v.contains("cause")) out += fmt::format("<p class=\"cause\"><b>Cause:</b> {}</p>\n", xml_escape(get_str(v, "cause")));
     if (v.contains("explanation")) out += fmt::format("<p class=\"why\"><b>Why:</b> {}</p>\n", xml_escape(get_str(v, "explanation")));
+    if (v.value("activation_dependent", false)) {
+      out += fmt::format("<p class=\"cause\"><b>Activation-dependent:</b> at the predictor's estimate this case gives {}: it rests on "
+                         "how the activations were sized</p>\n",
+                         xml_escape(get_str(v, "at_budget")));
+    }
     if (v.contains("rests_on")) out += fmt::format("<p class=\"rests\"><b>Rests on:</b> {}</p>\n", xml_escape(get_str(v, "rests_on")));
   }
   out += timeline_svg(cv, id);

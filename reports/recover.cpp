@@ -144,6 +144,7 @@ struct FoundFile {
   std::string device;
   Bytes device_total = 0;
   std::string cause;
+  bool activation_dependent = false;
 };
 
 }  // namespace
@@ -201,6 +202,7 @@ Recovered recover_campaign(const std::string& dir) {
         if (doc.contains("verdict")) {
           x.overshoot = doc["verdict"].value("overshoot", std::int64_t{0});
           x.cause = doc["verdict"].value("cause", "");
+          x.activation_dependent = doc["verdict"].value("activation_dependent", false);
         }
         x.device_total = s.device.total;
         if (doc.contains("environment")) x.device = doc["environment"].value("device", "");
@@ -239,6 +241,7 @@ Recovered recover_campaign(const std::string& dir) {
       sc.first_case_seed = x.case_seed;
       sc.first_file = x.file;
       sc.cause = x.cause;
+      sc.activation_dependent = x.activation_dependent;
     }
     sc.known = corpus.by_key.count(x.key) > 0;
     sc.noise = is_noise(x.key.signature, sc.worst_overshoot, cfg.min_overshoot);
@@ -282,6 +285,7 @@ Recovered recover_campaign(const std::string& dir) {
       sc.repro_file = repro;
       // The repro's cause, as an uninterrupted run shows it (the first case's otherwise).
       if (doc.contains("cause") && doc["cause"].is_string()) sc.cause = doc["cause"].get<std::string>();
+      if (doc.contains("at_budget")) sc.activation_dependent = doc.value("activation_dependent", false);
       if (doc.contains("shrink")) {
         const json& sh = doc["shrink"];
         if (sh.contains("final")) sc.repro_modules = sh["final"].value("modules", std::uint64_t{0});

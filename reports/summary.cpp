@@ -75,6 +75,10 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
   if (!v.cause.empty()) j["verdict"]["cause"] = v.cause;
   if (!v.explanation.empty()) j["verdict"]["explanation"] = v.explanation;
   if (!v.rests_on.empty()) j["verdict"]["rests_on"] = v.rests_on;
+  if (!v.at_budget.empty()) {
+    j["verdict"]["activation_dependent"] = v.activation_dependent;
+    j["verdict"]["at_budget"] = v.at_budget;
+  }
   j["scenario"] = {{"name", s.name},
                    {"device_total", s.device.total},
                    {"available", r.plan.available},
@@ -411,7 +415,11 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
               {"replay", replay_command(c.repro_file, c.first_file, cfg.out_dir)}};
     // The cause a table shows: the repro's (what a reader opens), else the first case's.
     const std::string why = c.shrunk && !c.shrunk->result.verdict.cause.empty() ? c.shrunk->result.verdict.cause : c.cause;
-    if (!why.empty()) f["why"] = why;
+    // Activation-dependent (the repro's mark, else the first case's): the verdict changes with the
+    // activations at the predictor's estimate, and every table says so before the cause.
+    const bool act = c.shrunk ? c.shrunk->result.verdict.activation_dependent : c.activation_dependent;
+    if (act) f["activation_dependent"] = true;
+    if (!why.empty() || act) f["why"] = act ? "activation-dependent: " + (why.empty() ? std::string("-") : why) : why;
     if (c.worst_device > 0) f["severity"] = finding_severity(c.worst_overshoot, c.worst_device);
     if (c.noise) f["noise"] = true;
     annotate_corpus(f, corpus);
@@ -925,10 +933,17 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       // Both inputs' severity and cause, read before the kept one may be replaced.
       const double severity = std::max(m.value("severity", 0.0), f.value("severity", 0.0));
       const std::string why = get_str(m, "why");
+      const bool act = m.value("activation_dependent", false) && f.value("activation_dependent", false);
       // Noise while the worst overshoot of both stays below the threshold: the max of the two.
       const bool noise = m.value("noise", false) && f.value("noise", false);
       if (f_repro ? !m_repro || earlier : !m_repro && earlier) m = f;
       if (!m.contains("why") && !why.empty()) m["why"] = why;
+      // Activation-dependent only while both are (one input that stands at the estimate settles it).
+      if (!act && m.value("activation_dependent", false)) {
+        m.erase("activation_dependent");
+        std::string w = get_str(m, "why");
+        if (w.rfind("activation-dependent: ", 0) == 0) m["why"] = w.substr(22);
+      }
       m["count"] = count;
       m["worst_overshoot"] = worst;
       m["known"] = known;

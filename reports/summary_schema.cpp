@@ -116,7 +116,8 @@ Check case_view() {
         req("title", str()),
         req("verdict", object({req("kind", one_of({"pass", "violation", "oom", "error"})), req("signature", str()), req("message", str()),
                                req("stage", u64()), req("op", u64()), req("measured", u64()), req("predicted", u64()),
-                               req("reserve", u64()), req("overshoot", i64()), opt("cause", str()), opt("explanation", str()), opt("rests_on", str())})),
+                               req("reserve", u64()), req("overshoot", i64()), opt("cause", str()), opt("explanation", str()), opt("rests_on", str()),
+                               opt("activation_dependent", boolean()), opt("at_budget", str())})),
         req("scenario", object({req("name", str()), req("device_total", u64()), req("available", u64()), req("allocator", str()),
                                 req("policy", str()), req("streams", u64()), req("workload", str())})),
         req("oom", nullable(object({req("op", u64()), req("request", u64()), req("reserved", u64()), req("allocated", u64()),
@@ -164,6 +165,7 @@ Check finding() {
       opt("why", str()),
       opt("severity", number_in(0, 1e6)),
       opt("noise", boolean()),
+      opt("activation_dependent", boolean()),
       opt("reliability", object({req("runs", u64_in(1, ~std::uint64_t{0})), req("reproduced", u64())})),
       opt("case", case_view()),
   });

@@ -28,6 +28,7 @@ struct CalibrateFlags {
   std::uint64_t cases = 0;
   std::string time;
   std::string vram;
+  std::string activations;  // --activations model | estimate | capped | profile:FILE
   std::uint64_t seed = 1;
   std::string out;
   std::string margin = "64MiB";
@@ -99,6 +100,8 @@ int do_calibrate(const CalibrateFlags& f) {
   // and each repro's `found_by` regenerates its case.
   std::string sets;
   for (const std::string& kv : f.sets) sets += option_text("--set", kv);
+  if (!f.activations.empty()) cfg.gen.activations = parse_activation_flag(f.activations, "--activations");
+  sets += option_text("--activations", f.activations);
   cfg.case_options = fmt::format("{}{}{}{}{}", option_text("--policy", *cfg.gen.policy), option_text("--reserve", f.reserve), sets,
                                  option_text("--vram", f.vram), option_text("--backend", std::string(backend->name())));
   const CalibrateFlags defaults;
@@ -149,6 +152,9 @@ void add_calibrate(CLI::App& app, Action& action) {
       ->transform(kPositiveCount);
   cmd->add_option("--time", f->time, "time budget: 60s, 5m, 1h (half samples, half re-checks the recommendation)");
   cmd->add_option("--vram", f->vram, "device total (e.g. 24GiB); default: drawn per case");
+  cmd->add_option("--activations", f->activations,
+                  "what sizes the activations: model (the formula) | estimate (the predictor's budget: calibrates the reserve "
+                  "for weights, transients and the allocator alone) | capped | profile:FILE (docs/activations.md)");
   cmd->add_option("--seed", f->seed, "seed (case seeds derive from it as in fuzz)")->capture_default_str()->transform(kNonNegative);
   cmd->add_option("--out", f->out, "write summary.json, report.html, junit.xml, summary.md and the worst cases here");
   cmd->add_option("--margin", f->margin, "added to the need for the recommendation")->capture_default_str();

@@ -61,6 +61,7 @@ std::string case_options(const FuzzFlags& f, const CampaignConfig& cfg, std::str
   for (const std::string& kv : f.policy.sets) out += option_text("--set", kv);
   out += option_text("--allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "");
   for (const std::string& kv : f.policy.options) out += option_text("--option", kv);
+  out += option_text("--activations", f.policy.activations);
   out += option_text("--vram", f.vram);
   out += option_text("--model", f.model);
   out += option_text("--family", f.family);
@@ -212,6 +213,7 @@ int do_fuzz(const FuzzFlags& f) {
                                                   "comfy:feb2026: async only)", *cfg.gen.policy, allocator_mode_name(*cfg.gen.allocator)));
     }
   }
+  if (!f.policy.activations.empty()) cfg.gen.activations = parse_activation_flag(f.policy.activations, "--activations");
   if (!f.family.empty() && f.model.empty()) throw InputError("--family", "applies to --model only (the family of a model file)");
   if (!f.model.empty()) cfg.gen.model = load_fuzz_model(f.model, f.family);
   cfg.out_dir = f.out;

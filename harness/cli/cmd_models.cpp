@@ -6,6 +6,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/core/error.h"
+#include "models/activation.h"
 #include "models/catalog.h"
 
 namespace vf::cli {
@@ -60,7 +61,25 @@ int do_show(const std::string& name, const std::string& storage, bool unscaled, 
     if (!largest || mod.bytes > largest->bytes) largest = &mod;
   }
   for (const auto& [d, b] : by_dtype) std::fputs(fmt::format("  {:<12} {}\n", d, format_mib(b)).c_str(), stdout);
-  if (largest) std::fputs(fmt::format("largest module: {} ({})\n", largest->name, format_mib(largest->bytes)).c_str(), stdout);
+  if (largest) {
+    std::fputs(fmt::format("largest module: {} ({})\n", largest->name.empty() ? "(root)" : largest->name, format_mib(largest->bytes)).c_str(),
+               stdout);
+  }
+  if (m.kind != ModelKind::text_encoder) {
+    // What each activation source would size one forward at (docs/activations.md).
+    const Workload w;
+    const Bytes est = comfy_memory_required(m, w, 1, Dtype::bf16, true, "models show");
+    const Bytes live = activation_working_set(m, w, 1, Dtype::bf16, "models show");
+    const ActivationMarginRange& range = catalog_activation_margin();
+    std::fputs(fmt::format("activations at 1024x1024, batch 1, bf16: ComfyUI's estimate {}, vramfuzz's formula {} (estimate / "
+                           "formula {:.2f}{})\n",
+                           format_mib(est), format_mib(live), static_cast<double>(est) / static_cast<double>(live),
+                           m.kind == ModelKind::diffusion ? fmt::format("; catalog diffusion models {:.2f} ({}) .. {:.2f} ({})", range.lo,
+                                                                        range.lo_model, range.hi, range.hi_model)
+                                                          : std::string())
+                   .c_str(),
+               stdout);
+  }
   std::fputs(cast_hook_summary(m).c_str(), stdout);
   if (modules) {
     for (const Module& mod : m.modules) {

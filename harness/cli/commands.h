@@ -21,6 +21,7 @@ struct PolicyFlags {
   std::vector<std::string> sets;       // --set key=value (policy constants)
   std::string allocator;               // --allocator caching
   std::vector<std::string> options;    // --option key=value (allocator options)
+  std::string activations;             // --activations model | estimate | profile:FILE
   void add_to(CLI::App& app, bool with_allocator);
   // --reserve and --set as (constant, value) pairs; InputError when a constant is given twice.
   std::vector<std::pair<std::string, std::string>> overrides() const;

@@ -52,6 +52,10 @@ void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
                  "exact[:PRESET]; fuzz: a comma-separated list, one drawn per case");
   app.add_option("--reserve", reserve, "override the reserve (e.g. 600MiB)");
   app.add_option("--set", sets, "override a policy constant: key=value (repeatable, each key once)");
+  app.add_option("--activations", activations,
+                 "what sizes each forward's activations: model (vramfuzz's formula, the default) | estimate (the predictor's "
+                 "own memory_required) | profile:FILE (measured peaks, docs/activations.md); fuzz: models without a profile "
+                 "entry use the formula");
   if (with_allocator) {
     app.add_option("--allocator", allocator, "allocator mode: raw | caching | caching-expandable | async (or native, cudaMallocAsync)");
     app.add_option("--option", options, "allocator option: key=value (repeatable, each key once), e.g. max_split_size_mb=128");
@@ -100,6 +104,7 @@ void PolicyFlags::apply(Scenario& s) const {
     }
   }
   for (const auto& [k, v] : overrides()) apply_policy_override(s.policy, k, v, k == "reserve" && !reserve.empty() ? "--reserve" : "--set");
+  if (!activations.empty()) s.activations = parse_activation_flag(activations, "--activations");
   if (!allocator.empty()) {
     const AllocatorMode m = parse_allocator_mode_field(allocator, "--allocator");
     if (m != s.allocator.mode) s.allocator.options.clear();

@@ -17,6 +17,7 @@ struct Workload {
   // under the classic path; under dynamic VRAM the weights faulted in step 1 stay resident, so
   // later steps behave differently (and take modelled time).
   std::uint32_t steps = 1;
+  bool operator==(const Workload&) const = default;
 };
 
 }  // namespace vf

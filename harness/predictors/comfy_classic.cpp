@@ -152,8 +152,7 @@ class ComfyPlanner {
       est = estimate(sp.model, batch);
     }
     sp.activation_allowance = std::max(c_.inference_floor, est);
-    const std::uint32_t rows = m.kind == ModelKind::text_encoder ? 1 : sp.run_batch;
-    sp.activation_bytes = activation_working_set(m, s_.workload, rows, ref.compute, fmt::format("models[{}]", sp.model));
+    size_stage_activation(s_, sp);
   }
 
   // free_memory(target): evict other models, most-offloaded first, partially (smart memory):

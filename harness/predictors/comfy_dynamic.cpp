@@ -165,8 +165,7 @@ void fill_dynamic_activation(const Scenario& s, StagePlan& sp, Bytes patcher_fre
     est = estimate(sp.decode_batch);
   }
   sp.activation_allowance = std::max(c.inference_floor, est);
-  const std::uint32_t rows = m.kind == ModelKind::text_encoder ? 1 : sp.run_batch;
-  sp.activation_bytes = activation_working_set(m, s.workload, rows, ref.compute, what);
+  size_stage_activation(s, sp);
 }
 
 }  // namespace vf

@@ -17,6 +17,11 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
 // patcher's free memory, which counts every VBAR-resident byte as free.
 void fill_dynamic_activation(const Scenario& s, StagePlan& sp, Bytes patcher_free);
 
+// Sizes the forward's activations from the scenario's source (harness/activation_source.h), once
+// activation_allowance (the predictor's own activation budget for the stage's rows) is set.
+// Sets activation_bytes, activation_formula and activation.
+void size_stage_activation(const Scenario& s, StagePlan& sp);
+
 // `exact`: replaces the predicted peaks of a classic plan with the lowered program's exact live
 // peaks and sets the exact reserve; `limit_need` is what a memory-fraction check can see.
 void refine_exact(const Scenario& s, Plan& plan, Bytes& limit_need);
