@@ -127,8 +127,19 @@ bool calib_sample(const Scenario& s, const CaseResult& r, std::uint64_t index, s
   // failing op for an OOM), with one reserve for every stage: adding it back gives measured -
   // predicted at that same stage.
   sample->delta = v.overshoot + static_cast<std::int64_t>(v.reserve);
+  if (v.kind == VerdictKind::waste) {
+    // P1 held (waste is judged only then); its overshoot counts unused buffer, not the peak: the
+    // delta is the worst checked stage's measured - predicted, as a pass's is.
+    bool any = false;
+    for (const StagePlan& sp : r.plan.stages) {
+      if (!sp.checked || sp.stage >= r.exec.stage_reserved_peak.size()) continue;
+      const std::int64_t d = static_cast<std::int64_t>(r.exec.stage_reserved_peak[sp.stage]) - static_cast<std::int64_t>(sp.predicted_peak);
+      if (!any || d > sample->delta) sample->delta = d;
+      any = true;
+    }
+  }
   sample->oom = v.kind == VerdictKind::oom;
-  sample->pass = v.kind == VerdictKind::pass;
+  sample->pass = v.kind == VerdictKind::pass || v.kind == VerdictKind::waste;
   sample->reserve = v.reserve;
   sample->device_total = s.device.total;
   sample->signature = v.signature;

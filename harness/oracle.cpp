@@ -14,6 +14,7 @@ std::string_view verdict_kind_name(VerdictKind k) {
   switch (k) {
     case VerdictKind::pass: return "pass";
     case VerdictKind::violation: return "violation";
+    case VerdictKind::waste: return "waste";
     case VerdictKind::oom: return "oom";
     case VerdictKind::error: return "error";
   }
@@ -76,6 +77,95 @@ std::string activation_basis(const Scenario& s, const Plan& plan) {
   }
   if (!fell_back.empty()) out += fmt::format(" (no profile entry for {}: the formula)", fmt::join(fell_back, ", "));
   return out;
+}
+
+// Class C, over-reservation (comfyui-accounting.md §4 C; PR #11069, #11096): a passing classic
+// case whose plan offloaded modules of the model it runs although the stage's measured peak plus
+// the reserve left room for the largest of them, and whose offload buffer was larger than the
+// transients it was budgeted for ever were: the buffer, not the card, kept them off the device.
+// The worst such forward stage (most unused buffer) becomes a `waste` verdict; false when there
+// is none. The unused buffer must be at least kWasteShare of the bytes offloaded: below that the
+// margin is the lookahead bound working as designed (e.g. 206 MiB of an 870 MiB buffer for the
+// FLUX.2 text encoder with 17 GiB offloaded) or headroom the inference floor left, not the
+// over-reservation #11069 and #11096 fixed (a 12 GB buffer with a quarter of the model
+// resident; a buffer larger than the usable budget with nothing resident).
+constexpr double kWasteShare = 0.10;
+
+bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
+  // ComfyUI's walk and buffer only: `exact` takes a preset's placement to measure allocator
+  // overhead against, and makes no promise about how much it offloads.
+  if (s.policy.predictor != PredictorKind::comfy) return false;
+  bool found = false;
+  for (const StagePlan& sp : plan.stages) {
+    if (sp.op != StageOp::forward || !sp.checked || sp.offload_buffer == 0 || sp.stage >= r.stage_reserved_peak.size()) continue;
+    const LoadPlan* lp = nullptr;
+    for (const LoadPlan& l : plan.loads) {
+      if (l.model == sp.model && l.stage < sp.stage) lp = &l;
+    }
+    if (!lp || lp->lowvram.empty()) continue;
+    const ModelSpec& spec = *s.models[sp.model].spec;
+    Bytes largest = 0, offloaded_bytes = 0;
+    std::uint32_t offloaded = 0, largest_module = kNone;
+    for (std::uint32_t i = 0; i < lp->lowvram.size() && i < spec.modules.size(); ++i) {
+      if (!lp->lowvram[i]) continue;
+      ++offloaded;
+      offloaded_bytes += spec.modules[i].bytes;
+      if (spec.modules[i].bytes > largest) {
+        largest = spec.modules[i].bytes;
+        largest_module = i;
+      }
+    }
+    if (offloaded == 0 || largest == 0) continue;
+    // The transients of this model live during the stage: exact bytes of the program's buffers.
+    Bytes live = 0, peak = 0;
+    for (const Op& op : p.ops) {
+      if (op.stage != sp.stage || op.buffer == kNone || (op.kind != OpKind::alloc && op.kind != OpKind::free)) continue;
+      const Buffer& b = p.buffers[op.buffer];
+      if (b.model != sp.model || b.kind == BufferKind::weight || b.kind == BufferKind::activation) continue;
+      if (op.kind == OpKind::alloc) {
+        live += b.bytes;
+        peak = std::max(peak, live);
+      } else {
+        live -= std::min(live, b.bytes);
+      }
+    }
+    const Bytes unused = sat_sub(sp.offload_buffer, peak);
+    const Bytes measured = r.stage_reserved_peak[sp.stage];
+    if (unused == 0 || static_cast<double>(unused) < kWasteShare * static_cast<double>(offloaded_bytes)) continue;
+    if (measured + plan.reserve + largest > plan.available) continue;
+    if (found && static_cast<std::int64_t>(unused) <= v.overshoot) continue;
+    found = true;
+    v.kind = VerdictKind::waste;
+    v.stage = sp.stage;
+    v.op = r.stage_reserved_peak_op[sp.stage];
+    v.measured = measured;
+    v.predicted = sp.predicted_peak;
+    v.overshoot = static_cast<std::int64_t>(unused);
+    const std::string& id = s.models[sp.model].id;
+    const std::string name = spec.modules[largest_module].name.empty() ? "(root)" : spec.modules[largest_module].name;
+    v.signature = fmt::format("waste:forward:offload-buffer:{}", allocator_mode_name(s.allocator.mode));
+    v.message = fmt::format("stage {} (forward {}): the plan offloaded {} module(s) of {} and budgeted an offload buffer of {}, but "
+                            "the transients peaked at {}: {} of the buffer went unused, and measured peak {} + reserve {} left {} of "
+                            "the {} available, room for the largest offloaded module ({}, {})",
+                            sp.stage, id, offloaded, id, mib(sp.offload_buffer), mib(peak), mib(unused), mib(measured),
+                            mib(plan.reserve), mib(plan.available - measured - plan.reserve), mib(plan.available), name, mib(largest));
+    v.cause = fmt::format("offload buffer {} budgeted, transients peaked at {}: {} unused while {} modules ({}, largest {}) were offloaded",
+                          mib(sp.offload_buffer), mib(peak), mib(unused), offloaded, mib(offloaded_bytes), mib(largest));
+    v.explanation = fmt::format(
+        "Over-reservation (class C): ComfyUI sized the offload buffer for the modules it casts on the fly at {}, and that buffer "
+        "came out of the weight budget, so {} of {}'s modules stayed in host memory and are copied to the device at every "
+        "step. The transients they needed (transfer copies, conversions, LoRA patches) never exceeded {}, {} less than "
+        "budgeted, and the measured peak with the reserve left {} free: enough for {} ({}), the largest of them. The plan "
+        "spent bandwidth, not memory, and no OOM follows.",
+        mib(sp.offload_buffer), offloaded, id, mib(peak), mib(unused), mib(plan.available - measured - plan.reserve), name,
+        mib(largest));
+  }
+  if (found) {
+    v.rests_on = fmt::format("exact: the offload buffer is the plan's own term and the transients are the program's own tensors; "
+                             "the measured peak is the {} allocator {}",
+                             allocator_mode_name(s.allocator.mode), r.backend == "cuda" ? "on " + r.environment : "modelled on the simulated device");
+  }
+  return found;
 }
 
 }  // namespace
@@ -362,6 +452,10 @@ Verdict judge(const Scenario& s, const Plan& plan, const Program& p, const ExecR
                             format_mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op),
                             cached ? "; all of it held in cache by earlier stages" : "");
     attribute_classic(s, plan, p, r, v);
+  } else if (Verdict waste = v; judge_waste(s, plan, p, r, waste)) {
+    // No violation and no OOM, whether the plan fits or not (over-reservation is what makes a
+    // plan look as if it did not): the offload buffer kept modules off a card that had room.
+    return waste;
   } else if (!plan.fits) {
     // Nothing to judge against: the plan said it would not fit, and it ran without an OOM.
     v.message = fmt::format("pass: no OOM although the plan does not fit (predicted {} + reserve {} > {} available), "

@@ -13,13 +13,16 @@
 
 namespace vf {
 
-enum class VerdictKind : std::uint8_t { pass, violation, oom, error };
+// waste: class C, over-reservation (judge_waste in oracle.cpp): no OOM and no violation, but the
+// plan offloaded modules that the buffer it over-reserved could have held. A finding of lower
+// severity (reports/summary.cpp: a tenth of its unused bytes' share of the device).
+enum class VerdictKind : std::uint8_t { pass, violation, oom, error, waste };
 std::string_view verdict_kind_name(VerdictKind k);
 
 struct Verdict {
   VerdictKind kind = VerdictKind::pass;
   std::string signature;       // "violation:forward:upcast:raw"; empty for pass
-  std::int64_t overshoot = 0;  // measured - (predicted + reserve) at the judged stage, bytes
+  std::int64_t overshoot = 0;  // measured - (predicted + reserve) at the judged stage, bytes (waste: the unused buffer)
   std::uint32_t stage = 0;     // the judged stage
   std::uint32_t op = 0;        // the op of the stage peak, or the failing alloc
   Bytes measured = 0;          // the stage's reserved peak
@@ -41,7 +44,7 @@ struct Verdict {
   // Unchecked: at_budget is empty.
   std::string at_budget;
   bool activation_dependent = false;
-  bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom; }
+  bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom || kind == VerdictKind::waste; }
 };
 
 // What an op was doing, for signatures: alloc ops are named after the buffer they create

@@ -78,7 +78,8 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
         Testcase tc;
         tc.name = fmt::format("{} {} [{}]", get_str(prop, "id"), get_str(prop, "name"), alloc);
         tc.classname = fmt::format("vramfuzz.{}.{}", policy, alloc);
-        tc.time = seconds * static_cast<double>(n) / static_cast<double>(total_cases) / 2.0;
+        tc.time = seconds * static_cast<double>(n) / static_cast<double>(total_cases) /
+                  static_cast<double>(get_arr(matrix, "properties").size());
         if (n == 0) {
           const bool dynamic = policy.rfind("comfy:feb2026", 0) == 0 || policy.rfind("comfy:sep2026", 0) == 0;
           if (dynamic && alloc == "caching-expandable") {

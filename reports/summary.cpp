@@ -262,7 +262,8 @@ std::vector<std::string> all_allocators() {
 
 Json properties_json() {
   return Json::array({Json{{"id", "P1"}, {"name", "peak-within-prediction"}, {"kind", "violation"}},
-                      Json{{"id", "P2"}, {"name", "no-unpredicted-oom"}, {"kind", "oom"}}});
+                      Json{{"id", "P2"}, {"name", "no-unpredicted-oom"}, {"kind", "oom"}},
+                      Json{{"id", "P3"}, {"name", "no-wasted-offload"}, {"kind", "waste"}}});
 }
 
 Json cells_json(const std::map<std::pair<std::string, std::string>, CellCount>& cells) {
@@ -375,10 +376,13 @@ Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
           {"out", cfg.out_dir}};
 }
 
-double finding_severity(std::int64_t overshoot, Bytes device_total) {
+double finding_severity(std::int64_t overshoot, Bytes device_total, std::string_view kind) {
   if (device_total == 0 || overshoot <= 0) return 0.0;
+  // Waste costs bandwidth, not an OOM: a tenth of its unused bytes' share of the device, so it
+  // lists after every violation and OOM of a similar size.
+  const double weight = kind == "waste" ? 0.1 : 1.0;
   // At most 1e6 (what the strict reader takes): an absurd request on a tiny device stays readable.
-  return std::min(1e6, std::round(static_cast<double>(overshoot) / static_cast<double>(device_total) * 1e6) / 1e6);
+  return std::min(1e6, std::round(weight * static_cast<double>(overshoot) / static_cast<double>(device_total) * 1e6) / 1e6);
 }
 
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info) {
@@ -420,7 +424,7 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
     const bool act = c.shrunk ? c.shrunk->result.verdict.activation_dependent : c.activation_dependent;
     if (act) f["activation_dependent"] = true;
     if (!why.empty() || act) f["why"] = act ? "activation-dependent: " + (why.empty() ? std::string("-") : why) : why;
-    if (c.worst_device > 0) f["severity"] = finding_severity(c.worst_overshoot, c.worst_device);
+    if (c.worst_device > 0) f["severity"] = finding_severity(c.worst_overshoot, c.worst_device, kind_of(sig));
     if (c.noise) f["noise"] = true;
     annotate_corpus(f, corpus);
     if (c.shrunk) {

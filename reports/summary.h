@@ -51,8 +51,9 @@ std::string replay_command(const std::string& repro, const std::string& file, co
 
 Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, const RunInfo& info);
 // A finding's severity: its worst overshoot as a share of the device it happened on (an OOM's
-// or violation's bytes on a 6 GiB card weigh four times those on a 24 GiB one), rounded to 1e-6.
-double finding_severity(std::int64_t overshoot, Bytes device_total);
+// or violation's bytes on a 6 GiB card weigh four times those on a 24 GiB one), rounded to 1e-6; a
+// `waste` finding (its signature's KIND) weighs a tenth.
+double finding_severity(std::int64_t overshoot, Bytes device_total, std::string_view kind);
 // A campaign's `config` object (summary.json's, and run.json's: what recovery rebuilds it from).
 Json campaign_config(const CampaignConfig& cfg, const std::string& backend);
 Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationResult& r, const RunInfo& info);

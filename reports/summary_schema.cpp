@@ -114,7 +114,7 @@ Check case_view() {
     };
     return object({
         req("title", str()),
-        req("verdict", object({req("kind", one_of({"pass", "violation", "oom", "error"})), req("signature", str()), req("message", str()),
+        req("verdict", object({req("kind", one_of({"pass", "violation", "oom", "error", "waste"})), req("signature", str()), req("message", str()),
                                req("stage", u64()), req("op", u64()), req("measured", u64()), req("predicted", u64()),
                                req("reserve", u64()), req("overshoot", i64()), opt("cause", str()), opt("explanation", str()), opt("rests_on", str()),
                                opt("activation_dependent", boolean()), opt("at_budget", str())})),
@@ -160,7 +160,7 @@ Check finding() {
       req("shrink_executions", u64()),
       req("flaky", boolean()),
       req("file", str()),
-      req("kind", one_of({"violation", "oom"})),
+      req("kind", one_of({"violation", "oom", "waste"})),
       req("replay", str()),
       opt("why", str()),
       opt("severity", number_in(0, 1e6)),
@@ -175,7 +175,7 @@ Check matrix() {
   const Check cell_finding = object({req("signature", finding_signature()), req("policy", str()), req("count", u64_in(1, ~std::uint64_t{0})),
                                      req("worst_overshoot", i64()), req("first_case_seed", u64()), req("first_case_index", u64())});
   return object({
-      req("properties", array_of(object({req("id", str()), req("name", str()), req("kind", one_of({"violation", "oom"}))}))),
+      req("properties", array_of(object({req("id", str()), req("name", str()), req("kind", one_of({"violation", "oom", "waste"}))}))),
       req("policies", array_of(str())),
       req("allocators", array_of(str())),
       req("cells", array_of(object({req("policy", str()), req("allocator", str()), req("cases", u64()), req("expected_ooms", u64()),

@@ -73,10 +73,12 @@ TEST(Origin, December2025Passes) {
 
 TEST(Origin, November2025OverReserves) {
   // #10733's buffer: cost + NS x the largest module (the 1280 MiB bf16 embedding), so far more
-  // is offloaded than needed (issue class C): it passes, wastefully.
+  // is offloaded than needed (issue class C): no OOM, and a `waste` finding (tests/test_waste.cpp
+  // has the rule's hand-computed numbers).
   const CaseResult nov = run(origin("comfy:nov2025"));
   const CaseResult dec = run(origin("comfy:dec2025"));
-  EXPECT_EQ(nov.verdict.kind, VerdictKind::pass);
+  EXPECT_EQ(nov.verdict.kind, VerdictKind::waste) << nov.verdict.message;
+  EXPECT_EQ(nov.verdict.signature, "waste:forward:offload-buffer:raw");
   EXPECT_GT(nov.plan.loads[0].offload_buffer, 2 * dec.plan.loads[0].offload_buffer);
   EXPECT_LT(nov.plan.loads[0].loaded, dec.plan.loads[0].loaded);
 }
