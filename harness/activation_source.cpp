@@ -118,12 +118,14 @@ static ActivationSizing size_uncapped(const ActivationSpec& a, const ModelSpec& 
     case ActivationSource::profile: break;
   }
   const double want = entry_units(spec, w, rows);
+  if (want == 0) return out;  // no positions (a text encoder with no tokens): nothing to hold
   const ActivationProfileEntry* best = nullptr;
   double best_distance = std::numeric_limits<double>::infinity();
   double best_units = 0;
   for (const ActivationProfileEntry& e : a.profile) {
     if (!entry_matches(e, spec, id, compute)) continue;
     const double units = entry_units(spec, e.workload, e.workload.batch);
+    if (units == 0) continue;  // an entry of no positions cannot be scaled from
     const double d = std::fabs(std::log(units / want));
     if (d < best_distance) {  // the first of equally near entries wins: the file's order decides
       best = &e;

@@ -107,6 +107,22 @@ Scenario calibration_case(const CalibrationConfig& cfg, Catalog& catalog, std::u
   return generate_scenario(choices, gen, catalog);
 }
 
+std::int64_t p1_delta(const CaseResult& r) {
+  const Verdict& v = r.verdict;
+  if (v.kind != VerdictKind::waste) return v.overshoot + static_cast<std::int64_t>(v.reserve);
+  // P1 held (waste is judged only then), and a waste verdict's overshoot is the unused buffer:
+  // the worst checked stage's measured - predicted, as a pass's is.
+  std::int64_t delta = 0;
+  bool any = false;
+  for (const StagePlan& sp : r.plan.stages) {
+    if (!sp.checked || sp.stage >= r.exec.stage_reserved_peak.size()) continue;
+    const std::int64_t d = static_cast<std::int64_t>(r.exec.stage_reserved_peak[sp.stage]) - static_cast<std::int64_t>(sp.predicted_peak);
+    if (!any || d > delta) delta = d;
+    any = true;
+  }
+  return delta;
+}
+
 bool calib_sample(const Scenario& s, const CaseResult& r, std::uint64_t index, std::uint64_t seed, CalibSample* sample,
                   CalibExcluded* excluded) {
   const Verdict& v = r.verdict;
@@ -126,18 +142,7 @@ bool calib_sample(const Scenario& s, const CaseResult& r, std::uint64_t index, s
   // The verdict's overshoot is measured - (predicted + reserve) at the worst checked stage (at the
   // failing op for an OOM), with one reserve for every stage: adding it back gives measured -
   // predicted at that same stage.
-  sample->delta = v.overshoot + static_cast<std::int64_t>(v.reserve);
-  if (v.kind == VerdictKind::waste) {
-    // P1 held (waste is judged only then); its overshoot counts unused buffer, not the peak: the
-    // delta is the worst checked stage's measured - predicted, as a pass's is.
-    bool any = false;
-    for (const StagePlan& sp : r.plan.stages) {
-      if (!sp.checked || sp.stage >= r.exec.stage_reserved_peak.size()) continue;
-      const std::int64_t d = static_cast<std::int64_t>(r.exec.stage_reserved_peak[sp.stage]) - static_cast<std::int64_t>(sp.predicted_peak);
-      if (!any || d > sample->delta) sample->delta = d;
-      any = true;
-    }
-  }
+  sample->delta = p1_delta(r);
   sample->oom = v.kind == VerdictKind::oom;
   sample->pass = v.kind == VerdictKind::pass || v.kind == VerdictKind::waste;
   sample->reserve = v.reserve;
@@ -219,7 +224,7 @@ void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backen
         continue;
       }
       v.violations += r.verdict.kind == VerdictKind::violation ? 1 : 0;
-      const std::int64_t delta = r.verdict.overshoot + static_cast<std::int64_t>(r.verdict.reserve);
+      const std::int64_t delta = p1_delta(r);
       v.max_delta = v.cases - v.ooms == 1 ? delta : std::max(v.max_delta, delta);
     }
     out.verify.push_back(v);

@@ -167,6 +167,10 @@ struct CalibrationResult {
 // The scenario of case `index` under `mode` (the same draws under every mode).
 Scenario calibration_case(const CalibrationConfig& cfg, Catalog& catalog, std::uint64_t index, AllocatorMode mode);
 
+// measured - predicted at the case's worst checked stage (the verdict's overshoot + reserve; a
+// waste verdict, whose overshoot is unused buffer, from its stages).
+std::int64_t p1_delta(const CaseResult& r);
+
 // Turns a judged case into a sample (or an exclusion). Returns false when excluded.
 bool calib_sample(const Scenario& s, const CaseResult& r, std::uint64_t index, std::uint64_t seed, CalibSample* sample,
                   CalibExcluded* excluded);

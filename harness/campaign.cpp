@@ -37,7 +37,8 @@ CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace) {
 }
 
 void check_activation_dependence(const Scenario& s, const Plan& plan, Backend& backend, Verdict& v) {
-  if (!v.finding() || s.activations.source == ActivationSource::estimate) return;
+  // Waste already judges the room its activations leave at the budget (oracle.cpp judge_waste).
+  if (!v.finding() || v.kind == VerdictKind::waste || s.activations.source == ActivationSource::estimate) return;
   const bool over = std::any_of(plan.stages.begin(), plan.stages.end(), [](const StagePlan& sp) {
     return sp.op == StageOp::forward && sp.activation_bytes > sp.activation_allowance;
   });
@@ -49,13 +50,16 @@ void check_activation_dependence(const Scenario& s, const Plan& plan, Backend& b
   Scenario at = s;
   at.activations.cap_at_budget = true;
   const CaseResult r = run_case(at, backend, false);
-  v.at_budget = r.verdict.finding() ? r.verdict.signature
-                  : r.verdict.expected_oom ? std::string("expected OOM")
-                  : r.verdict.kind == VerdictKind::error ? "error: " + r.verdict.message
-                                                         : std::string("pass");
-  // Still a finding (the same, or another one: activations at the budget can turn a violation
-  // into an OOM): the weights, transients and the allocator overshoot on their own.
-  v.activation_dependent = !r.verdict.finding();
+  const bool holds = r.verdict.kind == VerdictKind::pass || r.verdict.kind == VerdictKind::waste;
+  v.at_budget = r.verdict.expected_oom                   ? std::string("expected OOM")
+                : r.verdict.kind == VerdictKind::error   ? "error: " + r.verdict.message
+                : r.verdict.kind == VerdictKind::pass    ? std::string("pass")
+                                                         : r.verdict.signature;
+  // Dependent only where P1 and P2 hold at the budget (a pass, or a waste finding) or the case
+  // cannot fit: still a violation or OOM (the same, or another: activations at the budget can
+  // turn a violation into an OOM), the weights, transients and the allocator overshoot on their
+  // own; a backend error settles nothing.
+  v.activation_dependent = holds || r.verdict.expected_oom;
 }
 
 std::uint64_t case_seed(std::uint64_t campaign_seed, std::uint64_t index) {

@@ -131,8 +131,12 @@ bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const Ex
     }
     const Bytes unused = sat_sub(sp.offload_buffer, peak);
     const Bytes measured = r.stage_reserved_peak[sp.stage];
+    // The room is judged with the activations at least at the predictor's own budget for them:
+    // headroom the inference floor left above smaller activations is not the buffer's waste, and
+    // the verdict must not hang on how the activations were sized.
+    const Bytes at_budget = measured + sat_sub(sp.activation_allowance, sp.activation_bytes);
     if (unused == 0 || static_cast<double>(unused) < kWasteShare * static_cast<double>(offloaded_bytes)) continue;
-    if (measured + plan.reserve + largest > plan.available) continue;
+    if (at_budget + plan.reserve + largest > plan.available) continue;
     if (found && static_cast<std::int64_t>(unused) <= v.overshoot) continue;
     found = true;
     v.kind = VerdictKind::waste;
@@ -145,25 +149,28 @@ bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const Ex
     const std::string name = spec.modules[largest_module].name.empty() ? "(root)" : spec.modules[largest_module].name;
     v.signature = fmt::format("waste:forward:offload-buffer:{}", allocator_mode_name(s.allocator.mode));
     v.message = fmt::format("stage {} (forward {}): the plan offloaded {} module(s) of {} and budgeted an offload buffer of {}, but "
-                            "the transients peaked at {}: {} of the buffer went unused, and measured peak {} + reserve {} left {} of "
-                            "the {} available, room for the largest offloaded module ({}, {})",
-                            sp.stage, id, offloaded, id, mib(sp.offload_buffer), mib(peak), mib(unused), mib(measured),
-                            mib(plan.reserve), mib(plan.available - measured - plan.reserve), mib(plan.available), name, mib(largest));
+                            "the transients peaked at {}: {} of the buffer went unused, and the measured peak with the activations "
+                            "at their budget ({}) + reserve {} left {} of the {} available, room for the largest offloaded module "
+                            "({}, {})",
+                            sp.stage, id, offloaded, id, mib(sp.offload_buffer), mib(peak), mib(unused), mib(at_budget),
+                            mib(plan.reserve), mib(plan.available - at_budget - plan.reserve), mib(plan.available), name, mib(largest));
     v.cause = fmt::format("offload buffer {} budgeted, transients peaked at {}: {} unused while {} modules ({}, largest {}) were offloaded",
                           mib(sp.offload_buffer), mib(peak), mib(unused), offloaded, mib(offloaded_bytes), mib(largest));
     v.explanation = fmt::format(
         "Over-reservation (class C): ComfyUI sized the offload buffer for the modules it casts on the fly at {}, and that buffer "
         "came out of the weight budget, so {} of {}'s modules stayed in host memory and are copied to the device at every "
         "step. The transients they needed (transfer copies, conversions, LoRA patches) never exceeded {}, {} less than "
-        "budgeted, and the measured peak with the reserve left {} free: enough for {} ({}), the largest of them. The plan "
-        "spent bandwidth, not memory, and no OOM follows.",
-        mib(sp.offload_buffer), offloaded, id, mib(peak), mib(unused), mib(plan.available - measured - plan.reserve), name,
+        "budgeted, and the measured peak (with the activations at the plan's own allowance) and the reserve left {} free: "
+        "enough for {} ({}), the largest of them. The plan spent bandwidth, not memory, and no OOM follows.",
+        mib(sp.offload_buffer), offloaded, id, mib(peak), mib(unused), mib(plan.available - at_budget - plan.reserve), name,
         mib(largest));
   }
   if (found) {
     v.rests_on = fmt::format("exact: the offload buffer is the plan's own term and the transients are the program's own tensors; "
-                             "the measured peak is the {} allocator {}",
-                             allocator_mode_name(s.allocator.mode), r.backend == "cuda" ? "on " + r.environment : "modelled on the simulated device");
+                             "the measured peak is the {} allocator {}, with the activations at no less than the plan's "
+                             "allowance ({})",
+                             allocator_mode_name(s.allocator.mode), r.backend == "cuda" ? "on " + r.environment : "modelled on the simulated device",
+                             activation_basis(s, plan));
   }
   return found;
 }
@@ -171,7 +178,7 @@ bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const Ex
 }  // namespace
 
 std::string activation_dependence_text(const Verdict& v) {
-  return fmt::format("the formula sized some forward's activations above the predictor's own budget for them "
+  return fmt::format("the activation source sized some forward's activations above the predictor's own budget for them "
                      "(max(memory_required, the inference floor)); capped at that budget, this case gives {}. The "
                      "finding rests on how vramfuzz sized the activations, not on the weights, transients and the allocator "
                      "alone: before filing it, check the activations against a measurement (a profile, docs/activations.md).",

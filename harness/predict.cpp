@@ -15,7 +15,13 @@ void size_stage_activation(const Scenario& s, StagePlan& sp) {
   const ModelSpec& m = *ref.spec;
   const std::uint32_t rows = m.kind == ModelKind::text_encoder ? 1 : sp.run_batch;
   sp.activation_formula = activation_working_set(m, s.workload, rows, ref.compute, fmt::format("models[{}]", sp.model));
-  sp.activation = size_activation(s.activations, m, ref.id, ref.compute, s.workload, rows, sp.activation_allowance, sp.activation_formula);
+  // Only a forward allocates activations: the source sizes those (and is only required to cover
+  // the models the pipeline runs); load and unload stages show the formula.
+  if (sp.op == StageOp::forward) {
+    sp.activation = size_activation(s.activations, m, ref.id, ref.compute, s.workload, rows, sp.activation_allowance, sp.activation_formula);
+  } else {
+    sp.activation = ActivationSizing{sp.activation_formula, ActivationSource::model, false, false, false};
+  }
   sp.activation_bytes = sp.activation.bytes;
 }
 

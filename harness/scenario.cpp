@@ -1176,6 +1176,7 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
   }
   h.text(a.profile_origin);
   h.word(a.fallback_to_model);
+  h.word(a.cap_at_budget);
   return h.done();
 }
 

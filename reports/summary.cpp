@@ -942,10 +942,10 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
       const bool noise = m.value("noise", false) && f.value("noise", false);
       if (f_repro ? !m_repro || earlier : !m_repro && earlier) m = f;
       if (!m.contains("why") && !why.empty()) m["why"] = why;
-      // Activation-dependent only while both are (one input that stands at the estimate settles it).
-      if (!act && m.value("activation_dependent", false)) {
+      // Activation-dependent only while both are (one input that stands at the budget settles it).
+      if (!act) {
         m.erase("activation_dependent");
-        std::string w = get_str(m, "why");
+        const std::string w = get_str(m, "why");
         if (w.rfind("activation-dependent: ", 0) == 0) m["why"] = w.substr(22);
       }
       m["count"] = count;

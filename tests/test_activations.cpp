@@ -202,7 +202,7 @@ TEST(Activations, AShrunkActivationFindingSaysSoInItsReproAndSummary) {
   const ShrinkResult sr = shrink(s, sim, opt);
   ASSERT_TRUE(sr.result.verdict.activation_dependent);
   const std::string md = repro_markdown(sr, ReproOrigin{}, "/tmp/repro.json");
-  EXPECT_NE(md.find("**Activation-dependent:** the formula sized some forward's activations above the predictor's own budget"),
+  EXPECT_NE(md.find("**Activation-dependent:** the activation source sized some forward's activations above the predictor's own budget"),
             std::string::npos)
       << md;
   EXPECT_LT(md.find("**Activation-dependent:**"), md.find("**Verdict:**"));

@@ -41,8 +41,9 @@ TEST(Waste, Nov2025sBufferKeepsTheWholeModelOffACardWithRoomForIt) {
   // comfy:nov2025 budgets cost + NS x the largest module: 512 + 2 x 512 = 1536 MiB, the whole
   // model, so nothing is resident. In flight at once: the 512 MiB weight's transfer copy and two
   // 16 MiB ones, 544 MiB: 992 MiB of the buffer unused (65% of the 1536 MiB offloaded). Measured
-  // peak 552 MiB (544 + 8 MiB of activations) + 400 MiB reserve leaves 1672 MiB of 2624: room
-  // for the 512 MiB module.
+  // peak 552 MiB (544 + 8 MiB of activations); with the activations at the plan's 819.20 MiB
+  // allowance instead, 1363.20 MiB, + 400 MiB reserve leaves 860.80 MiB of 2624: room for the
+  // 512 MiB module.
   const CaseResult r = run("comfy:nov2025");
   ASSERT_EQ(r.verdict.kind, VerdictKind::waste) << r.verdict.message;
   EXPECT_EQ(r.verdict.signature, "waste:forward:offload-buffer:raw");
@@ -53,8 +54,8 @@ TEST(Waste, Nov2025sBufferKeepsTheWholeModelOffACardWithRoomForIt) {
   EXPECT_EQ(r.verdict.cause,
             "offload buffer 1536.00 MiB budgeted, transients peaked at 544.00 MiB: 992.00 MiB unused while 65 modules (1536.00 MiB, "
             "largest 512.00 MiB) were offloaded");
-  EXPECT_NE(r.verdict.message.find("left 1672.00 MiB of the 2624.00 MiB available, room for the largest offloaded module (giant, "
-                                   "512.00 MiB)"),
+  EXPECT_NE(r.verdict.message.find("the measured peak with the activations at their budget (1363.20 MiB) + reserve 400.00 MiB left "
+                                   "860.80 MiB of the 2624.00 MiB available, room for the largest offloaded module (giant, 512.00 MiB)"),
             std::string::npos)
       << r.verdict.message;
   EXPECT_NE(r.verdict.explanation.find("Over-reservation (class C)"), std::string::npos);
@@ -71,9 +72,10 @@ TEST(Waste, Dec2025sLookaheadBufferLoadsItAndPasses) {
 }
 
 TEST(Waste, ACardWithoutRoomForTheLargestOffloadedModuleIsNoWaste) {
-  // The same plan with 1200 MiB of the card taken by another process: 1424 MiB available, and the
-  // measured 552 MiB + 400 MiB reserve leave 472 MiB, less than the 512 MiB module. 992 MiB of
-  // the buffer still went unused, but the card had no room for what it kept off: a pass.
+  // The same plan with 1200 MiB of the card taken by another process: 1424 MiB available, and
+  // even the measured 552 MiB (activations below their allowance) + 400 MiB reserve leave only
+  // 472 MiB, less than the 512 MiB module. 992 MiB of the buffer still went unused, but the card
+  // had no room for what it kept off: a pass.
   Catalog catalog;
   SimBackend sim;
   Scenario s = parse_scenario_json(shape("comfy:nov2025"), catalog, "waste.json");

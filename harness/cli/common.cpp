@@ -54,8 +54,8 @@ void PolicyFlags::add_to(CLI::App& app, bool with_allocator) {
   app.add_option("--set", sets, "override a policy constant: key=value (repeatable, each key once)");
   app.add_option("--activations", activations,
                  "what sizes each forward's activations: model (vramfuzz's formula, the default) | estimate (the predictor's "
-                 "own memory_required) | profile:FILE (measured peaks, docs/activations.md); fuzz: models without a profile "
-                 "entry use the formula");
+                 "own budget for them) | capped (the formula, never above that budget) | profile:FILE (measured peaks, "
+                 "docs/activations.md); fuzz: models without a profile entry use the formula");
   if (with_allocator) {
     app.add_option("--allocator", allocator, "allocator mode: raw | caching | caching-expandable | async (or native, cudaMallocAsync)");
     app.add_option("--option", options, "allocator option: key=value (repeatable, each key once), e.g. max_split_size_mb=128");
