@@ -26,15 +26,11 @@ std::string_view activation_source_name(ActivationSource s) {
 
 namespace {
 
-nlohmann::json bytes_json(Bytes b) {
-  if (b != 0 && b % GiB == 0) return fmt::format("{}GiB", b / GiB);
-  if (b != 0 && b % MiB == 0) return fmt::format("{}MiB", b / MiB);
-  return b;
-}
-
-bool entry_matches(const ActivationProfileEntry& e, const ModelSpec& spec, const std::string& id, Dtype compute) {
-  if (e.model != id && e.model != spec.name) return false;
-  return !e.compute_given || e.compute == compute;
+// "fallback": "model" | "error" of a profile (document or scenario member).
+bool parse_fallback(const JsonIn& f) {
+  const std::string v = f.str();
+  if (v != "model" && v != "error") f.fail(fmt::format("unknown fallback \"{}\" (use \"model\" or \"error\")", v));
+  return v == "model";
 }
 
 // The units activations scale with: positions per batch element x rows.
@@ -83,15 +79,16 @@ ActivationSpec profile_from_document(const JsonIn& j, const std::string& origin)
   a.source = ActivationSource::profile;
   a.profile = parse_entries(j.at("entries"));
   a.profile_origin = origin;
-  if (auto f = j.opt("fallback")) {
-    const std::string v = f->str();
-    if (v != "model" && v != "error") f->fail(fmt::format("unknown fallback \"{}\" (use \"model\" or \"error\")", v));
-    a.fallback_to_model = v == "model";
-  }
+  if (auto f = j.opt("fallback")) a.fallback_to_model = parse_fallback(*f);
   return a;
 }
 
 }  // namespace
+
+bool profile_entry_matches(const ActivationProfileEntry& e, const ModelSpec& spec, const std::string& id, Dtype compute) {
+  if (e.model != id && e.model != spec.name) return false;
+  return !e.compute_given || e.compute == compute;
+}
 
 static ActivationSizing size_uncapped(const ActivationSpec& a, const ModelSpec& spec, const std::string& id, Dtype compute,
                                  const Workload& w, std::uint32_t rows, Bytes estimate, Bytes formula) {
@@ -123,7 +120,7 @@ static ActivationSizing size_uncapped(const ActivationSpec& a, const ModelSpec& 
   double best_distance = std::numeric_limits<double>::infinity();
   double best_units = 0;
   for (const ActivationProfileEntry& e : a.profile) {
-    if (!entry_matches(e, spec, id, compute)) continue;
+    if (!profile_entry_matches(e, spec, id, compute)) continue;
     const double units = entry_units(spec, e.workload, e.workload.batch);
     if (units == 0) continue;  // an entry of no positions cannot be scaled from
     const double d = std::fabs(std::log(units / want));
@@ -242,11 +239,7 @@ static ActivationSpec parse_uncapped_spec(const JsonIn& j, const std::string& ba
     a.profile = parse_entries(j.at("entries"));
     if (auto o = j.opt("origin")) a.profile_origin = o->str();
   }
-  if (auto f = j.opt("fallback")) {
-    const std::string v = f->str();
-    if (v != "model" && v != "error") f->fail(fmt::format("unknown fallback \"{}\" (use \"model\" or \"error\")", v));
-    a.fallback_to_model = v == "model";
-  }
+  if (auto f = j.opt("fallback")) a.fallback_to_model = parse_fallback(*f);
   return a;
 }
 
@@ -298,7 +291,7 @@ static nlohmann::json uncapped_json(const ActivationSpec& a) {
     case ActivationSource::estimate: return "estimate";
     case ActivationSource::bytes: {
       nlohmann::json b = nlohmann::json::object();
-      for (const auto& [m, x] : a.bytes) b[m] = bytes_json(x);
+      for (const auto& [m, x] : a.bytes) b[m] = size_json(x);
       return {{"source", "bytes"}, {"bytes", std::move(b)}};
     }
     case ActivationSource::profile: break;
@@ -311,7 +304,7 @@ static nlohmann::json uncapped_json(const ActivationSpec& a) {
                         {"batch", e.workload.batch},
                         {"frames", e.workload.frames},
                         {"text_tokens", e.workload.text_tokens},
-                        {"peak", bytes_json(e.peak)}};
+                        {"peak", size_json(e.peak)}};
     if (e.compute_given) o["compute"] = dtype_name(e.compute);
     entries.push_back(std::move(o));
   }

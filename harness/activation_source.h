@@ -59,6 +59,10 @@ struct ActivationSpec {
   bool operator==(const ActivationSpec&) const = default;
 };
 
+// Whether a profile entry is for model `spec` (scenario id `id`) computing in `compute`: its
+// `model` names the id or the model, and its `compute`, when given, is that dtype.
+bool profile_entry_matches(const ActivationProfileEntry& e, const ModelSpec& spec, const std::string& id, Dtype compute);
+
 // How one forward's activations were sized, for rests_on texts and the trace.
 struct ActivationSizing {
   Bytes bytes = 0;

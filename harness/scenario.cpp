@@ -732,7 +732,7 @@ void validate_activations(const Scenario& s) {
       continue;
     }
     const bool matched = std::any_of(a.profile.begin(), a.profile.end(), [&](const ActivationProfileEntry& e) {
-      return (e.model == m.id || e.model == m.spec->name) && (!e.compute_given || e.compute == m.compute);
+      return profile_entry_matches(e, *m.spec, m.id, m.compute);
     });
     if (!matched) {
       throw InputError("activations.entries", fmt::format("no entry for model \"{}\" ({}, computing in {}), which the pipeline runs "
@@ -878,14 +878,14 @@ Scenario load_scenario_file(const std::string& path, Catalog& catalog) {
 
 // ---- writing ----------------------------------------------------------------------------------
 
-namespace {
-
 nlohmann::json size_json(Bytes b) {
   // Exact multiples print as readable strings; anything else stays an exact byte count.
   if (b != 0 && b % GiB == 0) return fmt::format("{}GiB", b / GiB);
   if (b != 0 && b % MiB == 0) return fmt::format("{}MiB", b / MiB);
   return b;
 }
+
+namespace {
 
 nlohmann::json option_value_json(const std::string& v) {
   // Options are kept as text; numbers and booleans go back out as JSON numbers / booleans.

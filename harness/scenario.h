@@ -288,6 +288,8 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
 // and a workload object with the scenario's limits.
 Dtype parse_dtype_json(const JsonIn& j);
 Workload parse_workload_json(const JsonIn& j);
+// A size as a scenario writes it: "24GiB" / "512MiB" when exact, else the byte count.
+nlohmann::json size_json(Bytes b);
 
 // The dtype most of a model's weight bytes are stored in (catalog, inline and imported models
 // alike; the compute dtype when it has no weight tensors).
