@@ -57,7 +57,9 @@ std::string repro_title(const ShrinkResult& r) {
     }
     if (!dtypes.empty()) break;
   }
-  const std::string what = v.kind == VerdictKind::oom ? "OOMs" : "exceeds predicted + reserve";
+  const std::string what = v.kind == VerdictKind::oom     ? "OOMs"
+                           : v.kind == VerdictKind::waste ? "is offloaded with room to spare"
+                                                          : "exceeds predicted + reserve";
   return fmt::format("{}: {} {} in {}{} ({} device, {}, {})", r.signature, m.id, what, stage_op_name(st.op), dtypes,
                      format_size(s.device.total), allocator_mode_name(s.allocator.mode), s.policy.key());
 }
