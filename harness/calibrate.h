@@ -127,6 +127,7 @@ struct CalibrationConfig {
   GenConfig gen;                // policy, vram, overrides; `allocator` is set per mode
   std::vector<AllocatorMode> modes{std::begin(kAllAllocatorModes), std::end(kAllAllocatorModes)};
   Bytes margin = 64 * MiB;
+  std::string activations = "model";  // `--activations` as given (the summary's config records it)
   std::uint32_t shard_index = 0;
   std::uint32_t shard_count = 1;
   // Re-run the sample with the reserve set to the need, raising it while any case still violates

@@ -27,12 +27,116 @@ namespace vf {
 
 std::string tool_version() { return fmt::format("{} (git {})", VF_VERSION, VF_GIT_HASH); }
 
+std::string workload_label(const Workload& w) {
+  std::string out = fmt::format("{}x{}", w.width, w.height);
+  if (w.batch > 1) out += fmt::format(" batch {}", w.batch);
+  if (w.frames > 1) out += fmt::format(" {} frames", w.frames);
+  return out;
+}
+
+std::optional<Workload> knee_smaller(const Workload& w, std::uint64_t seed) {
+  // One dimension a step smaller: the sides by a quarter (to a multiple of 64, the generator's
+  // grid), the batch or the frames by one step. Resolution is drawn twice as often: it is the
+  // knee of the origin discussion.
+  std::vector<Workload> options;
+  Workload r = w;
+  r.width = std::max<std::uint32_t>(64, w.width * 3 / 4 / 64 * 64);
+  r.height = std::max<std::uint32_t>(64, w.height * 3 / 4 / 64 * 64);
+  if (!(r == w)) {
+    options.push_back(r);
+    options.push_back(r);
+  }
+  if (w.batch > 1) {
+    Workload b = w;
+    b.batch = w.batch - 1;
+    options.push_back(b);
+  }
+  if (w.frames > 1) {
+    Workload f = w;
+    f.frames = w.frames > 4 ? w.frames - 4 : 1;  // Wan's frame counts are 4k + 1
+    options.push_back(f);
+  }
+  if (options.empty()) return std::nullopt;
+  return options[splitmix64(seed ^ 0x6b6e6565ull) % options.size()];
+}
+
+namespace {
+
+std::string lower_first(std::string text) {
+  if (!text.empty() && text[0] >= 'A' && text[0] <= 'Z') text[0] = static_cast<char>(text[0] - 'A' + 'a');
+  return text;
+}
+
+// Class G: a violation or OOM (expected or not) of the smaller workload of a pair, where the same
+// case at the larger workload passes, becomes a knee finding naming both.
+void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
+  Verdict& v = r.verdict;
+  const bool fails = v.kind == VerdictKind::violation || v.kind == VerdictKind::oom || v.expected_oom;
+  if (!fails) return;
+  Scenario large = s;
+  large.workload = *s.knee_of;
+  large.knee_of.reset();
+  const CaseResult big = run_case(large, backend, false);
+  const bool holds = !big.verdict.expected_oom && (big.verdict.kind == VerdictKind::pass || big.verdict.kind == VerdictKind::waste);
+  if (!holds) return;
+  // The signature keeps the smaller case's phase and activity (an expected OOM's: its failing op).
+  std::string where;
+  if (!v.signature.empty()) {
+    where = v.signature.substr(v.signature.find(':') + 1);
+  } else if (r.exec.oom) {
+    const Op& op = r.program.ops[r.exec.oom->op];
+    where = fmt::format("{}:{}:{}", phase_name(op.phase), op_activity(s, r.program, r.exec.oom->op), allocator_mode_name(s.allocator.mode));
+  } else {
+    return;  // an expected OOM is an OOM: unreachable
+  }
+  const std::string small_label = workload_label(s.workload);
+  const std::string large_label = workload_label(*s.knee_of);
+  v.knee_small = v.expected_oom ? "expected OOM" : v.signature;
+  v.knee_large = big.verdict.kind == VerdictKind::pass ? std::string("pass") : big.verdict.signature;
+  const std::string small_what = v.expected_oom ? "OOMs where its own plan says it does not fit"
+                                 : v.kind == VerdictKind::oom ? "OOMs although its plan says it fits"
+                                                               : "exceeds its prediction";
+  v.kind = VerdictKind::knee;
+  v.expected_oom = false;
+  v.signature = "knee:" + where;
+  // What the predictor did differently at the stage that failed: the larger workload's larger
+  // activation budget is what moves weights off the device in the classic path.
+  const StagePlan& ss = r.plan.stages[v.stage];
+  const StagePlan& ls = big.plan.stages[v.stage];
+  std::string contrast;
+  if (!r.plan.dynamic) {
+    contrast = fmt::format(
+        ": at {} the plan budgets {} for activations and keeps {} of weights resident ({} offload buffer); at {} it budgets {} "
+        "and keeps {} resident ({} buffer)",
+        large_label, format_mib(ls.activation_allowance), format_mib(ls.resident_total), format_mib(ls.offload_buffer), small_label,
+        format_mib(ss.activation_allowance), format_mib(ss.resident_total), format_mib(ss.offload_buffer));
+    if (ls.resident_total < ss.resident_total) {
+      contrast += fmt::format(". The larger workload made the predictor keep {} fewer weights on the device, and the room that "
+                              "left absorbed what the smaller case's budget leaves out",
+                              format_mib(ss.resident_total - ls.resident_total));
+    } else if (ls.activation_allowance > ss.activation_allowance) {
+      contrast += fmt::format(". The same weights stay resident at both; the larger case's activation budget, {} more, covered "
+                              "what the smaller one's leaves out",
+                              format_mib(ls.activation_allowance - ss.activation_allowance));
+    }
+  }
+  const std::string small_message = v.message;
+  v.message = fmt::format("knee: the case {} at {}, but passes at the larger {}; at {}: {}", small_what, small_label, large_label,
+                          small_label, small_message);
+  v.cause = fmt::format("{} fails, {} passes{}", small_label, large_label, v.cause.empty() ? "" : ": " + v.cause);
+  v.explanation = fmt::format("A smaller workload fails where a larger one passes (class G, the resolution knee){}.{}", contrast,
+                              v.explanation.empty() ? "" : " At " + small_label + ", " + lower_first(v.explanation));
+}
+
+}  // namespace
+
 CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace) {
   CaseResult r;
   r.plan = predict(s);
   r.program = lower(s, r.plan);
   r.exec = backend.execute(s, r.program, ExecOptions{record_trace});
   r.verdict = judge(s, r.plan, r.program, r.exec);
+  if (s.knee_of) judge_knee(s, r, backend);
   return r;
 }
 
@@ -265,64 +369,79 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       }
       continue;
     }
-    if (!r.verdict.finding()) continue;
-    ++out.findings;
-    const FindingKey key{r.verdict.signature, s.policy.key()};
-    CellCount::Finding& cf = cell.findings[key];
-    if (++cf.count == 1) {
-      cf.first_case_seed = seed;
-      cf.first_case_index = i;
-    }
-    if (cf.count == 1 || r.verdict.overshoot > cf.worst_overshoot) cf.worst_overshoot = r.verdict.overshoot;
-    SignatureCount& sc = out.signatures[key];
-    ++sc.count;
-    if (sc.count == 1 || r.verdict.overshoot > sc.worst_overshoot) {
-      sc.worst_overshoot = r.verdict.overshoot;
-      sc.worst_device = s.device.total;
-    }
-    sc.noise = is_noise(key.signature, sc.worst_overshoot, cfg.min_overshoot);
-    if (sc.count == 1) {
-      sc.cause = r.verdict.cause;
-      sc.first_case_seed = seed;
-      sc.first_case_index = i;
-      sc.known = known.count(key) > 0;
-      spdlog::info("case {}: {} finding {} under {} ({})", i, sc.known ? "known" : sc.noise ? "noise-level" : "new", key.signature, key.policy,
-                   r.verdict.message);
-    }
-    if (cfg.out_dir.empty() || sc.count > cfg.keep_per_signature) continue;
-    // On disk before the campaign moves on. Re-run with the trace for the file: the same
-    // scenario gives the same trace on sim.
-    r = run_case(s, backend, true);
-    check_activation_dependence(s, r.plan, backend, r.verdict);
-    if (sc.count == 1) sc.activation_dependent = r.verdict.activation_dependent;
-    const std::string dir = finding_dir(cfg.out_dir, key);
-    const std::string file = fmt::format("{}/case-{:016x}.json", dir, seed);
-    const std::string found_by = fmt::format("vramfuzz fuzz --seed {} --cases {}{}", cfg.seed, i + 1, cfg.case_options);
-    write_file_atomic(file, case_json(s, r, cfg.seed, i, seed, file, choices.recorded(), found_by));
-    if (!sc.first_file.empty()) continue;
-    sc.first_file = file;
-    if (!cfg.shrink || sc.known) continue;
-    ShrinkOptions opt;
-    opt.max_execs = cfg.shrink_execs;
-    opt.max_seconds = cfg.shrink_seconds;
-    // A --time budget is honoured within a second: the shrink gets what is left of it at most.
-    if (cfg.seconds > 0) opt.max_seconds = std::max(0.0, std::min(opt.max_seconds, cfg.seconds - elapsed()));
-    opt.confirm_runs = cfg.confirm_runs;
-    opt.should_stop = cfg.should_stop;
-    const ShrinkResult sr = shrink(s, backend, opt);
-    ReproOrigin origin;
-    origin.campaign_seed = cfg.seed;
-    origin.case_index = i;
-    origin.case_seed = seed;
-    origin.choices = choices.recorded();
-    origin.found_by = found_by;
-    origin.source_file = file;
-    sc.repro_file = write_repro(dir, sr, origin);
-    sc.repro_modules = sr.final_size.modules;
-    sc.shrink_execs = sr.executions;
-    sc.flaky = sr.flaky;
-    sc.shrunk = std::make_shared<const ShrinkResult>(sr);
-    spdlog::info("  shrunk to {} module(s) in {} executions: {}", sr.final_size.modules, sr.executions, sc.repro_file);
+    // Written and shrunk before the campaign moves on (the finding of the case, then its pair's).
+    const auto record = [&](const Scenario& cs, CaseResult& cr) {
+      ++out.findings;
+      const FindingKey key{cr.verdict.signature, cs.policy.key()};
+      CellCount::Finding& cf = cell.findings[key];
+      if (++cf.count == 1) {
+        cf.first_case_seed = seed;
+        cf.first_case_index = i;
+      }
+      if (cf.count == 1 || cr.verdict.overshoot > cf.worst_overshoot) cf.worst_overshoot = cr.verdict.overshoot;
+      SignatureCount& sc = out.signatures[key];
+      ++sc.count;
+      if (sc.count == 1 || cr.verdict.overshoot > sc.worst_overshoot) {
+        sc.worst_overshoot = cr.verdict.overshoot;
+        sc.worst_device = cs.device.total;
+      }
+      sc.noise = is_noise(key.signature, sc.worst_overshoot, cfg.min_overshoot);
+      if (sc.count == 1) {
+        sc.cause = cr.verdict.cause;
+        sc.first_case_seed = seed;
+        sc.first_case_index = i;
+        sc.known = known.count(key) > 0;
+        spdlog::info("case {}: {} finding {} under {} ({})", i, sc.known ? "known" : sc.noise ? "noise-level" : "new", key.signature,
+                     key.policy, cr.verdict.message);
+      }
+      if (cfg.out_dir.empty() || sc.count > cfg.keep_per_signature) return;
+      // Re-run with the trace for the file: the same scenario gives the same trace on sim.
+      cr = run_case(cs, backend, true);
+      check_activation_dependence(cs, cr.plan, backend, cr.verdict);
+      if (sc.count == 1) sc.activation_dependent = cr.verdict.activation_dependent;
+      const std::string dir = finding_dir(cfg.out_dir, key);
+      const std::string file = fmt::format("{}/case-{:016x}.json", dir, seed);
+      const std::string found_by = fmt::format("vramfuzz fuzz --seed {} --cases {}{}", cfg.seed, i + 1, cfg.case_options);
+      write_file_atomic(file, case_json(cs, cr, cfg.seed, i, seed, file, choices.recorded(), found_by));
+      if (!sc.first_file.empty()) return;
+      sc.first_file = file;
+      if (!cfg.shrink || sc.known) return;
+      ShrinkOptions opt;
+      opt.max_execs = cfg.shrink_execs;
+      opt.max_seconds = cfg.shrink_seconds;
+      // A --time budget is honoured within a second: the shrink gets what is left of it at most.
+      if (cfg.seconds > 0) opt.max_seconds = std::max(0.0, std::min(opt.max_seconds, cfg.seconds - elapsed()));
+      opt.confirm_runs = cfg.confirm_runs;
+      opt.should_stop = cfg.should_stop;
+      const ShrinkResult sr = shrink(cs, backend, opt);
+      ReproOrigin origin;
+      origin.campaign_seed = cfg.seed;
+      origin.case_index = i;
+      origin.case_seed = seed;
+      origin.choices = choices.recorded();
+      origin.found_by = found_by;
+      origin.source_file = file;
+      sc.repro_file = write_repro(dir, sr, origin);
+      sc.repro_modules = sr.final_size.modules;
+      sc.shrink_execs = sr.executions;
+      sc.flaky = sr.flaky;
+      sc.shrunk = std::make_shared<const ShrinkResult>(sr);
+      spdlog::info("  shrunk to {} module(s) in {} executions: {}", sr.final_size.modules, sr.executions, sc.repro_file);
+    };
+    const bool passed = !r.verdict.expected_oom && (r.verdict.kind == VerdictKind::pass || r.verdict.kind == VerdictKind::waste);
+    if (r.verdict.finding()) record(s, r);
+    // Class G: every knee_every-th case that passes is run again a step smaller (by its index, so
+    // shards pair the same cases as the whole campaign); that one failing is a knee finding.
+    if (!passed || cfg.knee_every == 0 || i % cfg.knee_every != 0 || (cfg.should_stop && cfg.should_stop())) continue;
+    const std::optional<Workload> smaller = knee_smaller(s.workload, seed);
+    if (!smaller) continue;
+    Scenario pair = s;
+    pair.knee_of = s.workload;
+    pair.workload = *smaller;
+    ++out.knee_pairs;
+    ++cell.knee_pairs;
+    CaseResult pr = run_case(pair, backend, false);
+    if (pr.verdict.kind == VerdictKind::knee) record(pair, pr);
   }
   out.seconds = elapsed();
   return out;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,12 @@ struct CampaignResult;
 // Runs one scenario on `backend`. Never throws for a case that could be built: backend faults
 // become an `error` verdict.
 CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace);
+
+// A workload for people: "1024x768", "512x512 batch 4", "832x480 33 frames".
+std::string workload_label(const Workload& w);
+// The workload one step smaller in one dimension (class G's pair: sides x 3/4 to a multiple of
+// 64, batch - 1, or frames - 4), the dimension drawn from `seed`; none when nothing can shrink.
+std::optional<Workload> knee_smaller(const Workload& w, std::uint64_t seed);
 
 // Whether a finding needs activations larger than the predictor budgets for them (docs/
 // activations.md, "Activation-dependent findings"). Where some forward of `plan` held more than
@@ -64,6 +71,13 @@ struct CampaignConfig {
   // allocator's own rounding noise (one 2 MiB device page by default): written, shrunk and listed,
   // labelled noise, and not counted as new. 0 counts every violation. OOMs are never noise.
   Bytes min_overshoot = 2 * MiB;
+  // `--knee-every K`: class G's paired check (property P4) runs on every case whose index is a
+  // multiple of K and that passes: the same case a step smaller (knee_smaller) must not fail.
+  // 0: no pairs.
+  std::uint32_t knee_every = 4;
+  // `--activations` as given ("model" when not): what sized the activations, which the summary's
+  // config records (findings made under different sources are different runs' findings).
+  std::string activations = "model";
   std::string corpus_dir;    // repros replayed before searching; their signatures are known
   // `--shard I/N`: this run takes the cases whose index i has i mod N == I. Case seeds do not
   // change, so the shards of one campaign are disjoint and together are the unsharded campaign.
@@ -108,6 +122,7 @@ struct CellCount {
   std::uint64_t cases = 0;
   std::uint64_t expected_ooms = 0;
   std::uint64_t errors = 0;
+  std::uint64_t knee_pairs = 0;  // passing cases of the cell run again a step smaller (P4)
   struct Finding {
     std::uint64_t count = 0;
     std::int64_t worst_overshoot = 0;
@@ -131,6 +146,7 @@ struct CampaignResult {
   std::uint64_t findings = 0;
   std::uint64_t errors = 0;
   std::uint64_t expected_ooms = 0;  // OOMs the plan itself predicted (not findings)
+  std::uint64_t knee_pairs = 0;     // passing cases run again a step smaller (P4, class G)
   double seconds = 0;
   std::map<FindingKey, SignatureCount> signatures;  // one per signature x policy key
   std::vector<CorpusEntry> corpus;

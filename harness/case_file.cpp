@@ -58,7 +58,7 @@ const Check& finding_schema(bool result) {
         req("schema", str()),
         opt("tool", str()),
         req("signature", signature_check(is_result, is_result)),
-        opt("verdict", object({req("kind", is_result ? one_of({"pass", "error"}) : one_of({"violation", "oom", "waste"})),
+        opt("verdict", object({req("kind", is_result ? one_of({"pass", "error"}) : one_of({"violation", "oom", "waste", "knee"})),
                                opt("message", str()), opt("stage", u64()), opt("op", u64()), opt("measured", u64()),
                                opt("predicted", u64()), opt("reserve", u64()), opt("overshoot", i64()),
                                opt("cause", str()), opt("explanation", str()), opt("rests_on", str()),
@@ -107,7 +107,7 @@ const Check& repro_schema() {
       opt("title", str()),
       opt("tool", str()),
       req("signature", signature_check(false, false)),
-      opt("verdict", object({req("kind", one_of({"violation", "oom", "waste"})), opt("message", str()), opt("stage", u64()), opt("op", u64())})),
+      opt("verdict", object({req("kind", one_of({"violation", "oom", "waste", "knee"})), opt("message", str()), opt("stage", u64()), opt("op", u64())})),
       opt("bytes", object({opt("predicted", u64()), opt("reserve", u64()), opt("measured", u64()), opt("overshoot", i64()),
                            opt("original_overshoot", i64()), opt("largest_overshoot_seen", i64()), opt("shrink_margin", i64())})),
       opt("plan", object({opt("policy", str()), opt("predicted_peak", u64()), opt("available", u64()), opt("loads", array_of(str()))})),
@@ -169,7 +169,7 @@ bool is_signature(std::string_view text, bool allow_error) {
   bool mode = false;
   for (AllocatorMode m : kAllAllocatorModes) mode = mode || parts.back() == allocator_mode_name(m);
   if (!mode) return false;
-  if (parts.size() == 4) return parts[0] == "violation" || parts[0] == "oom" || parts[0] == "waste";
+  if (parts.size() == 4) return parts[0] == "violation" || parts[0] == "oom" || parts[0] == "waste" || parts[0] == "knee";
   return allow_error && parts.size() == 3 && parts[0] == "error";
 }
 

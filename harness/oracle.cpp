@@ -17,6 +17,7 @@ std::string_view verdict_kind_name(VerdictKind k) {
     case VerdictKind::waste: return "waste";
     case VerdictKind::oom: return "oom";
     case VerdictKind::error: return "error";
+    case VerdictKind::knee: return "knee";
   }
   return "?";
 }

@@ -16,7 +16,10 @@ namespace vf {
 // waste: class C, over-reservation (judge_waste in oracle.cpp): no OOM and no violation, but the
 // plan offloaded modules that the buffer it over-reserved could have held. A finding of lower
 // severity (reports/summary.cpp: a tenth of its unused bytes' share of the device).
-enum class VerdictKind : std::uint8_t { pass, violation, oom, error, waste };
+// knee: class G, the resolution knee (run_case in harness/campaign.cpp): the case, the smaller
+// workload of a pair (Scenario::knee_of), is a violation or OOM where the same case at the larger
+// workload passes. Its bytes are the smaller case's.
+enum class VerdictKind : std::uint8_t { pass, violation, oom, error, waste, knee };
 std::string_view verdict_kind_name(VerdictKind k);
 
 struct Verdict {
@@ -44,7 +47,13 @@ struct Verdict {
   // Unchecked: at_budget is empty.
   std::string at_budget;
   bool activation_dependent = false;
-  bool finding() const { return kind == VerdictKind::violation || kind == VerdictKind::oom || kind == VerdictKind::waste; }
+  // A knee finding: the verdict the case had on its own (violation / oom, or an expected OOM:
+  // "oom"), and what the larger workload gave ("pass", or "waste").
+  std::string knee_small;
+  std::string knee_large;
+  bool finding() const {
+    return kind == VerdictKind::violation || kind == VerdictKind::oom || kind == VerdictKind::waste || kind == VerdictKind::knee;
+  }
 };
 
 // What an op was doing, for signatures: alloc ops are named after the buffer they create

@@ -59,7 +59,9 @@ std::string repro_title(const ShrinkResult& r) {
   }
   const std::string what = v.kind == VerdictKind::oom     ? "OOMs"
                            : v.kind == VerdictKind::waste ? "is offloaded with room to spare"
-                                                          : "exceeds predicted + reserve";
+                           : v.kind == VerdictKind::knee && s.knee_of
+                               ? fmt::format("fails at {} but passes at {}", workload_label(s.workload), workload_label(*s.knee_of))
+                               : "exceeds predicted + reserve";
   return fmt::format("{}: {} {} in {}{} ({} device, {}, {})", r.signature, m.id, what, stage_op_name(st.op), dtypes,
                      format_size(s.device.total), allocator_mode_name(s.allocator.mode), s.policy.key());
 }
@@ -166,6 +168,7 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   md += fmt::format("| workload | {}x{}, batch {}, frames {}, cfg {}{} |\n", s.workload.width, s.workload.height,
                     s.workload.batch, s.workload.frames, s.workload.cfg,
                     s.workload.steps != 1 ? fmt::format(", {} steps", s.workload.steps) : std::string());
+  if (s.knee_of) md += fmt::format("| knee_of | {} (the larger workload of the pair, everything else equal) |\n", workload_label(*s.knee_of));
   md += fmt::format("| models | {} |\n", describe_models(s));
   std::string stages;
   for (const Stage& st : s.stages) stages += fmt::format("{}{} {}", stages.empty() ? "" : " -> ", stage_op_name(st.op), s.models[st.model].id);
@@ -187,6 +190,15 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   md += "## What the predictor said (ComfyUI log lines)\n\n```\n";
   for (const LoadPlan& lp : c.plan.loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);
   md += "```\n\n";
+  if (s.knee_of) {
+    // The pair's other half: the same case at the larger workload, which passes.
+    Scenario large = s;
+    large.workload = *s.knee_of;
+    large.knee_of.reset();
+    md += fmt::format("At the larger {} (which passes) it said:\n\n```\n", workload_label(*s.knee_of));
+    for (const LoadPlan& lp : predict(large).loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);
+    md += "```\n\n";
+  }
   if (c.exec.dynamic && c.exec.dynamic->oom) {
     // Dynamic VRAM predicts no peak: what filled the card at the failure, after aimdo's eviction.
     const DynamicOom& o = *c.exec.dynamic->oom;

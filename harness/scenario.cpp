@@ -742,6 +742,33 @@ void validate_activations(const Scenario& s) {
   }
 }
 
+// knee_of is the same workload made larger in width, height, batch or frames (the paired check
+// of class G): everything else equal, nothing smaller, something larger.
+void validate_knee_of(const Workload& w, const Workload& k) {
+  if (k.width < kMinImageSide || k.width > kMaxImageSide || k.height < kMinImageSide || k.height > kMaxImageSide) {
+    throw InputError(k.width < kMinImageSide || k.width > kMaxImageSide ? "knee_of.width" : "knee_of.height",
+                     fmt::format("must be between {} and {} pixels", kMinImageSide, kMaxImageSide));
+  }
+  if (k.batch < 1 || k.batch > kMaxBatch) throw InputError("knee_of.batch", fmt::format("must be between 1 and {}", kMaxBatch));
+  if (k.frames < 1 || k.frames > kMaxFrames) throw InputError("knee_of.frames", fmt::format("must be between 1 and {}", kMaxFrames));
+  const std::pair<const char*, std::pair<std::uint32_t, std::uint32_t>> dims[] = {
+      {"width", {w.width, k.width}}, {"height", {w.height, k.height}}, {"batch", {w.batch, k.batch}}, {"frames", {w.frames, k.frames}}};
+  bool larger = false;
+  for (const auto& [name, v] : dims) {
+    if (v.second < v.first) {
+      throw InputError(fmt::format("knee_of.{}", name),
+                       fmt::format("{} is smaller than the workload's {}: knee_of is the larger workload of the pair", v.second, v.first));
+    }
+    larger = larger || v.second > v.first;
+  }
+  if (!larger) throw InputError("knee_of", "equals the workload: knee_of must be larger in width, height, batch or frames");
+  if (k.cfg != w.cfg) throw InputError("knee_of.cfg", fmt::format("{} differs from the workload's {}: only the size may differ", k.cfg, w.cfg));
+  if (k.text_tokens != w.text_tokens) {
+    throw InputError("knee_of.text_tokens", fmt::format("{} differs from the workload's {}: only the size may differ", k.text_tokens, w.text_tokens));
+  }
+  if (k.steps != w.steps) throw InputError("knee_of.steps", fmt::format("{} differs from the workload's {}: only the size may differ", k.steps, w.steps));
+}
+
 }  // namespace
 
 void validate_scenario(const Scenario& s) {
@@ -800,6 +827,7 @@ void validate_scenario(const Scenario& s) {
   }
   if (s.workload.batch < 1 || s.workload.batch > kMaxBatch) throw InputError("workload.batch", fmt::format("must be between 1 and {}", kMaxBatch));
   if (s.workload.frames < 1 || s.workload.frames > kMaxFrames) throw InputError("workload.frames", fmt::format("must be between 1 and {}", kMaxFrames));
+  if (s.knee_of) validate_knee_of(s.workload, *s.knee_of);
   // Stage order: forward and unload need the model on the device.
   std::vector<bool> loaded(s.models.size(), false);
   if (s.stages.empty()) throw InputError("pipeline", "the pipeline needs at least one stage");
@@ -835,7 +863,7 @@ Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_vi
 
 Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir) {
   const JsonIn j(doc, path);
-  j.expect_object({"schema", "name", "seed", "device", "allocator", "policy", "models", "workload", "offload_streams",
+  j.expect_object({"schema", "name", "seed", "device", "allocator", "policy", "models", "workload", "knee_of", "offload_streams",
                    "pipeline", "activations"});
   if (auto v = j.opt("schema")) {
     if (v->str() != kScenarioSchema) v->fail(fmt::format("unsupported schema \"{}\" (this build reads {})", v->str(), kScenarioSchema));
@@ -860,6 +888,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
     }
   }
   if (auto v = j.opt("workload")) s.workload = parse_workload(*v);
+  if (auto v = j.opt("knee_of")) s.knee_of = parse_workload(*v);
   if (auto v = j.opt("offload_streams")) s.offload_streams = v->u32_in(0, kMaxOffloadStreams);
   if (auto v = j.opt("pipeline")) s.stages = parse_pipeline(*v, s.models);
   else s.stages = default_stages(s.models.size());
@@ -886,6 +915,13 @@ nlohmann::json size_json(Bytes b) {
 }
 
 namespace {
+
+nlohmann::json workload_json(const Workload& w) {
+  nlohmann::json j = {{"width", w.width}, {"height", w.height}, {"batch", w.batch},
+                      {"frames", w.frames}, {"cfg", w.cfg},     {"text_tokens", w.text_tokens}};
+  if (w.steps != 1) j["steps"] = w.steps;
+  return j;
+}
 
 nlohmann::json option_value_json(const std::string& v) {
   // Options are kept as text; numbers and booleans go back out as JSON numbers / booleans.
@@ -1009,9 +1045,8 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::json models = nlohmann::json::array();
   for (const ModelRef& m : s.models) models.push_back(model_json(m));
   j["models"] = std::move(models);
-  j["workload"] = {{"width", s.workload.width}, {"height", s.workload.height}, {"batch", s.workload.batch},
-                   {"frames", s.workload.frames}, {"cfg", s.workload.cfg},     {"text_tokens", s.workload.text_tokens}};
-  if (s.workload.steps != 1) j["workload"]["steps"] = s.workload.steps;
+  j["workload"] = workload_json(s.workload);
+  if (s.knee_of) j["knee_of"] = workload_json(*s.knee_of);
   if (s.offload_streams) j["offload_streams"] = *s.offload_streams;
   nlohmann::json pipe = nlohmann::json::array();
   for (const Stage& st : s.stages) pipe.push_back({{"op", stage_op_name(st.op)}, {"model", s.models[st.model].id}});
@@ -1151,6 +1186,15 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
     h.word(v);
   }
   h.num(w.cfg);
+  h.word(s.knee_of.has_value());
+  if (s.knee_of) {
+    const Workload& k = *s.knee_of;
+    for (const std::uint64_t v : {std::uint64_t{k.width}, std::uint64_t{k.height}, std::uint64_t{k.batch}, std::uint64_t{k.frames},
+                                  std::uint64_t{k.text_tokens}, std::uint64_t{k.steps}}) {
+      h.word(v);
+    }
+    h.num(k.cfg);
+  }
   h.word(s.offload_streams.has_value());
   h.word(s.offload_streams.value_or(0));
   h.word(s.stages.size());

@@ -225,6 +225,11 @@ struct Scenario {
   Policy policy;
   std::vector<ModelRef> models;
   Workload workload;
+  // Class G, the resolution knee: the larger workload this case is the smaller of (each of width,
+  // height, batch and frames >= the workload's, one larger, everything else equal). When set, a
+  // violation or OOM of this case is re-run at knee_of, and becomes a `knee` finding where that
+  // one passes (harness/campaign.h run_case; docs/attribution.md).
+  std::optional<Workload> knee_of;
   std::optional<std::uint32_t> offload_streams;  // 0..8; unset: the preset's NUM_STREAMS
   std::vector<Stage> stages;
   ActivationSpec activations;  // what sizes each forward's activations (harness/activation_source.h)

@@ -437,11 +437,34 @@ class Shrinker {
 
   bool simplify_workload() {
     bool any = false;
+    // A knee pair (knee_of) differs from its workload in size only: the same change goes to both
+    // (one that makes them equal is refused by validation, and the pair stays as it is).
     auto try_set = [&](auto mutate, const std::string& what) {
       Scenario c = best_;
       mutate(c.workload);
+      if (c.knee_of) mutate(*c.knee_of);
       if (!(scenario_fingerprint(c, &memo_) == scenario_fingerprint(best_, &memo_))) any |= accept(c, what);
     };
+    // The larger workload of a knee pair toward the smaller, one dimension at a time: the repro
+    // names the smallest step that still passes.
+    if (best_.knee_of) {
+      using Dim = std::uint32_t Workload::*;
+      for (const auto& [dim, name] : {std::pair<Dim, const char*>{&Workload::width, "width"}, {&Workload::height, "height"},
+                                      {&Workload::batch, "batch"}, {&Workload::frames, "frames"}}) {
+        const std::uint32_t lo = best_.workload.*dim;
+        const std::uint32_t hi = (*best_.knee_of).*dim;
+        if (hi <= lo) continue;
+        for (const std::uint32_t to : {lo, lo + (hi - lo) / 2}) {
+          if (to >= (*best_.knee_of).*dim) continue;
+          Scenario c = best_;
+          (*c.knee_of).*dim = to;
+          if (accept(c, fmt::format("knee_of {} {}", name, to))) {
+            any = true;
+            break;
+          }
+        }
+      }
+    }
     try_set([](Workload& w) { w.batch = 1; }, "batch 1");
     try_set([](Workload& w) { w.frames = 1; }, "frames 1");
     try_set([](Workload& w) { w.cfg = 1.0; }, "cfg 1");

@@ -462,6 +462,10 @@ std::string matrix_html(const Json& doc) {
           out += "<td class=\"cell-skip\">not judged</td>";  // class C is the classic offload buffer's
           continue;
         }
+        if (kind == "knee" && get_u64(*cell, "knee_pairs") == 0) {
+          out += "<td class=\"cell-skip\">not judged</td>";  // no case of the cell was paired
+          continue;
+        }
         std::uint64_t fresh = 0, known = 0;
         for (const Json& f : get_arr(*cell, "findings")) {
           const std::string sig = get_str(f, "signature");

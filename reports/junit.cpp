@@ -99,6 +99,11 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           cases.push_back(std::move(tc));
           continue;
         }
+        if (kind == "knee" && get_u64(*cell, "knee_pairs") == 0) {
+          tc.skipped_message = "not judged: no passing case of this cell was run again a step smaller (fuzz --knee-every)";
+          cases.push_back(std::move(tc));
+          continue;
+        }
         std::vector<std::string> fresh, known, noisy;
         std::string body;
         std::uint64_t fresh_count = 0;

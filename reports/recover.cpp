@@ -91,6 +91,8 @@ Marker read_marker(const std::string& dir) {
   }
   if (has("corpus")) cfg.corpus_dir = c["corpus"].get<std::string>();
   if (has("min_overshoot")) cfg.min_overshoot = c["min_overshoot"].get<std::uint64_t>();
+  if (has("activations")) cfg.activations = c["activations"].get<std::string>();
+  if (has("knee_every")) cfg.knee_every = c["knee_every"].get<std::uint32_t>();
   cfg.out_dir = dir;  // where it is now: the paths below start with it
   cfg.command_line = doc["command_line"].get<std::string>();
   cfg.keep_per_signature = doc["keep"].get<std::uint32_t>();

@@ -263,7 +263,8 @@ std::vector<std::string> all_allocators() {
 Json properties_json() {
   return Json::array({Json{{"id", "P1"}, {"name", "peak-within-prediction"}, {"kind", "violation"}},
                       Json{{"id", "P2"}, {"name", "no-unpredicted-oom"}, {"kind", "oom"}},
-                      Json{{"id", "P3"}, {"name", "no-wasted-offload"}, {"kind", "waste"}}});
+                      Json{{"id", "P3"}, {"name", "no-wasted-offload"}, {"kind", "waste"}},
+                      Json{{"id", "P4"}, {"name", "no-resolution-knee"}, {"kind", "knee"}}});
 }
 
 Json cells_json(const std::map<std::pair<std::string, std::string>, CellCount>& cells) {
@@ -279,6 +280,7 @@ Json cells_json(const std::map<std::pair<std::string, std::string>, CellCount>& 
                    {"cases", c.cases},
                    {"expected_ooms", c.expected_ooms},
                    {"errors", c.errors},
+                   {"knee_pairs", c.knee_pairs},
                    {"findings", std::move(f)}});
   }
   return out;
@@ -373,6 +375,8 @@ Json campaign_config(const CampaignConfig& cfg, const std::string& backend) {
           {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
           {"corpus", cfg.corpus_dir},
           {"min_overshoot", cfg.min_overshoot},
+          {"activations", cfg.activations},
+          {"knee_every", cfg.knee_every},
           {"out", cfg.out_dir}};
 }
 
@@ -397,6 +401,7 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
                  {"new_signatures", r.new_signatures()},
                  {"expected_ooms", r.expected_ooms},
                  {"errors", r.errors},
+                 {"knee_pairs", r.knee_pairs},
                  {"seconds", r.seconds}};
   Json sigs = Json::array();
   const Json corpus = cfg.corpus_dir.empty() ? Json::object() : Json{{"corpus", corpus_json(cfg.corpus_dir, r.corpus)}};
@@ -736,6 +741,7 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
                  {"vram", cfg.gen.vram ? Json(*cfg.gen.vram) : Json("drawn")},
                  {"reserve", reserve_override.empty() ? Json("policy") : Json(reserve_override)},
                  {"margin", cfg.margin},
+                 {"activations", cfg.activations},
                  {"shard", fmt::format("{}/{}", cfg.shard_index, cfg.shard_count)},
                  {"out", cfg.out_dir}};
   j["counts"] = {{"seconds", r.seconds}};
@@ -891,7 +897,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
   config["out"] = info.out_dir;
   out["config"] = config;
 
-  std::uint64_t cases = 0, findings_n = 0, expected = 0, errors = 0;
+  std::uint64_t cases = 0, findings_n = 0, expected = 0, errors = 0, knee_pairs = 0;
   double seconds = 0;
   std::set<std::uint64_t> seeds;
   Json shards = Json::array();
@@ -904,6 +910,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
     findings_n += get_u64(c, "findings");
     expected += get_u64(c, "expected_ooms");
     errors += get_u64(c, "errors");
+    knee_pairs += get_u64(c, "knee_pairs");
     seconds = std::max(seconds, c.value("seconds", 0.0));
     for (const Json& s : d.value("seeds", Json::array())) seeds.insert(s.get<std::uint64_t>());
     shards.push_back({{"dir", via_out(dirs[i])}, {"shard", d.contains("config") ? d["config"].value("shard", "0/1") : "0/1"}});
@@ -990,6 +997,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
         continue;
       }
       for (const char* k : {"cases", "expected_ooms", "errors"}) m[k] = get_u64(m, k) + get_u64(c, k);
+      if (m.contains("knee_pairs") || c.contains("knee_pairs")) m["knee_pairs"] = get_u64(m, "knee_pairs") + get_u64(c, "knee_pairs");
       for (const Json& f : c["findings"]) {
         const std::string sig = finding_id(f);
         bool merged = false;
@@ -1022,6 +1030,7 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
                    {"new_signatures", 0},  // below, once the corpus is joined
                    {"expected_ooms", expected},
                    {"errors", errors},
+                   {"knee_pairs", knee_pairs},
                    {"seconds", seconds}};
   out["findings"] = std::move(findings);
   out["seeds"] = Json(std::vector<std::uint64_t>(seeds.begin(), seeds.end()));

@@ -76,6 +76,8 @@ Check config(bool merge, bool in_runs) {
       opt("reserve", or_mixed(str(), merge)),
       opt("margin", or_mixed(u64(), merge)),
       opt("min_overshoot", or_mixed(u64(), merge)),
+      opt("activations", or_mixed(str(), merge)),
+      opt("knee_every", or_mixed(u64_in(0, 0xffffffffu), merge)),
   };
   if (!in_runs) {
     f.push_back(opt("cases", or_mixed(u64(), merge)));
@@ -91,7 +93,7 @@ Check config(bool merge, bool in_runs) {
 
 Check counts() {
   return object({opt("cases", u64()), opt("findings", u64()), opt("signatures", u64()), opt("new_signatures", u64()),
-                 opt("expected_ooms", u64()), opt("errors", u64()), req("seconds", number_in(0, 1e12))});
+                 opt("expected_ooms", u64()), opt("errors", u64()), opt("knee_pairs", u64()), req("seconds", number_in(0, 1e12))});
 }
 
 Check peaks() { return object({req("reserved", u64()), req("allocated", u64()), req("live", u64()), req("device_used", u64())}); }
@@ -114,7 +116,7 @@ Check case_view() {
     };
     return object({
         req("title", str()),
-        req("verdict", object({req("kind", one_of({"pass", "violation", "oom", "error", "waste"})), req("signature", str()), req("message", str()),
+        req("verdict", object({req("kind", one_of({"pass", "violation", "oom", "error", "waste", "knee"})), req("signature", str()), req("message", str()),
                                req("stage", u64()), req("op", u64()), req("measured", u64()), req("predicted", u64()),
                                req("reserve", u64()), req("overshoot", i64()), opt("cause", str()), opt("explanation", str()), opt("rests_on", str()),
                                opt("activation_dependent", boolean()), opt("at_budget", str())})),
@@ -160,7 +162,7 @@ Check finding() {
       req("shrink_executions", u64()),
       req("flaky", boolean()),
       req("file", str()),
-      req("kind", one_of({"violation", "oom", "waste"})),
+      req("kind", one_of({"violation", "oom", "waste", "knee"})),
       req("replay", str()),
       opt("why", str()),
       opt("severity", number_in(0, 1e6)),
@@ -175,11 +177,11 @@ Check matrix() {
   const Check cell_finding = object({req("signature", finding_signature()), req("policy", str()), req("count", u64_in(1, ~std::uint64_t{0})),
                                      req("worst_overshoot", i64()), req("first_case_seed", u64()), req("first_case_index", u64())});
   return object({
-      req("properties", array_of(object({req("id", str()), req("name", str()), req("kind", one_of({"violation", "oom", "waste"}))}))),
+      req("properties", array_of(object({req("id", str()), req("name", str()), req("kind", one_of({"violation", "oom", "waste", "knee"}))}))),
       req("policies", array_of(str())),
       req("allocators", array_of(str())),
       req("cells", array_of(object({req("policy", str()), req("allocator", str()), req("cases", u64()), req("expected_ooms", u64()),
-                                    req("errors", u64()), req("findings", array_of(cell_finding))}))),
+                                    req("errors", u64()), opt("knee_pairs", u64()), req("findings", array_of(cell_finding))}))),
   });
 }
 

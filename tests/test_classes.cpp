@@ -4,7 +4,8 @@
 // and named, their repros still larger (C's room is judged with the activations at the plan's
 // allowance, which the shrinker's device steps do not yet reach a one-module case of: 8 to 17
 // modules on seed 1; D waits for the rounding-sum representation). B (async lag) needs
-// thousands of cases, G (the resolution knee) is not yet a property, and F (an activation estimate
+// thousands of cases, G (the resolution knee, property P4's paired check) is found and shrunk to
+// one module, and F (an activation estimate
 // that is too low) needs measured activations: with the formula no catalog model is under-estimated
 // (docs/activations.md), so a campaign must not find it, and does not.
 #include <gtest/gtest.h>
@@ -57,7 +58,7 @@ class ColdStart : public ::testing::Test {
   }
 };
 
-TEST_F(ColdStart, October2025FindsClassesAAndEAndD) {
+TEST_F(ColdStart, October2025FindsClassesAAndEAndDAndG) {
   const CampaignResult r = campaign("comfy:oct2025");
   // A: the upcast / dequant copy of an offloaded weight, not budgeted (issue #10891).
   const Found a = smallest(r, "oom:forward:", "weight transients");
@@ -72,6 +73,13 @@ TEST_F(ColdStart, October2025FindsClassesAAndEAndD) {
   const Found d = smallest(r, "violation:", "allocator slack");
   ASSERT_FALSE(d.signature.empty());
   EXPECT_LE(d.modules, 8u) << d.signature;
+  // G: a smaller workload fails where the larger one, with everything else equal, passes; the
+  // finding names both (case 108 of seed 1: 1024x576 batch 2 against 1408x768 batch 2).
+  const Found g = smallest(r, "knee:");
+  ASSERT_FALSE(g.signature.empty());
+  EXPECT_LE(g.modules, 3u) << g.signature;
+  EXPECT_NE(g.cause.find(" fails, "), std::string::npos) << g.cause;
+  EXPECT_NE(g.cause.find(" passes"), std::string::npos) << g.cause;
   // F: no activation finding from the formula.
   for (const auto& [key, c] : r.signatures) {
     EXPECT_EQ(c.cause.rfind("activations ", 0), std::string::npos) << key.signature << ": " << c.cause;

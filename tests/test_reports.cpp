@@ -112,17 +112,18 @@ TEST_F(Reports, JunitIsValidAgainstTheSchemaWithATestcasePerPropertyModeAndPolic
   EXPECT_NE(p.err.find("validates"), std::string::npos) << test::describe(p);
 
   const std::string xml = read_file(files().junit);
-  // comfy:dec2025 x 4 drawn allocator modes x 3 properties.
-  EXPECT_EQ(count(xml, "<testcase "), 12u) << xml;
+  // comfy:dec2025 x 4 drawn allocator modes x 4 properties.
+  EXPECT_EQ(count(xml, "<testcase "), 16u) << xml;
   EXPECT_EQ(count(xml, "<testsuite "), 1u);
   for (const char* mode : {"raw", "caching", "caching-expandable", "async"}) {
     EXPECT_NE(xml.find(std::string("name=\"P1 peak-within-prediction [") + mode + "]\""), std::string::npos) << mode;
     EXPECT_NE(xml.find(std::string("name=\"P2 no-unpredicted-oom [") + mode + "]\""), std::string::npos) << mode;
     EXPECT_NE(xml.find(std::string("name=\"P3 no-wasted-offload [") + mode + "]\""), std::string::npos) << mode;
+    EXPECT_NE(xml.find(std::string("name=\"P4 no-resolution-knee [") + mode + "]\""), std::string::npos) << mode;
   }
   // Every failure says, in its message, the signature, the overshoot, the seed and the replay
   // command; the body names the repro.
-  const std::regex failure(R"re(<failure message="([^"]*)" type="(violation|oom|waste)">([^<]*)</failure>)re");
+  const std::regex failure(R"re(<failure message="([^"]*)" type="(violation|oom|waste|knee)">([^<]*)</failure>)re");
   std::size_t failures = 0;
   for (auto it = std::sregex_iterator(xml.begin(), xml.end(), failure); it != std::sregex_iterator(); ++it) {
     ++failures;
@@ -136,18 +137,19 @@ TEST_F(Reports, JunitIsValidAgainstTheSchemaWithATestcasePerPropertyModeAndPolic
   // One failing testcase per cell and property with a (new) signature of that property's kind.
   std::size_t expected = 0;
   for (const Json& c : doc()["matrix"]["cells"]) {
-    bool p1 = false, p2 = false, p3 = false;
+    bool p1 = false, p2 = false, p3 = false, p4 = false;
     for (const Json& f : c["findings"]) {
       const std::string sig = f["signature"].get<std::string>();
       p1 |= sig.rfind("violation:", 0) == 0;
       p2 |= sig.rfind("oom:", 0) == 0;
       p3 |= sig.rfind("waste:", 0) == 0;
+      p4 |= sig.rfind("knee:", 0) == 0;
     }
-    expected += (p1 ? 1 : 0) + (p2 ? 1 : 0) + (p3 ? 1 : 0);
+    expected += (p1 ? 1 : 0) + (p2 ? 1 : 0) + (p3 ? 1 : 0) + (p4 ? 1 : 0);
   }
   EXPECT_EQ(failures, expected);
   EXPECT_GE(failures, 2u);
-  const std::regex suites(R"re(<testsuites name="vramfuzz" tests="12" failures="([0-9]+)")re");
+  const std::regex suites(R"re(<testsuites name="vramfuzz" tests="16" failures="([0-9]+)")re");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(xml, m, suites)) << xml.substr(0, 300);
   EXPECT_EQ(std::stoul(m[1]), failures);
@@ -174,10 +176,10 @@ TEST_F(Reports, EachTestcaseHasOneOutcomeEvenWithBackendErrors) {
     errors += e;
     skipped += k;
   }
-  EXPECT_EQ(n, 12u);
+  EXPECT_EQ(n, 16u);
   EXPECT_GE(failures, 2u);
   EXPECT_EQ(failures + errors + skipped, n);
-  EXPECT_NE(xml.find(fmt::format("<testsuites name=\"vramfuzz\" tests=\"12\" failures=\"{}\" errors=\"{}\"", failures, errors)),
+  EXPECT_NE(xml.find(fmt::format("<testsuites name=\"vramfuzz\" tests=\"16\" failures=\"{}\" errors=\"{}\"", failures, errors)),
             std::string::npos)
       << xml.substr(0, 300);
 }
@@ -197,7 +199,7 @@ TEST_F(Reports, SchemaRejectsAFailureWithoutMessage) {
   EXPECT_NE(p.err.find("message"), std::string::npos) << test::describe(p);
 }
 
-TEST_F(Reports, DrawnPolicyGivesSixtyTestcases) {
+TEST_F(Reports, DrawnPolicyGivesEightyTestcases) {
   Catalog catalog;
   SimBackend sim;
   CampaignConfig cfg;
@@ -206,7 +208,7 @@ TEST_F(Reports, DrawnPolicyGivesSixtyTestcases) {
   const CampaignResult r = run_campaign(cfg, catalog, sim);
   const Json d = report::summary_from_campaign(cfg, r, report::run_info("fuzz", "x", "sim", ""));
   const std::string xml = report::junit_xml(d, ".");
-  EXPECT_EQ(count(xml, "<testcase "), 60u) << "5 presets x 4 modes x 3 properties";
+  EXPECT_EQ(count(xml, "<testcase "), 80u) << "5 presets x 4 modes x 4 properties";
   EXPECT_EQ(count(xml, "<testsuite "), 5u);
   // Combinations ComfyUI cannot run are skipped, saying why.
   EXPECT_NE(xml.find("ComfyUI removes expandable_segments"), std::string::npos);

@@ -101,6 +101,7 @@ int do_calibrate(const CalibrateFlags& f) {
   std::string sets;
   for (const std::string& kv : f.sets) sets += option_text("--set", kv);
   if (!f.activations.empty()) cfg.gen.activations = parse_activation_flag(f.activations, "--activations");
+  if (!f.activations.empty()) cfg.activations = f.activations;
   sets += option_text("--activations", f.activations);
   cfg.case_options = fmt::format("{}{}{}{}{}", option_text("--policy", *cfg.gen.policy), option_text("--reserve", f.reserve), sets,
                                  option_text("--vram", f.vram), option_text("--backend", std::string(backend->name())));

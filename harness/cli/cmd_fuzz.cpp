@@ -48,6 +48,7 @@ struct FuzzFlags {
   bool isolate = false;           // --isolate: each case in a child process
   bool clean = false;             // --clean: remove an earlier run's results from --out first
   std::string min_overshoot = "2MiB";  // --min-overshoot: violations below it are noise, not new
+  std::uint32_t knee_every = 4;        // --knee-every: P4's paired check on every K-th passing case (0: off)
   PolicyFlags policy;
 };
 
@@ -68,6 +69,7 @@ std::string case_options(const FuzzFlags& f, const CampaignConfig& cfg, std::str
   out += option_text("--backend", std::string(backend));
   if (f.transfer != "copy") out += option_text("--transfer", f.transfer);
   out += option_text("--corpus", f.corpus);
+  if (f.knee_every != FuzzFlags{}.knee_every) out += fmt::format(" --knee-every {}", f.knee_every);
   if (cfg.shard_count > 1) out += fmt::format(" --shard {}/{}", cfg.shard_index, cfg.shard_count);
   return out;
 }
@@ -219,6 +221,8 @@ int do_fuzz(const FuzzFlags& f) {
   cfg.out_dir = f.out;
   cfg.keep_per_signature = f.keep;
   cfg.min_overshoot = parse_size(f.min_overshoot, "--min-overshoot");
+  cfg.knee_every = f.knee_every;
+  cfg.activations = f.policy.activations.empty() ? "model" : f.policy.activations;
   cfg.shrink = !f.no_shrink;
   cfg.shrink_execs = f.shrink_execs;
   cfg.shrink_seconds = parse_duration(f.shrink_time, "--shrink-time");
@@ -309,6 +313,9 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
   cmd->add_option("--min-overshoot", f->min_overshoot,
                   "a violation whose worst overshoot stays below this is allocator noise: listed and labelled, not new (0: count all)")
+      ->capture_default_str();
+  cmd->add_option("--knee-every", f->knee_every,
+                  "P4 (class G): run every K-th case that passes again a step smaller; failing there is a knee finding (0: off)")
       ->capture_default_str();
   cmd->add_option("--shrink-execs", f->shrink_execs, "execution budget per shrink")->capture_default_str()->transform(kPositiveCount);
   cmd->add_option("--shrink-time", f->shrink_time, "time budget per shrink")->capture_default_str();
