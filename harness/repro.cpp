@@ -174,16 +174,26 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   for (const Stage& st : s.stages) stages += fmt::format("{}{} {}", stages.empty() ? "" : " -> ", stage_op_name(st.op), s.models[st.model].id);
   md += fmt::format("| pipeline | {} |\n\n", stages);
   for (const ModelRef& m : s.models) {
-    if (m.spec->modules.size() > 12) continue;
+    // A run of identical modules (the "repeat" entries of a rounding-sum repro) is one row.
+    const std::vector<Module>& mods = m.spec->modules;
+    std::vector<std::pair<std::size_t, std::size_t>> rows;  // first module, run length
+    for (std::size_t i = 0; i < mods.size() && rows.size() <= 12; i += rows.back().second) rows.emplace_back(i, repeat_run(mods, i));
+    if (rows.size() > 12) continue;
     md += fmt::format("Modules of `{}` (forward order):\n\n| module | tensors | bytes |\n|---|---|---:|\n", m.id);
-    for (const Module& mod : m.spec->modules) {
+    for (const auto& [i, run] : rows) {
+      const Module& mod = mods[i];
       std::string ts;
       for (const Tensor& t : mod.tensors) {
         std::string shape;
         for (std::uint64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-        ts += fmt::format("{}{} [{}] {}", ts.empty() ? "" : "; ", t.name, shape, dtype_name(t.dtype));
+        ts += fmt::format("{}{} [{}] {} ({} B)", ts.empty() ? "" : "; ", t.name, shape, dtype_name(t.dtype), t.bytes);
       }
-      md += fmt::format("| `{}` | {} | {} |\n", mod.name, ts, format_mib(mod.bytes));
+      if (run > 1) {
+        md += fmt::format("| {} x `{}` … `{}` | {} | {} each, {} in all |\n", run, mod.name, mods[i + run - 1].name, ts, format_mib(mod.bytes),
+                          format_mib(mod.bytes * run));
+      } else {
+        md += fmt::format("| `{}` | {} | {} |\n", mod.name, ts, format_mib(mod.bytes));
+      }
     }
     md += "\n";
   }

@@ -507,36 +507,41 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   // would only name the total).
   Bytes model_bytes = 0;
   std::uint64_t model_numel = 0;
-  std::vector<std::uint8_t> hook_given(n, 0);
+  std::vector<std::uint8_t> hook_given;
   // The names a file would give the tensors (module path + "." + name): unique in a model, as in
   // the safetensors and GGUF files the importer reads. "" is the root module.
-  std::map<std::string, std::size_t> module_at;
+  std::map<std::string, std::string> module_at;   // module name -> where it was given
   std::map<std::string, std::string> full_names;  // "a.b.weight" -> where it was given
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn mj = j.at(i);
-    mj.expect_object({"name", "tensors", "cast_hook"});
-    Module m;
-    m.name = mj.at("name").str();
-    if (const auto [it, fresh] = module_at.emplace(m.name, i); !fresh) {
-      mj.at("name").fail(fmt::format("duplicate module name \"{}\" ({}[{}] has it; give its tensors to one module)", m.name, j.path(),
-                                     it->second));
+    mj.expect_object({"name", "repeat", "tensors", "cast_hook"});
+    Module tmpl;
+    tmpl.name = mj.at("name").str();
+    // "repeat": N stands for N copies of the module named NAME.0 ... NAME.(N-1) (the compact form
+    // of a rounding-sum repro: "212 x [2 MiB + 512 B fp16]").
+    std::optional<std::uint64_t> repeat;
+    if (auto v = mj.opt("repeat")) {
+      repeat = v->u64();
+      if (*repeat < 1 || *repeat > kMaxModulesPerModel - modules.size()) {
+        v->fail(fmt::format("must be between 1 and {} (the model's module limit, {} already given)", kMaxModulesPerModel - modules.size(),
+                            modules.size()));
+      }
     }
+    bool hook = false;
     if (auto v = mj.opt("cast_hook")) {
-      m.cast_hook = v->boolean();
-      hook_given[i] = 1;
+      tmpl.cast_hook = v->boolean();
+      hook = true;
     }
     const JsonIn tj = mj.at("tensors");
     if (tj.size() == 0) tj.fail("a module needs at least one tensor");
+    Bytes tmpl_bytes = 0;
+    std::uint64_t tmpl_numel = 0;
     for (std::size_t t = 0; t < tj.size(); ++t) {
       const JsonIn x = tj.at(t);
       x.expect_object({"name", "shape", "dtype", "role"});
       Tensor tensor;
       tensor.name = x.at("name").str();
       if (tensor.name.empty()) x.at("name").fail("must not be empty (a tensor is named within its module: \"weight\", \"bias\")");
-      const std::string full = m.name.empty() ? tensor.name : m.name + "." + tensor.name;
-      if (const auto [it, fresh] = full_names.emplace(full, x.path()); !fresh) {
-        x.at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", full, it->second));
-      }
       const JsonIn sj = x.at("shape");
       if (sj.size() > kMaxTensorRank) sj.fail(fmt::format("rank {} is more than {} dimensions", sj.size(), kMaxTensorRank));
       for (std::size_t d = 0; d < sj.size(); ++d) {
@@ -553,17 +558,49 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       if (__builtin_add_overflow(model_bytes, bytes, &model_bytes) || __builtin_add_overflow(model_numel, numel, &model_numel)) {
         x.fail(fmt::format("the model's total size overflows 64 bits with this tensor ({} bytes)", bytes));
       }
+      tmpl_bytes += bytes;
+      tmpl_numel += numel;
       tensor.role = TensorRole::weight;
       if (auto r = x.opt("role")) tensor.role = parse_role(*r);
       else if (tensor.shape.size() <= 1) tensor.role = tensor.name == "bias" ? TensorRole::bias : TensorRole::norm;
-      m.tensors.push_back(std::move(tensor));
+      tmpl.tensors.push_back(std::move(tensor));
     }
-    modules.push_back(std::move(m));
+    const std::uint64_t copies = repeat.value_or(1);
+    if (copies > 1) {
+      // The first copy is counted above; the others add to the totals together.
+      Bytes more_bytes = 0;
+      std::uint64_t more_numel = 0;
+      if (__builtin_mul_overflow(tmpl_bytes, copies - 1, &more_bytes) || __builtin_mul_overflow(tmpl_numel, copies - 1, &more_numel) ||
+          __builtin_add_overflow(model_bytes, more_bytes, &model_bytes) || __builtin_add_overflow(model_numel, more_numel, &model_numel)) {
+        mj.at("repeat").fail(fmt::format("the model's total size overflows 64 bits with {} copies of {} bytes", copies, tmpl_bytes));
+      }
+      if (model_bytes > kMaxModelBytes) {
+        mj.at("repeat").fail(fmt::format("model is {} bytes with {} copies, more than the {} limit", model_bytes, copies, format_size(kMaxModelBytes)));
+      }
+    }
+    for (std::uint64_t k = 0; k < copies; ++k) {
+      Module m = tmpl;
+      if (repeat) m.name = fmt::format("{}{}{}", tmpl.name, tmpl.name.empty() ? "" : ".", k);
+      const std::string where = repeat ? fmt::format("{}[{}] (copy {})", j.path(), i, k) : fmt::format("{}[{}]", j.path(), i);
+      if (const auto [it, fresh] = module_at.emplace(m.name, where); !fresh) {
+        mj.at("name").fail(fmt::format("duplicate module name \"{}\" ({} has it; give its tensors to one module)", m.name, it->second));
+      }
+      for (std::size_t u = 0; u < m.tensors.size(); ++u) {
+        const Tensor& t = m.tensors[u];
+        const std::string full = m.name.empty() ? t.name : m.name + "." + t.name;
+        const std::string at = repeat ? fmt::format("{} (copy {})", tj.at(u).path(), k) : tj.at(u).path();
+        if (const auto [it, fresh] = full_names.emplace(full, at); !fresh) {
+          tj.at(u).at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", full, it->second));
+        }
+      }
+      hook_given.push_back(hook ? 1 : 0);
+      modules.push_back(std::move(m));
+    }
   }
   // The names say which modules are containers (parameters below them): their own tensors are
   // raw, so they have no cast hook unless the file says otherwise (finalize_model rejects that).
   mark_containers(modules);
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < modules.size(); ++i) {
     if (!hook_given[i]) modules[i].cast_hook = !modules[i].container;
   }
   return modules;
@@ -932,6 +969,34 @@ nlohmann::json option_value_json(const std::string& v) {
   return v;
 }
 
+}  // namespace
+
+std::size_t repeat_run(const std::vector<Module>& modules, std::size_t i) {
+  constexpr std::size_t kMinRepeatRun = 3;
+  const Module& first = modules[i];
+  if (first.name.size() < 3 || first.name.compare(first.name.size() - 2, 2, ".0") != 0) return 1;
+  const std::string_view base(first.name.data(), first.name.size() - 1);  // "NAME."
+  std::size_t k = 1;
+  while (i + k < modules.size()) {
+    const Module& m = modules[i + k];
+    if (m.name.size() <= base.size() || m.name.compare(0, base.size(), base) != 0 || m.name.substr(base.size()) != std::to_string(k) ||
+        m.cast_hook != first.cast_hook || m.tensors.size() != first.tensors.size()) {
+      break;
+    }
+    bool same = true;
+    for (std::size_t t = 0; t < m.tensors.size() && same; ++t) {
+      const Tensor& a = m.tensors[t];
+      const Tensor& b = first.tensors[t];
+      same = a.name == b.name && a.shape == b.shape && a.dtype == b.dtype && a.role == b.role;
+    }
+    if (!same) break;
+    ++k;
+  }
+  return k >= kMinRepeatRun ? k : 1;
+}
+
+namespace {
+
 nlohmann::json model_json(const ModelRef& m) {
   nlohmann::json j;
   j["id"] = m.id;
@@ -946,14 +1011,21 @@ nlohmann::json model_json(const ModelRef& m) {
                  {"patch", spec.arch.patch},                     {"temporal_down", spec.arch.temporal_down},
                  {"gated", spec.arch.gated},                     {"kept_hidden_states", spec.arch.kept_hidden_states}};
     nlohmann::json mods = nlohmann::json::array();
-    for (const Module& mod : spec.modules) {
+    for (std::size_t i = 0; i < spec.modules.size();) {
+      const Module& mod = spec.modules[i];
+      // A run of modules NAME.0, NAME.1, ... with the same tensors is written as one entry with
+      // "repeat" (what the reader expands back to the same modules).
+      const std::size_t run = repeat_run(spec.modules, i);
       nlohmann::json tj = nlohmann::json::array();
       for (const Tensor& t : mod.tensors) {
         tj.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"role", role_name(t.role)}});
       }
-      nlohmann::json mj = {{"name", mod.name}, {"tensors", std::move(tj)}};
+      nlohmann::json mj = {{"name", run > 1 ? mod.name.substr(0, mod.name.size() - 2) : mod.name}};
+      if (run > 1) mj["repeat"] = run;
+      mj["tensors"] = std::move(tj);
       if (!mod.cast_hook) mj["cast_hook"] = false;
       mods.push_back(std::move(mj));
+      i += run;
     }
     j["modules"] = std::move(mods);
   } else if (m.source.rfind("file:", 0) == 0) {

@@ -296,6 +296,11 @@ Workload parse_workload_json(const JsonIn& j);
 // A size as a scenario writes it: "24GiB" / "512MiB" when exact, else the byte count.
 nlohmann::json size_json(Bytes b);
 
+// How many modules from `i` on form a run NAME.0, NAME.1, ... NAME.(k-1) with the same tensors
+// and cast hook (k >= 3): what scenario_to_json writes as one entry with "repeat": k, and
+// repro.md as one row. 1 when they do not.
+std::size_t repeat_run(const std::vector<Module>& modules, std::size_t i);
+
 // The dtype most of a model's weight bytes are stored in (catalog, inline and imported models
 // alike; the compute dtype when it has no weight tensors).
 Dtype dominant_storage(const ModelRef& m);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -96,6 +98,9 @@ class Shrinker {
     // An other process's failed allocation happens at a time: bring it forward before the case
     // gets shorter, or the shorter case ends before it.
     if (best_.policy.dynamic() && sig_.rfind("oom:others:", 0) == 0) simplify_dynamic();
+    // A rounding or slack sum is recognised at once: its compact form first, before the budget
+    // goes on dropping modules it cannot do without.
+    repeat_worst_module();
     while (progress && within_budget()) {
       progress = false;
       progress |= focus_on_the_peak();
@@ -113,6 +118,7 @@ class Shrinker {
       if (!progress && within_budget()) progress |= redistribute_into_the_peak();
     }
 
+    renumber_pads();
     out.minimal = best_;
     out.result = run_case(best_, backend_, true);
     check_activation_dependence(best_, out.result.plan, backend_, out.result.verdict);
@@ -142,7 +148,8 @@ class Shrinker {
   }
 
   // Runs a candidate (once ever): does it keep the signature with the margin?
-  bool interesting(const Scenario& c, Verdict* verdict) {
+  // `seen`: the verdict of a candidate that ran (accepted or not); untouched when it did not run.
+  bool interesting(const Scenario& c, Verdict* verdict, Verdict* seen = nullptr) {
     try {
       validate_scenario(c);
     } catch (const InputError&) {
@@ -162,6 +169,7 @@ class Shrinker {
     const bool ok = same && r.verdict.overshoot >= margin_;
     cache_[key] = ok;
     if (ok && verdict) *verdict = r.verdict;
+    if (seen) *seen = r.verdict;
     return ok;
   }
 
@@ -258,6 +266,212 @@ class Shrinker {
     if (c.device.total <= resident_removed + MiB) return false;
     c.device.total -= resident_removed;
     return accept(c, "keep only the modules live at the peak, with their resident bytes off the device");
+  }
+
+  // Class D's compact form: an overshoot that is the allocator's rounding or slack summed over
+  // hundreds of tensors cannot lose modules one chunk at a time without losing the sum, and the
+  // repro then lists hundreds of unrelated modules. Replace the model's modules by N copies of
+  // one module (the ones wasting most bytes to 2 MiB page rounding first), named NAME.0 ...
+  // NAME.(N-1) so the scenario writes them as one "repeat" entry, then search N down.
+  // The category a cause leads with (a knee's: its smaller case's, after "A fails, B passes: ").
+  static std::string leading_category(const Verdict& v) {
+    if (v.kind == VerdictKind::knee) {
+      const std::size_t at = v.cause.find(" passes: ");
+      return at == std::string::npos ? std::string() : v.cause.substr(at + 9);
+    }
+    return v.cause;
+  }
+  static bool rounding_route(const Verdict& v) {
+    const std::string c = leading_category(v);
+    return c.rfind("allocator rounding", 0) == 0 || c.rfind("allocator slack", 0) == 0;
+  }
+  // "2 MiB + 512 B": a pad's size as a user reads it.
+  static std::string exact_size_text(Bytes b) {
+    if (b % MiB == 0) return fmt::format("{} MiB", b / MiB);
+    return b > MiB ? fmt::format("{} MiB + {} B", b / MiB, b % MiB) : fmt::format("{} B", b);
+  }
+  // The bytes of the rounding or slack category a cause names ("allocator slack 974.42 MiB ...").
+  static Bytes rounding_bytes(const std::string& cause) {
+    const std::size_t at = cause.find_first_of("0123456789");
+    if (at == std::string::npos) return 0;
+    return static_cast<Bytes>(std::strtod(cause.c_str() + at, nullptr) * static_cast<double>(MiB));
+  }
+  // A pad module: one weight of `bytes` (a multiple of 512) in the model's compute dtype, so it
+  // is ballast that only the allocator's rounding sees (no conversion, no patch).
+  static Module pad_module(Bytes bytes, Dtype compute, std::uint64_t k) {
+    const std::uint64_t elem = compute_elem_bytes(compute);
+    Module pad;
+    pad.name = fmt::format("pad.{}", k);
+    Tensor w;
+    w.name = "weight";
+    w.dtype = compute;
+    w.shape = {bytes / 512, 512 / elem};
+    w.role = TensorRole::weight;
+    pad.tensors.push_back(std::move(w));
+    return pad;
+  }
+  // The model's modules as [keep] + n pads (or n pads + [keep]); no keep: n pads only.
+  static Scenario with_pads(const Scenario& s, std::size_t m, const Module* keep, bool keep_first, Bytes pad_bytes, std::uint64_t n) {
+    Scenario c = s;
+    ModelSpec& spec = editable(c, m);
+    std::vector<Module> mods;
+    mods.reserve(n + 1);
+    if (keep && keep_first) mods.push_back(*keep);
+    for (std::uint64_t k = 0; k < n; ++k) mods.push_back(pad_module(pad_bytes, c.models[m].compute, k));
+    if (keep && !keep_first) mods.push_back(*keep);
+    spec.modules = std::move(mods);
+    refinalize(c, m);
+    return c;
+  }
+  bool repeat_worst_module() {
+    if (!rounding_route(best_verdict_) || best_verdict_.stage >= best_.stages.size()) return false;
+    const std::size_t m = best_.stages[best_verdict_.stage].model;
+    const ModelSpec& spec = *best_.models[m].spec;
+    if (spec.modules.size() < 8) return false;
+    const Bytes sum = rounding_bytes(leading_category(best_verdict_));
+    if (sum < MiB) return false;
+    // The module the judged op works on keeps the signature's activity (its conversion, its
+    // patch); the pads carry the sum.
+    std::optional<Module> keep;
+    {
+      const Program prog = lower(best_, predict(best_));
+      if (best_verdict_.op < prog.ops.size() && prog.ops[best_verdict_.op].buffer != kNone) {
+        const Buffer& buf = prog.buffers[prog.ops[best_verdict_.op].buffer];
+        if (buf.model == m && buf.module != kNone) keep = spec.modules[buf.module];
+      }
+    }
+    if (keep && !keep->cast_hook) keep.reset();
+    const Bytes model_bytes = spec.bytes;
+    // Sizes just above a boundary: 2 MiB + 512 B takes two 2 MiB pages (raw, async's pool);
+    // 10 MiB + 512 B is rounded to a 12 MiB caching segment. Each wastes about 2 MiB.
+    const bool caching = best_.allocator.mode == AllocatorMode::caching;
+    const Bytes sizes[] = {caching ? 10 * MiB + 512 : 2 * MiB + 512, caching ? 2 * MiB + 512 : 10 * MiB + 512};
+    for (const Bytes pad : sizes) {
+      for (const bool first : {true, false}) {
+        if (!keep && !first) continue;
+        // As many pads as carry the sum at about 2 MiB each; a candidate that keeps the signature
+        // but falls short of the margin gets the pads it lacked, twice at most.
+        std::uint64_t n = std::max<std::uint64_t>(1, (sum + 2 * MiB - 1024) / (2 * MiB - 512));
+        for (int attempt = 0; attempt < 3 && within_budget(); ++attempt) {
+          const Scenario c = with_pads(best_, m, keep ? &*keep : nullptr, first, pad, n);
+          const std::string what = fmt::format("{}{} x [{} {}]", keep ? keep->name + " + " : "", n, exact_size_text(pad),
+                                               dtype_name(c.models[m].compute));
+          std::int64_t short_by = 0;
+          if (try_pads(c, model_bytes, what, short_by)) {
+            shrink_pads(m, keep ? 1 : 0);
+            return true;
+          }
+          if (short_by <= 0) break;
+          n += static_cast<std::uint64_t>(short_by + short_by / 4) / (2 * MiB - 512) + 1;
+        }
+      }
+    }
+    return false;
+  }
+  // A pad candidate as it is, with the device shrunk by the bytes it dropped (the pressure kept),
+  // and, for an OOM whose candidate only exceeds its prediction (the same phase, activity and
+  // allocator: the card is too large for it now), with the card's available memory between the
+  // prediction plus the reserve and the measured peak, where the plan fits and the peak does not.
+  // `short_by`: how far the closest miss with the signature fell below the margin.
+  bool try_pads(const Scenario& c, Bytes model_bytes, const std::string& what, std::int64_t& short_by) {
+    const std::string tail = sig_.substr(sig_.find(':'));
+    auto probe = [&](const Scenario& d, const std::string& label, Verdict& seen) {
+      Verdict v;
+      if (interesting(d, &v, &seen)) return adopt(d, v, label);
+      if (seen.signature == sig_) short_by = std::max(short_by, margin_ - seen.overshoot);
+      return false;
+    };
+    std::vector<std::pair<Scenario, Verdict>> tried;
+    tried.emplace_back(c, Verdict{});
+    if (probe(c, what, tried.back().second)) return true;
+    const Bytes now = c.models.empty() ? 0 : [&] {
+      Bytes b = 0;
+      for (const ModelRef& mr : c.models) b += mr.spec->bytes;
+      return b;
+    }();
+    Bytes before = 0;
+    for (const ModelRef& mr : best_.models) before += mr.spec->bytes;
+    (void)model_bytes;
+    if (now < before && c.device.total > before - now + MiB) {
+      Scenario d = c;
+      d.device.total -= before - now;
+      tried.emplace_back(d, Verdict{});
+      if (probe(d, what + ", device shrunk by the bytes dropped", tried.back().second)) return true;
+    }
+    if (sig_.rfind("oom:", 0) != 0) return false;
+    // An OOM needs the card as tight as the original's: search its size between what the plan
+    // needs (below that the OOM is expected) and the candidate's. A pass, a violation or an OOM at
+    // another op means the card is still too large; an expected OOM, too small.
+    for (const auto& [base, v] : tried) {
+      if (v.signature.empty() && v.kind != VerdictKind::pass) continue;  // an error, or not run
+      const Bytes fixed = base.device.used_by_others + base.device.context_overhead;
+      Bytes lo = fixed + v.predicted + v.reserve;
+      Bytes hi = base.device.total;
+      for (int step = 0; step < 8 && lo + MiB < hi && within_budget(); ++step) {
+        Scenario d = base;
+        d.device.total = (lo + (hi - lo) / 2) / MiB * MiB;
+        if (d.device.total <= lo || d.device.total >= hi) break;
+        Verdict seen;
+        if (probe(d, fmt::format("{}, device {}", what, format_size(d.device.total)), seen)) return true;
+        if (seen.expected_oom) lo = d.device.total;
+        else hi = d.device.total;
+      }
+    }
+    return false;
+  }
+
+  // Pads the module passes dropped from the middle leave gaps in their numbering, which the
+  // scenario can then not write as one "repeat" entry: number them again from 0, where that keeps
+  // the verdict (identical modules, so it does; checked once, outside the budget).
+  void renumber_pads() {
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      const ModelSpec& spec = *best_.models[m].spec;
+      std::uint64_t k = 0;
+      bool gaps = false;
+      for (const Module& mod : spec.modules) {
+        if (mod.name.rfind("pad.", 0) != 0) continue;
+        gaps = gaps || mod.name != fmt::format("pad.{}", k);
+        ++k;
+      }
+      if (!gaps) continue;
+      Scenario c = best_;
+      ModelSpec& e = editable(c, m);
+      k = 0;
+      for (Module& mod : e.modules) {
+        if (mod.name.rfind("pad.", 0) == 0) mod.name = fmt::format("pad.{}", k++);
+      }
+      refinalize(c, m);
+      const CaseResult r = run_case(c, backend_, false);
+      if (r.verdict.signature == sig_ && r.verdict.overshoot >= margin_) {
+        best_ = c;
+        best_verdict_ = r.verdict;
+      }
+    }
+  }
+
+  // The pads toward fewer: halve the excess while the signature holds (with the device shrunk by
+  // the pads' bytes where plainly fewer do not fail). `kept`: the modules that are not pads.
+  void shrink_pads(std::size_t m, std::size_t kept) {
+    std::uint64_t lo = 1;
+    while (within_budget()) {
+      const ModelSpec& spec = *best_.models[m].spec;
+      if (spec.modules.size() <= kept) break;
+      const std::uint64_t n = spec.modules.size() - kept;
+      if (n <= lo) break;
+      const std::uint64_t to = lo + (n - lo) / 2;
+      const bool first = kept == 0 || spec.modules[0].name.rfind("pad.", 0) != 0;
+      const Module* keep = kept ? &spec.modules[first ? 0 : spec.modules.size() - 1] : nullptr;
+      const Bytes pad = spec.modules[first && kept ? 1 : 0].bytes;
+      Scenario c = with_pads(best_, m, keep, first, pad, to);
+      const std::string what = fmt::format("{} pads", to);
+      if (accept(c, what)) continue;
+      const Bytes dropped = (n - to) * pad;
+      if (c.device.total > dropped + MiB) {
+        c.device.total -= dropped;
+        if (accept(c, what + ", device shrunk by their bytes")) continue;
+      }
+      lo = to + 1;
+    }
   }
 
   // Hypothesis' "redistribute across a sum": when the overshoot is the sum of many small parts

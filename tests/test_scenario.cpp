@@ -16,6 +16,7 @@
 #include <vector>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
@@ -1153,6 +1154,69 @@ TEST(ScenarioFingerprint, EveryFieldTheJsonWritesMovesIt) {
     EXPECT_NE(scenario_fingerprint(s, &memo), f0) << what << " (memo)";
     EXPECT_EQ(scenario_fingerprint(s, &memo), scenario_fingerprint(s)) << what;
   }
+}
+
+// "repeat": N, the compact form of a rounding-sum repro: N copies of one module, NAME.0 ... NAME.(N-1).
+TEST(ScenarioRepeat, ExpandsToNumberedCopiesAndWritesThemBack) {
+  json doc = base_inline();
+  doc["models"][0]["modules"].push_back(json::parse(R"({"name": "pad", "repeat": 212, "tensors": [{"name": "weight", "shape": [1025, 1024], "dtype": "fp16"}]})"));
+  const Scenario s = load(doc);
+  const ModelSpec& spec = *s.models[0].spec;
+  ASSERT_EQ(spec.modules.size(), 4u + 212u);
+  EXPECT_EQ(spec.modules[4].name, "pad.0");
+  EXPECT_EQ(spec.modules[4 + 211].name, "pad.211");
+  // 2 MiB + 2 KiB each: 1025 x 1024 fp16.
+  EXPECT_EQ(spec.modules[100].bytes, 2u * MiB + 2048u);
+  EXPECT_TRUE(spec.modules[100].cast_hook);
+  EXPECT_EQ(repeat_run(spec.modules, 4), 212u);
+  EXPECT_EQ(repeat_run(spec.modules, 5), 1u);  // a run starts at NAME.0
+  EXPECT_EQ(repeat_run(spec.modules, 0), 1u);
+  // Written back as one entry, and read back the same.
+  const json out = json::parse(scenario_to_json(s));
+  const json& mods = out["models"][0]["modules"];
+  ASSERT_EQ(mods.size(), 5u);
+  EXPECT_EQ(mods[4]["name"], "pad");
+  EXPECT_EQ(mods[4]["repeat"], 212);
+  EXPECT_EQ(scenario_fingerprint(load(out)), scenario_fingerprint(s));
+  EXPECT_EQ(scenario_to_json(load(out)), scenario_to_json(s));
+}
+
+TEST(ScenarioRepeat, IdenticalNumberedModulesAreWrittenAsARunAndOthersAreNot) {
+  json doc = base_inline();
+  for (int k = 0; k < 3; ++k) {
+    doc["models"][0]["modules"].push_back(
+        {{"name", fmt::format("blk.{}", k)}, {"tensors", json::array({{{"name", "weight"}, {"shape", {64, 64}}, {"dtype", "bf16"}}})}});
+  }
+  // Two copies are listed (a run is 3 or more), and a run stops where a module differs.
+  doc["models"][0]["modules"].push_back(
+      {{"name", "blk.3"}, {"tensors", json::array({{{"name", "weight"}, {"shape", {64, 65}}, {"dtype", "bf16"}}})}});
+  const Scenario s = load(doc);
+  const json mods = json::parse(scenario_to_json(s))["models"][0]["modules"];
+  ASSERT_EQ(mods.size(), 6u);
+  EXPECT_EQ(mods[4]["name"], "blk");
+  EXPECT_EQ(mods[4]["repeat"], 3);
+  EXPECT_EQ(mods[5]["name"], "blk.3");
+  EXPECT_FALSE(mods[5].contains("repeat"));
+  EXPECT_EQ(scenario_to_json(load(json::parse(scenario_to_json(s)))), scenario_to_json(s));
+}
+
+TEST(ScenarioRepeat, BadRepeatsNameTheField) {
+  json doc = base_inline();
+  doc["models"][0]["modules"].push_back(json::parse(R"({"name": "pad", "repeat": 0, "tensors": [{"name": "weight", "shape": [4], "dtype": "fp16"}]})"));
+  expect_error(doc, "models[0].modules[4].repeat", {"must be between 1 and"});
+  doc["models"][0]["modules"][4]["repeat"] = 2000000;
+  expect_error(doc, "models[0].modules[4].repeat", {"must be between 1 and", "module limit"});
+  doc["models"][0]["modules"][4]["repeat"] = "3";
+  expect_error(doc, "models[0].modules[4].repeat", {});
+  // A copy's name taken by a module given on its own.
+  doc["models"][0]["modules"][4]["repeat"] = 3;
+  doc["models"][0]["modules"].push_back(json::parse(R"({"name": "pad.2", "tensors": [{"name": "weight", "shape": [4], "dtype": "fp16"}]})"));
+  expect_error(doc, "models[0].modules[5].name", {"duplicate module name \"pad.2\"", "models[0].modules[4] (copy 2) has it"});
+  // Copies that take the model past 64 bits of bytes.
+  json big = base_inline();
+  big["models"][0]["modules"].push_back(
+      json::parse(R"({"name": "pad", "repeat": 1048000, "tensors": [{"name": "weight", "shape": [4294967296, 4096], "dtype": "fp32"}]})"));
+  expect_error(big, "models[0].modules[4].repeat", {"overflows 64 bits"});
 }
 
 }  // namespace
