@@ -116,6 +116,7 @@ class Shrinker {
       progress |= round_shapes();
       // Last resort, when nothing else moves: the overshoot is a sum of many small parts.
       if (!progress && within_budget()) progress |= redistribute_into_the_peak();
+      if (!progress && within_budget()) progress |= repeat_for_waste();
     }
 
     renumber_pads();
@@ -176,6 +177,7 @@ class Shrinker {
   bool accept(const Scenario& c, const std::string& what) {
     Verdict v;
     if (!interesting(c, &v)) {
+      if (sig_.rfind("waste:", 0) == 0) return fit_device_to_waste(c, what);
       // Another process's failure happens at a time: a shorter (or longer) candidate moves what
       // the events met, so try it once more with the events scaled to its length.
       const std::uint64_t ran = last_elapsed_us_;
@@ -189,6 +191,36 @@ class Shrinker {
       return adopt(scaled, v, what + ", the events moved with it");
     }
     return adopt(c, v, what);
+  }
+
+  // Class C lives in a band of card sizes: large enough that the measured peak, the reserve and
+  // the largest offloaded module fit, small enough that the load is still partial (the weight
+  // budget, free memory - min_req, below the model). A candidate with fewer modules moves the
+  // band, and neither keeping the card nor shrinking it by the bytes dropped lands in it: put the
+  // card just below the edge of a full load, where the room is largest.
+  bool fit_device_to_waste(const Scenario& c, const std::string& what) {
+    if (best_verdict_.stage >= c.stages.size() || !within_budget()) return false;
+    const std::uint32_t model = c.stages[best_verdict_.stage].model;
+    const Plan plan = predict(c);
+    const LoadPlan* lp = nullptr;
+    for (const LoadPlan& l : plan.loads) {
+      if (l.model == model && l.stage < best_verdict_.stage) lp = &l;
+    }
+    if (!lp) return false;
+    const Bytes model_bytes = c.models[model].spec->bytes;
+    const Bytes others = c.device.total - plan.available;  // context, other processes
+    for (const Bytes below : {MiB, 32 * MiB}) {
+      const Bytes free_edge = model_bytes + lp->min_req;  // the budget reaches the model here
+      if (free_edge <= below) continue;
+      // Free memory at the load is the available memory less what earlier loads left resident.
+      const Bytes resident_before = plan.available > lp->free_before ? plan.available - lp->free_before : 0;
+      Scenario d = c;
+      d.device.total = (others + resident_before + free_edge - below) / MiB * MiB;
+      if (d.device.total == c.device.total) continue;
+      Verdict v;
+      if (interesting(d, &v)) return adopt(d, v, fmt::format("{}, device {} (just short of a full load)", what, format_size(d.device.total)));
+    }
+    return false;
   }
 
   bool adopt(const Scenario& c, const Verdict& v, const std::string& what) {
@@ -310,6 +342,55 @@ class Shrinker {
     pad.tensors.push_back(std::move(w));
     return pad;
   }
+  // Class C in its compact form. Waste needs the buffer (nov2025: the largest module's cost plus
+  // NS times the largest) to exceed what is in flight (the largest and its NS smaller
+  // neighbours), and the modules not in flight to outweigh the largest (room for it on a card
+  // whose load is still partial). So it cannot shrink below the largest module plus more than
+  // G / y + 2 smaller ones of y bytes; as [largest] + k copies of one smaller module it is two
+  // entries. Tried once the module passes are stuck, with the card at the edge of a full load.
+  bool repeat_for_waste() {
+    if (sig_.rfind("waste:", 0) != 0 || best_verdict_.stage >= best_.stages.size()) return false;
+    const std::size_t m = best_.stages[best_verdict_.stage].model;
+    const ModelSpec& spec = *best_.models[m].spec;
+    if (spec.modules.size() <= 3) return false;
+    std::size_t largest = spec.modules.size();
+    for (std::size_t i = 0; i < spec.modules.size(); ++i) {
+      if (spec.modules[i].cast_hook && (largest == spec.modules.size() || spec.modules[i].bytes > spec.modules[largest].bytes)) largest = i;
+    }
+    if (largest == spec.modules.size()) return false;
+    const Module big = spec.modules[largest];
+    // The smaller module: one of the model's between a sixteenth and a quarter of the largest,
+    // else a pad of an eighth in the compute dtype.
+    std::vector<Module> smalls;
+    for (std::size_t i = 0; i < spec.modules.size(); ++i) {
+      const Module& x = spec.modules[i];
+      if (i != largest && x.cast_hook && x.bytes * 4 <= big.bytes && x.bytes * 16 >= big.bytes) {
+        smalls.push_back(x);
+        break;
+      }
+    }
+    if (big.bytes >= 8 * 4096) smalls.push_back(pad_module(big.bytes / 8 / 512 * 512, best_.models[m].compute, 0));
+    if (repeat_run(spec.modules, std::min<std::size_t>(1, spec.modules.size() - 1)) + 1 == spec.modules.size()) return false;  // already [big] + run
+    for (const Module& small : smalls) {
+      if (small.bytes == 0) continue;
+      const std::uint64_t k0 = big.bytes / small.bytes + 3;
+      for (const std::uint64_t k : {k0, k0 + 2, 2 * k0}) {
+        if (k + 1 >= spec.modules.size() + 64 || !within_budget()) break;
+        Scenario c = best_;
+        ModelSpec& e = editable(c, m);
+        std::vector<Module> mods{big};
+        for (std::uint64_t j = 0; j < k; ++j) {
+          mods.push_back(small);
+          mods.back().name = fmt::format("block.{}", j);
+        }
+        e.modules = std::move(mods);
+        refinalize(c, m);
+        if (accept(c, fmt::format("{} + {} x [{}]", big.name, k, exact_size_text(small.bytes)))) return true;
+      }
+    }
+    return false;
+  }
+
   // The model's modules as [keep] + n pads (or n pads + [keep]); no keep: n pads only.
   static Scenario with_pads(const Scenario& s, std::size_t m, const Module* keep, bool keep_first, Bytes pad_bytes, std::uint64_t n) {
     Scenario c = s;
@@ -420,31 +501,33 @@ class Shrinker {
     return false;
   }
 
-  // Pads the module passes dropped from the middle leave gaps in their numbering, which the
+  // Pads (and waste's blocks) the module passes dropped from the middle leave gaps in their numbering, which the
   // scenario can then not write as one "repeat" entry: number them again from 0, where that keeps
   // the verdict (identical modules, so it does; checked once, outside the budget).
   void renumber_pads() {
     for (std::size_t m = 0; m < best_.models.size(); ++m) {
-      const ModelSpec& spec = *best_.models[m].spec;
-      std::uint64_t k = 0;
-      bool gaps = false;
-      for (const Module& mod : spec.modules) {
-        if (mod.name.rfind("pad.", 0) != 0) continue;
-        gaps = gaps || mod.name != fmt::format("pad.{}", k);
-        ++k;
-      }
-      if (!gaps) continue;
-      Scenario c = best_;
-      ModelSpec& e = editable(c, m);
-      k = 0;
-      for (Module& mod : e.modules) {
-        if (mod.name.rfind("pad.", 0) == 0) mod.name = fmt::format("pad.{}", k++);
-      }
-      refinalize(c, m);
-      const CaseResult r = run_case(c, backend_, false);
-      if (r.verdict.signature == sig_ && r.verdict.overshoot >= margin_) {
-        best_ = c;
-        best_verdict_ = r.verdict;
+      for (const std::string_view base : {"pad.", "block."}) {
+        const ModelSpec& spec = *best_.models[m].spec;
+        std::uint64_t k = 0;
+        bool gaps = false;
+        for (const Module& mod : spec.modules) {
+          if (!mod.name.starts_with(base)) continue;
+          gaps = gaps || mod.name != fmt::format("{}{}", base, k);
+          ++k;
+        }
+        if (!gaps) continue;
+        Scenario c = best_;
+        ModelSpec& e = editable(c, m);
+        k = 0;
+        for (Module& mod : e.modules) {
+          if (mod.name.starts_with(base)) mod.name = fmt::format("{}{}", base, k++);
+        }
+        refinalize(c, m);
+        const CaseResult r = run_case(c, backend_, false);
+        if (r.verdict.signature == sig_ && r.verdict.overshoot >= margin_) {
+          best_ = c;
+          best_verdict_ = r.verdict;
+        }
       }
     }
   }
