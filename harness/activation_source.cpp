@@ -245,7 +245,12 @@ static ActivationSpec parse_uncapped_spec(const JsonIn& j, const std::string& ba
 
 ActivationSpec load_activation_profile(const std::string& path) {
   const nlohmann::json doc = parse_json_text(read_text_file(path), path);
-  return profile_from_document(JsonIn(doc, ""), std::filesystem::path(path).filename().string());
+  try {
+    return profile_from_document(JsonIn(doc, ""), std::filesystem::path(path).filename().string());
+  } catch (const InputError& e) {
+    // A field inside the file is named with the file: "prof.json: entries[0].width: ...".
+    throw InputError(e.path().empty() ? path : path + ": " + e.path(), std::string(e.what()).substr(e.path().empty() ? 0 : e.path().size() + 2));
+  }
 }
 
 ActivationSpec parse_activation_flag(std::string_view text, std::string_view what) {

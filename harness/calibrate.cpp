@@ -275,7 +275,8 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
       CalibSample sample;
       CalibExcluded excluded;
       if (r.verdict.finding() && !cfg.out_dir.empty() && !out.finding_files.count(r.verdict.signature)) {
-        const CaseResult traced = run_case(s, backend, true);
+        CaseResult traced = run_case(s, backend, true);
+        check_activation_dependence(s, traced.plan, backend, traced.verdict);  // as a campaign's finding files
         const std::string file = fmt::format("{}/calibrate/findings/{}/case-{:016x}.json", cfg.out_dir,
                                              signature_dir(r.verdict.signature), seed);
         write_file_atomic(file, case_json(s, traced, cfg.seed, i, seed, file, {}, found_by));
@@ -327,7 +328,8 @@ CalibrationResult run_calibration(const CalibrationConfig& cfg, Catalog& catalog
     w.oom = worst->oom;
     if (!cfg.out_dir.empty()) {
       const Scenario s = calibration_case(cfg, catalog, worst->case_index, mode);
-      const CaseResult r = run_case(s, backend, true);
+      CaseResult r = run_case(s, backend, true);
+      check_activation_dependence(s, r.plan, backend, r.verdict);  // a worst case written as it ran says it too
       const std::string dir = fmt::format("{}/calibrate/{}", cfg.out_dir, allocator_mode_name(mode));
       w.signature = r.verdict.signature;
       if (r.verdict.finding() && cfg.shrink) {

@@ -40,8 +40,9 @@ std::optional<Workload> knee_smaller(const Workload& w, std::uint64_t seed) {
   // knee of the origin discussion.
   std::vector<Workload> options;
   Workload r = w;
-  r.width = std::max<std::uint32_t>(64, w.width * 3 / 4 / 64 * 64);
-  r.height = std::max<std::uint32_t>(64, w.height * 3 / 4 / 64 * 64);
+  // A side of 64 or less stays (never larger than it was).
+  if (w.width > 64) r.width = std::max<std::uint32_t>(64, w.width * 3 / 4 / 64 * 64);
+  if (w.height > 64) r.height = std::max<std::uint32_t>(64, w.height * 3 / 4 / 64 * 64);
   if (!(r == w)) {
     options.push_back(r);
     options.push_back(r);
@@ -71,14 +72,31 @@ std::string lower_first(std::string text) {
 // case at the larger workload passes, becomes a knee finding naming both.
 void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
   Verdict& v = r.verdict;
+  // Dynamic VRAM: an OOM aimdo could not have avoided is the card's, not a knee; and the other
+  // processes' events meet a run at times, which a larger workload moves: not the workload's.
+  if (r.plan.dynamic && (v.expected_oom || !s.device.events.empty())) return;
   const bool fails = v.kind == VerdictKind::violation || v.kind == VerdictKind::oom || v.expected_oom;
   if (!fails) return;
   Scenario large = s;
   large.workload = *s.knee_of;
   large.knee_of.reset();
   const CaseResult big = run_case(large, backend, false);
+  if (big.verdict.kind == VerdictKind::error) {
+    // The pair cannot be judged: the larger half's error is the case's (a sticky one ends the run).
+    v = big.verdict;
+    v.message = fmt::format("the pair's larger half at {} failed: {}", workload_label(*s.knee_of), big.verdict.message);
+    r.exec.fatal = r.exec.fatal || big.exec.fatal;
+    return;
+  }
   const bool holds = !big.verdict.expected_oom && (big.verdict.kind == VerdictKind::pass || big.verdict.kind == VerdictKind::waste);
   if (!holds) return;
+  // A violation is a knee only where the smaller workload really held more than the larger: a
+  // larger case that peaks higher and passes only because its larger activation budget hides the
+  // same unbudgeted bytes is the smaller case's own P1 finding.
+  if (v.kind == VerdictKind::violation && v.stage < big.exec.stage_reserved_peak.size() &&
+      v.measured <= big.exec.stage_reserved_peak[v.stage]) {
+    return;
+  }
   // The signature keeps the smaller case's phase and activity (an expected OOM's: its failing op).
   std::string where;
   if (!v.signature.empty()) {
@@ -93,9 +111,15 @@ void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
   const std::string large_label = workload_label(*s.knee_of);
   v.knee_small = v.expected_oom ? "expected OOM" : v.signature;
   v.knee_large = big.verdict.kind == VerdictKind::pass ? std::string("pass") : big.verdict.signature;
-  const std::string small_what = v.expected_oom ? "OOMs where its own plan says it does not fit"
-                                 : v.kind == VerdictKind::oom ? "OOMs although its plan says it fits"
-                                                               : "exceeds its prediction";
+  const std::string small_what = r.plan.dynamic                 ? "OOMs"
+                                 : v.expected_oom               ? "OOMs where its own plan says it does not fit"
+                                 : v.kind == VerdictKind::oom   ? "OOMs although its plan says it fits"
+                                                                : "exceeds its prediction";
+  const std::string large_what = !big.plan.dynamic && !big.plan.fits
+                                     ? fmt::format(" (its plan does not fit, {} + reserve {} > {} available, yet it runs without an OOM)",
+                                                   format_mib(big.plan.predicted_peak), format_mib(big.plan.reserve),
+                                                   format_mib(big.plan.available))
+                                     : "";
   v.kind = VerdictKind::knee;
   v.expected_oom = false;
   v.signature = "knee:" + where;
@@ -121,11 +145,11 @@ void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
     }
   }
   const std::string small_message = v.message;
-  v.message = fmt::format("knee: the case {} at {}, but passes at the larger {}; at {}: {}", small_what, small_label, large_label,
-                          small_label, small_message);
+  v.message = fmt::format("knee: the case {} at {}, but passes at the larger {}{}; at {}: {}", small_what, small_label, large_label,
+                          large_what, small_label, small_message);
   v.cause = fmt::format("{} fails, {} passes{}", small_label, large_label, v.cause.empty() ? "" : ": " + v.cause);
-  v.explanation = fmt::format("A smaller workload fails where a larger one passes (class G, the resolution knee){}.{}", contrast,
-                              v.explanation.empty() ? "" : " At " + small_label + ", " + lower_first(v.explanation));
+  v.explanation = fmt::format("A smaller workload fails where a larger one passes{} (class G, the resolution knee){}.{}", large_what,
+                              contrast, v.explanation.empty() ? "" : " At " + small_label + ", " + lower_first(v.explanation));
 }
 
 }  // namespace
@@ -247,6 +271,10 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
   if (!r.verdict.at_budget.empty()) {
     j["verdict"]["activation_dependent"] = r.verdict.activation_dependent;
     j["verdict"]["at_budget"] = r.verdict.at_budget;
+  }
+  if (r.verdict.kind == VerdictKind::knee) {
+    j["verdict"]["knee_small"] = r.verdict.knee_small;
+    j["verdict"]["knee_large"] = r.verdict.knee_large;
   }
   j["campaign_seed"] = campaign_seed;
   j["case_index"] = case_index;
@@ -433,6 +461,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     // Class G: every knee_every-th case that passes is run again a step smaller (by its index, so
     // shards pair the same cases as the whole campaign); that one failing is a knee finding.
     if (!passed || cfg.knee_every == 0 || i % cfg.knee_every != 0 || (cfg.should_stop && cfg.should_stop())) continue;
+    if (cfg.seconds > 0 && elapsed() >= cfg.seconds) continue;
     const std::optional<Workload> smaller = knee_smaller(s.workload, seed);
     if (!smaller) continue;
     Scenario pair = s;
@@ -441,6 +470,18 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     ++out.knee_pairs;
     ++cell.knee_pairs;
     CaseResult pr = run_case(pair, backend, false);
+    if (pr.verdict.kind == VerdictKind::error) {
+      // The pair's own error (or its larger half's) is counted like a case's.
+      ++out.errors;
+      ++cell.errors;
+      spdlog::warn("case {} (seed {}), its pair at {}: error: {}", i, seed, workload_label(pair.workload), pr.verdict.message);
+      if (pr.exec.fatal) {
+        out.fatal_error = pr.verdict.message;
+        spdlog::error("campaign stopped after case {}: the backend cannot go on", i);
+        break;
+      }
+      continue;
+    }
     if (pr.verdict.kind == VerdictKind::knee) record(pair, pr);
   }
   out.seconds = elapsed();

@@ -47,8 +47,8 @@ struct Verdict {
   // Unchecked: at_budget is empty.
   std::string at_budget;
   bool activation_dependent = false;
-  // A knee finding: the verdict the case had on its own (violation / oom, or an expected OOM:
-  // "oom"), and what the larger workload gave ("pass", or "waste").
+  // A knee finding: the verdict the case had on its own (its violation or OOM signature, or
+  // "expected OOM"), and what the larger workload gave ("pass", or its waste signature).
   std::string knee_small;
   std::string knee_large;
   bool finding() const {

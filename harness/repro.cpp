@@ -97,6 +97,7 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
     j["activation_dependent"] = v.activation_dependent;
     j["at_budget"] = v.at_budget;
   }
+  if (v.kind == VerdictKind::knee) j["knee"] = {{"small", v.knee_small}, {"large", v.knee_large}};
   if (c.exec.dynamic) {
     const DynamicReport& d = *c.exec.dynamic;
     nlohmann::ordered_json dj = {{"faults", d.faults},         {"resident_hits", d.resident_hits}, {"copies", d.copies},

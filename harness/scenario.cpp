@@ -348,6 +348,7 @@ inline constexpr std::uint32_t kMaxFrames = 1024;
 inline constexpr std::uint32_t kMaxTextTokens = 1u << 16;
 inline constexpr std::size_t kMaxTensorRank = 8;
 inline constexpr std::size_t kMaxModulesPerModel = 1u << 20;
+inline constexpr std::uint64_t kMaxTensorsPerModel = 1u << 22;  // 4,194,304
 inline constexpr std::uint32_t kMaxSteps = 1000;
 inline constexpr std::size_t kMaxOthersEvents = 1024;
 inline constexpr double kMaxEventMs = 86400000.0;  // a day of modelled time
@@ -452,9 +453,10 @@ Policy parse_policy_json(const JsonIn& j) {
   return p;
 }
 
-Workload parse_workload(const JsonIn& j) {
+// `base`: what a field left out is (knee_of's: the workload's own).
+Workload parse_workload(const JsonIn& j, const Workload& base = Workload{}) {
   j.expect_object({"width", "height", "batch", "frames", "cfg", "text_tokens", "steps"});
-  Workload w;
+  Workload w = base;
   auto side = [&](std::string_view key, std::uint32_t& out) {
     if (auto v = j.opt(key)) {
       const std::uint64_t x = v->u64();
@@ -511,6 +513,8 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   // The names a file would give the tensors (module path + "." + name): unique in a model, as in
   // the safetensors and GGUF files the importer reads. "" is the root module.
   std::map<std::string, std::string> module_at;   // module name -> where it was given
+  std::uint64_t tensor_count = 0, tensor_count_step = 0;
+  std::vector<std::size_t> entry_of;               // per module: the entry that gave it (repeat expands one entry)
   std::map<std::string, std::string> full_names;  // "a.b.weight" -> where it was given
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn mj = j.at(i);
@@ -520,12 +524,15 @@ std::vector<Module> parse_modules(const JsonIn& j) {
     // "repeat": N stands for N copies of the module named NAME.0 ... NAME.(N-1) (the compact form
     // of a rounding-sum repro: "212 x [2 MiB + 512 B fp16]").
     std::optional<std::uint64_t> repeat;
+    const std::size_t room = kMaxModulesPerModel - std::min(modules.size(), kMaxModulesPerModel);
     if (auto v = mj.opt("repeat")) {
       repeat = v->u64();
-      if (*repeat < 1 || *repeat > kMaxModulesPerModel - modules.size()) {
-        v->fail(fmt::format("must be between 1 and {} (the model's module limit, {} already given)", kMaxModulesPerModel - modules.size(),
+      if (*repeat < 1 || *repeat > room) {
+        v->fail(fmt::format("must be between 1 and {} (the model's limit of {} modules, {} already given)", room, kMaxModulesPerModel,
                             modules.size()));
       }
+    } else if (room == 0) {
+      mj.fail(fmt::format("too many modules (more than {})", kMaxModulesPerModel));
     }
     bool hook = false;
     if (auto v = mj.opt("cast_hook")) {
@@ -566,6 +573,12 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       tmpl.tensors.push_back(std::move(tensor));
     }
     const std::uint64_t copies = repeat.value_or(1);
+    // Tensors in all, as a listed model's file would hold them: a small file must not expand to
+    // more than a real checkpoint's worth (the largest have a few thousand).
+    if (__builtin_mul_overflow(tmpl.tensors.size(), copies, &tensor_count_step) || tensor_count + tensor_count_step > kMaxTensorsPerModel) {
+      (repeat ? mj.at("repeat") : mj.at("tensors")).fail(fmt::format("the model would have more than {} tensors", kMaxTensorsPerModel));
+    }
+    tensor_count += tensor_count_step;
     if (copies > 1) {
       // The first copy is counted above; the others add to the totals together.
       Bytes more_bytes = 0;
@@ -594,6 +607,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
         }
       }
       hook_given.push_back(hook ? 1 : 0);
+      entry_of.push_back(i);
       modules.push_back(std::move(m));
     }
   }
@@ -602,6 +616,18 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   mark_containers(modules);
   for (std::size_t i = 0; i < modules.size(); ++i) {
     if (!hook_given[i]) modules[i].cast_hook = !modules[i].container;
+    if (hook_given[i] && modules[i].cast_hook && modules[i].container) {
+      // finalize_model says the same, but at the module's index after "repeat" expanded the
+      // entries: name the entry that gave it.
+      const auto child = std::find_if(modules.begin(), modules.end(), [&](const Module& c) {
+        return c.name.size() > modules[i].name.size() + 1 && c.name.compare(0, modules[i].name.size() + 1, modules[i].name + ".") == 0 &&
+               !c.tensors.empty();
+      });
+      j.at(entry_of[i]).at("cast_hook").fail(fmt::format(
+          "module \"{}\" has parameters below it (\"{}\"), so it is a container and its own tensors are raw: a container has no "
+          "cast hook (set \"cast_hook\": false or leave it out)",
+          modules[i].name, child == modules.end() ? std::string("?") : child->name));
+    }
   }
   return modules;
 }
@@ -925,7 +951,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
     }
   }
   if (auto v = j.opt("workload")) s.workload = parse_workload(*v);
-  if (auto v = j.opt("knee_of")) s.knee_of = parse_workload(*v);
+  if (auto v = j.opt("knee_of")) s.knee_of = parse_workload(*v, s.workload);
   if (auto v = j.opt("offload_streams")) s.offload_streams = v->u32_in(0, kMaxOffloadStreams);
   if (auto v = j.opt("pipeline")) s.stages = parse_pipeline(*v, s.models);
   else s.stages = default_stages(s.models.size());

@@ -422,7 +422,6 @@ class Shrinker {
       }
     }
     if (keep && !keep->cast_hook) keep.reset();
-    const Bytes model_bytes = spec.bytes;
     // Sizes just above a boundary: 2 MiB + 512 B takes two 2 MiB pages (raw, async's pool);
     // 10 MiB + 512 B is rounded to a 12 MiB caching segment. Each wastes about 2 MiB.
     const bool caching = best_.allocator.mode == AllocatorMode::caching;
@@ -438,7 +437,7 @@ class Shrinker {
           const std::string what = fmt::format("{}{} x [{} {}]", keep ? keep->name + " + " : "", n, exact_size_text(pad),
                                                dtype_name(c.models[m].compute));
           std::int64_t short_by = 0;
-          if (try_pads(c, model_bytes, what, short_by)) {
+          if (try_pads(c, what, short_by)) {
             shrink_pads(m, keep ? 1 : 0);
             return true;
           }
@@ -454,8 +453,9 @@ class Shrinker {
   // allocator: the card is too large for it now), with the card's available memory between the
   // prediction plus the reserve and the measured peak, where the plan fits and the peak does not.
   // `short_by`: how far the closest miss with the signature fell below the margin.
-  bool try_pads(const Scenario& c, Bytes model_bytes, const std::string& what, std::int64_t& short_by) {
-    const std::string tail = sig_.substr(sig_.find(':'));
+  bool try_pads(const Scenario& c, const std::string& what, std::int64_t& short_by) {
+    // `seen` keeps the verdict of a candidate that ran; one that did not (cached, invalid, out of
+    // budget) leaves it empty and is not searched from.
     auto probe = [&](const Scenario& d, const std::string& label, Verdict& seen) {
       Verdict v;
       if (interesting(d, &v, &seen)) return adopt(d, v, label);
@@ -465,26 +465,23 @@ class Shrinker {
     std::vector<std::pair<Scenario, Verdict>> tried;
     tried.emplace_back(c, Verdict{});
     if (probe(c, what, tried.back().second)) return true;
-    const Bytes now = c.models.empty() ? 0 : [&] {
-      Bytes b = 0;
-      for (const ModelRef& mr : c.models) b += mr.spec->bytes;
-      return b;
-    }();
-    Bytes before = 0;
+    Bytes now = 0, before = 0;
+    for (const ModelRef& mr : c.models) now += mr.spec->bytes;
     for (const ModelRef& mr : best_.models) before += mr.spec->bytes;
-    (void)model_bytes;
     if (now < before && c.device.total > before - now + MiB) {
       Scenario d = c;
       d.device.total -= before - now;
       tried.emplace_back(d, Verdict{});
       if (probe(d, what + ", device shrunk by the bytes dropped", tried.back().second)) return true;
     }
-    if (sig_.rfind("oom:", 0) != 0) return false;
+    // A knee of an OOM needs the card as tight as an OOM does.
+    const bool oom = sig_.rfind("oom:", 0) == 0 || (sig_.rfind("knee:", 0) == 0 && best_verdict_.knee_small.rfind("oom:", 0) == 0);
+    if (!oom) return false;
     // An OOM needs the card as tight as the original's: search its size between what the plan
     // needs (below that the OOM is expected) and the candidate's. A pass, a violation or an OOM at
     // another op means the card is still too large; an expected OOM, too small.
     for (const auto& [base, v] : tried) {
-      if (v.signature.empty() && v.kind != VerdictKind::pass) continue;  // an error, or not run
+      if (v.message.empty() || v.kind == VerdictKind::error) continue;  // not run, or an error
       const Bytes fixed = base.device.used_by_others + base.device.context_overhead;
       Bytes lo = fixed + v.predicted + v.reserve;
       Bytes hi = base.device.total;
@@ -516,6 +513,20 @@ class Shrinker {
           ++k;
         }
         if (!gaps) continue;
+        // Only the shrinker's own runs: every module of the prefix identical (a model of the
+        // user's that names modules "pad.N" differently is left as it is).
+        const Module* first = nullptr;
+        bool identical = true;
+        for (const Module& mod : spec.modules) {
+          if (!mod.name.starts_with(base)) continue;
+          if (!first) first = &mod;
+          identical = identical && mod.bytes == first->bytes && mod.tensors.size() == first->tensors.size() && mod.cast_hook == first->cast_hook;
+          for (std::size_t t = 0; identical && t < mod.tensors.size(); ++t) {
+            identical = mod.tensors[t].shape == first->tensors[t].shape && mod.tensors[t].dtype == first->tensors[t].dtype &&
+                        mod.tensors[t].name == first->tensors[t].name && mod.tensors[t].role == first->tensors[t].role;
+          }
+        }
+        if (!identical) continue;
         Scenario c = best_;
         ModelSpec& e = editable(c, m);
         k = 0;
@@ -527,6 +538,7 @@ class Shrinker {
         if (r.verdict.signature == sig_ && r.verdict.overshoot >= margin_) {
           best_ = c;
           best_verdict_ = r.verdict;
+          log_.push_back(fmt::format("{}N numbered from 0 (one run)", base));
         }
       }
     }
@@ -768,8 +780,10 @@ class Shrinker {
     try_set([](Workload& w) { w.text_tokens = 0; }, "default text tokens");
     try_set([](Workload& w) { w.steps = 1; }, "1 step");
     if (best_.workload.steps > 2) try_set([](Workload& w) { w.steps = 2; }, "2 steps");
+    // A knee pair keeps its resolution (moving the smaller half alone would widen the pair; the
+    // larger half narrows toward it above).
     for (std::uint32_t side : {256u, 512u, 768u, 1024u}) {
-      if (side >= std::max(best_.workload.width, best_.workload.height)) break;
+      if (best_.knee_of || side >= std::max(best_.workload.width, best_.workload.height)) break;
       if (accept_workload_side(side)) {
         any = true;
         break;

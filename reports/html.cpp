@@ -462,7 +462,9 @@ std::string matrix_html(const Json& doc) {
           out += "<td class=\"cell-skip\">not judged</td>";  // class C is the classic offload buffer's
           continue;
         }
-        if (kind == "knee" && get_u64(*cell, "knee_pairs") == 0) {
+        bool knee_findings = false;
+        for (const Json& f : get_arr(*cell, "findings")) knee_findings |= get_str(f, "signature").rfind("knee:", 0) == 0;
+        if (kind == "knee" && get_u64(*cell, "knee_pairs") == 0 && !knee_findings) {
           out += "<td class=\"cell-skip\">not judged</td>";  // no case of the cell was paired
           continue;
         }

@@ -36,6 +36,9 @@ std::string xml_escape(std::string_view text) {
 
 namespace {
 
+// What a finding's bytes are: an overshoot, or (waste) the offload buffer left unused.
+std::string_view bytes_label(const std::string& signature) { return signature.rfind("waste:", 0) == 0 ? "unused buffer" : "overshoot"; }
+
 struct Testcase {
   std::string name, classname;
   double time = 0;
@@ -99,8 +102,12 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           cases.push_back(std::move(tc));
           continue;
         }
-        if (kind == "knee" && get_u64(*cell, "knee_pairs") == 0) {
-          tc.skipped_message = "not judged: no passing case of this cell was run again a step smaller (fuzz --knee-every)";
+        // P4 is judged on the pairs: a cell with none (calibrate, --knee-every 0) is not judged,
+        // unless it has knee findings (a summary rebuilt after a kill does not know its pairs).
+        bool knee_findings = false;
+        for (const Json& f : get_arr(*cell, "findings")) knee_findings |= get_str(f, "signature").rfind("knee:", 0) == 0;
+        if (kind == "knee" && get_u64(*cell, "knee_pairs") == 0 && !knee_findings) {
+          tc.skipped_message = "not judged: no passing case of this cell was run again a step smaller (fuzz --knee-every K, K > 0)";
           cases.push_back(std::move(tc));
           continue;
         }
@@ -115,15 +122,15 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           const std::string replay = replay_command(get_str(g, "repro"), get_str(g, "file"), report_dir);
           const std::string under = key.second.empty() ? "" : ", policy " + key.second;
           if (g.value("noise", false) && !get_bool(g, "known")) {
-            noisy.push_back(fmt::format("{} x{}: overshoot {}, seed {:#x}{}, within the allocator's rounding noise (below --min-overshoot)",
-                                        sig, get_u64(f, "count"), format_signed_mib(get_i64(f, "worst_overshoot")),
+            noisy.push_back(fmt::format("{} x{}: {} {}, seed {:#x}{}, within the allocator's rounding noise (below --min-overshoot)",
+                                        sig, get_u64(f, "count"), bytes_label(sig), format_signed_mib(get_i64(f, "worst_overshoot")),
                                         get_u64(f, "first_case_seed"), under));
             continue;
           }
           if (get_bool(g, "known")) {
             std::string by;
             for (const Json& file : get_arr(g, "known_by")) by += (by.empty() ? "" : ", ") + file.get<std::string>();
-            known.push_back(fmt::format("{} x{}: overshoot {}, seed {:#x}{}{}", sig, get_u64(f, "count"),
+            known.push_back(fmt::format("{} x{}: {} {}, seed {:#x}{}{}", sig, get_u64(f, "count"), bytes_label(sig),
                                         format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
                                         by.empty() ? "" : ", known by " + by));
             continue;
@@ -133,7 +140,7 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           // The cause before the replay command, which runs to the end of the line (pasted as it is).
           const std::string why = g.contains("why") ? "; why: " + get_str(g, "why") + ";" : std::string(",");
           const std::string line =
-              fmt::format("{} x{}: overshoot {}, seed {:#x}{}{}{}{}", sig, get_u64(f, "count"),
+              fmt::format("{} x{}: {} {}, seed {:#x}{}{}{}{}", sig, get_u64(f, "count"), bytes_label(sig),
                           format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
                           elsewhere.empty() ? "" : " (new under this policy; the corpus has it under " + elsewhere + ")", why,
                           replay.empty() ? fmt::format(" replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))
@@ -153,8 +160,10 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           for (const std::string& l : fresh) msg += (msg.empty() ? "" : "; ") + l;
           tc.failure_message = fresh.size() == 1 ? msg : fmt::format("{} new signatures: {}", fresh.size(), msg);
           tc.failure_type = kind;
-          tc.failure_body = fmt::format("{} of {} cases ({} with {}) broke {}:\n{}", fresh_count, n, policy, alloc,
-                                        get_str(prop, "name"), body);
+          const std::uint64_t pairs = get_u64(*cell, "knee_pairs");
+          tc.failure_body = kind == "knee" && pairs > 0
+                                ? fmt::format("{} of {} pairs ({} with {}) broke {}:\n{}", fresh_count, pairs, policy, alloc, get_str(prop, "name"), body)
+                                : fmt::format("{} of {} cases ({} with {}) broke {}:\n{}", fresh_count, n, policy, alloc, get_str(prop, "name"), body);
         } else if (!known.empty() || !noisy.empty()) {
           std::string msg;
           for (const std::string& l : known) msg += (msg.empty() ? "" : "; ") + l;

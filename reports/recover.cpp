@@ -346,7 +346,7 @@ Recovered recover_campaign(const std::string& dir) {
   notes.push_back(fmt::format("finding counts: the finding files on disk (at most --keep {} per signature and policy); later findings "
                               "of a signature were counted in memory only",
                               cfg.keep_per_signature));
-  notes.push_back("expected OOMs, errors and the run's wall time: not on disk (0 here)");
+  notes.push_back("expected OOMs, errors, the P4 pairs run (knee_pairs) and the run's wall time: not on disk (0 here; P4 is judged where knee findings were recovered)");
   if (!cfg.corpus_dir.empty()) notes.push_back("the corpus replay (which repros still fail): not on disk; known findings are marked from the corpus's repros");
   summary["recovered"] = {{"from", fmt::format("{}/run.json and the finding files under {}/findings", dir, dir)}, {"not_recovered", notes}};
   // What report and merge will read back: check it as they will.

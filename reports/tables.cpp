@@ -152,7 +152,11 @@ Table findings_table(const Json& doc, const LinkFn& link) {
     }
     const std::string share = f.contains("severity") ? fmt::format("{:.2f}%", f.value("severity", 0.0) * 100.0) : "-";
     t.rows.push_back({get_str(f, "signature"), f.contains("why") ? get_str(f, "why") : "-", get_str(f, "policy"),
-                      std::to_string(get_u64(f, "count")), signed_mib1(get_i64(f, "worst_overshoot")), share, repro_cell, reliability,
+                      std::to_string(get_u64(f, "count")),
+                      // A waste finding's bytes are the offload buffer it left unused, not an overshoot.
+                      get_str(f, "signature").rfind("waste:", 0) == 0 ? format_mib(static_cast<Bytes>(std::max<std::int64_t>(0, get_i64(f, "worst_overshoot")))) + " unused"
+                                                                      : signed_mib1(get_i64(f, "worst_overshoot")),
+                      share, repro_cell, reliability,
                       corpus_note(doc, f)});
     t.links.push_back({"", "", "", "", "", "", target, "", ""});
   }

@@ -1205,7 +1205,7 @@ TEST(ScenarioRepeat, BadRepeatsNameTheField) {
   doc["models"][0]["modules"].push_back(json::parse(R"({"name": "pad", "repeat": 0, "tensors": [{"name": "weight", "shape": [4], "dtype": "fp16"}]})"));
   expect_error(doc, "models[0].modules[4].repeat", {"must be between 1 and"});
   doc["models"][0]["modules"][4]["repeat"] = 2000000;
-  expect_error(doc, "models[0].modules[4].repeat", {"must be between 1 and", "module limit"});
+  expect_error(doc, "models[0].modules[4].repeat", {"must be between 1 and", "the model's limit of 1048576 modules"});
   doc["models"][0]["modules"][4]["repeat"] = "3";
   expect_error(doc, "models[0].modules[4].repeat", {});
   // A copy's name taken by a module given on its own.
@@ -1217,6 +1217,22 @@ TEST(ScenarioRepeat, BadRepeatsNameTheField) {
   big["models"][0]["modules"].push_back(
       json::parse(R"({"name": "pad", "repeat": 1048000, "tensors": [{"name": "weight", "shape": [4294967296, 4096], "dtype": "fp32"}]})"));
   expect_error(big, "models[0].modules[4].repeat", {"overflows 64 bits"});
+  // A small file must not expand past a checkpoint's worth of tensors (refused before expanding).
+  json many = base_inline();
+  json mod = json::parse(R"({"name": "pad", "repeat": 1000000, "tensors": []})");
+  for (const char* t : {"a", "b", "c", "d", "e"}) mod["tensors"].push_back({{"name", t}, {"shape", {4}}, {"dtype", "fp16"}});
+  many["models"][0]["modules"].push_back(mod);
+  expect_error(many, "models[0].modules[4].repeat", {"more than 4194304 tensors"});
+}
+
+TEST(ScenarioRepeat, AContainerErrorNamesTheEntryNotTheExpandedIndex) {
+  // x.0 ... x.2 from one entry, and x.1.sub below x.1: copy 1 is a container, and its cast hook
+  // was given in entry 4 (the expanded index would be 5).
+  json doc = base_inline();
+  doc["models"][0]["modules"].push_back(
+      json::parse(R"({"name": "x", "repeat": 3, "cast_hook": true, "tensors": [{"name": "weight", "shape": [4, 4], "dtype": "fp16"}]})"));
+  doc["models"][0]["modules"].push_back(json::parse(R"({"name": "x.1.sub", "tensors": [{"name": "weight", "shape": [4, 4], "dtype": "fp16"}]})"));
+  expect_error(doc, "models[0].modules[4].cast_hook", {"module \"x.1\" has parameters below it (\"x.1.sub\")"});
 }
 
 }  // namespace
