@@ -426,6 +426,22 @@ class Shrinker {
     // 10 MiB + 512 B is rounded to a 12 MiB caching segment. Each wastes about 2 MiB.
     const bool caching = best_.allocator.mode == AllocatorMode::caching;
     const Bytes sizes[] = {caching ? 10 * MiB + 512 : 2 * MiB + 512, caching ? 2 * MiB + 512 : 10 * MiB + 512};
+    // The sum counts every tensor on the device, the other models' too: the pads carry it alone
+    // first, without the other models (which drop_models could not drop while their rounding
+    // was part of the sum), then beside them.
+    std::vector<std::pair<Scenario, std::size_t>> starts;  // a scenario and the model's index in it
+    if (best_.models.size() > 1) {
+      Scenario alone = best_;
+      std::size_t at = m;
+      for (std::size_t i = alone.models.size(); i-- > 0;) {
+        if (i == at) continue;
+        alone = without_model(alone, static_cast<std::uint32_t>(i));
+        if (i < at) --at;
+      }
+      starts.emplace_back(std::move(alone), at);
+    }
+    starts.emplace_back(best_, m);
+    for (const auto& [start, mi] : starts)
     for (const Bytes pad : sizes) {
       for (const bool first : {true, false}) {
         if (!keep && !first) continue;
@@ -433,12 +449,13 @@ class Shrinker {
         // but falls short of the margin gets the pads it lacked, twice at most.
         std::uint64_t n = std::max<std::uint64_t>(1, (sum + 2 * MiB - 1024) / (2 * MiB - 512));
         for (int attempt = 0; attempt < 3 && within_budget(); ++attempt) {
-          const Scenario c = with_pads(best_, m, keep ? &*keep : nullptr, first, pad, n);
-          const std::string what = fmt::format("{}{} x [{} {}]", keep ? keep->name + " + " : "", n, exact_size_text(pad),
-                                               dtype_name(c.models[m].compute));
+          const Scenario c = with_pads(start, mi, keep ? &*keep : nullptr, first, pad, n);
+          const std::string what = fmt::format("{}{} x [{} {}]{}", keep ? keep->name + " + " : "", n, exact_size_text(pad),
+                                               dtype_name(c.models[mi].compute), start.models.size() < best_.models.size() ? ", the other models dropped" : "");
           std::int64_t short_by = 0;
           if (try_pads(c, what, short_by)) {
-            shrink_pads(m, keep ? 1 : 0);
+            shrink_pads(mi, keep ? 1 : 0);
+            padded_id_ = best_.models[mi].id;
             return true;
           }
           if (short_by <= 0) break;
@@ -612,7 +629,17 @@ class Shrinker {
   bool drop_models() {
     bool any = false;
     for (std::size_t i = best_.models.size(); i-- > 0 && best_.models.size() > 1;) {
-      any |= accept(without_model(best_, static_cast<std::uint32_t>(i)), fmt::format("drop model {}", best_.models[i].id));
+      const std::string id = best_.models[i].id;
+      const Bytes bytes = best_.models[i].spec->bytes;
+      Scenario c = without_model(best_, static_cast<std::uint32_t>(i));
+      if (accept(c, fmt::format("drop model {}", id))) {
+        any = true;
+        continue;
+      }
+      // A model resident during the judged stage was ballast: keep the pressure without it.
+      if (c.device.total <= bytes + MiB) continue;
+      c.device.total -= bytes;
+      any |= accept(c, fmt::format("drop model {} and its bytes from the device", id));
     }
     return any;
   }
@@ -659,6 +686,9 @@ class Shrinker {
   // smallest: an overshoot summed over many small modules keeps failing without the ones loaded
   // after the failure, which the list order scatters over every block), when the list is stuck.
   bool bisect_modules(std::size_t m) {
+    // A model the rounding route rewrote as [the peak's module] + N pads has had its count
+    // searched already: dropping pads in chunks only spends the budget.
+    if (!padded_id_.empty() && best_.models[m].id == padded_id_) return false;
     std::vector<std::uint32_t> list(best_.models[m].spec->modules.size());
     for (std::uint32_t i = 0; i < list.size(); ++i) list[i] = i;
     // The walk-order sweep only when the list order is stuck: a local minimum of the list order
@@ -977,6 +1007,7 @@ class Shrinker {
   std::chrono::steady_clock::time_point start_;
   std::string sig_;
   std::int64_t margin_ = 0;
+  std::string padded_id_;  // the model repeat_worst_module rewrote (by id: drop_models moves indices)
   std::int64_t largest_ = 0;
   Scenario best_;
   std::uint64_t best_elapsed_us_ = 0;  // the modelled length of best_ (dynamic VRAM runs)
