@@ -138,10 +138,12 @@ void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
       contrast += fmt::format(". The larger workload made the predictor keep {} fewer weights on the device, and the room that "
                               "left absorbed what the smaller case's budget leaves out",
                               format_mib(ss.resident_total - ls.resident_total));
-    } else if (ls.activation_allowance > ss.activation_allowance) {
-      contrast += fmt::format(". The same weights stay resident at both; the larger case's activation budget, {} more, covered "
-                              "what the smaller one's leaves out",
-                              format_mib(ls.activation_allowance - ss.activation_allowance));
+    } else if (v.stage < big.exec.stage_reserved_peak.size() && v.stage < r.exec.stage_reserved_peak.size()) {
+      // Not the weight budget: say what was measured, and let the numbers speak.
+      contrast += fmt::format(". The same weights stay resident at both; the stage's reserved peak was {} at {} and {} at {}{}",
+                              format_mib(big.exec.stage_reserved_peak[v.stage]), large_label,
+                              format_mib(r.exec.stage_reserved_peak[v.stage]), small_label,
+                              r.exec.oom ? fmt::format(" when its {} request failed", format_mib(r.exec.oom->request)) : std::string());
     }
   }
   const std::string small_message = v.message;

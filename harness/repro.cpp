@@ -26,9 +26,13 @@ std::string describe_models(const Scenario& s) {
   std::string out;
   for (const ModelRef& m : s.models) {
     const bool inline_model = m.source == "inline";
-    out += fmt::format("{}{} ({}{}, {} modules, {}, compute {}{})", out.empty() ? "" : "; ", m.id,
+    // A catalog model with modules left out says how many of the catalog's it keeps.
+    const std::string modules = m.catalog_full && !inline_model && m.catalog_full->modules.size() != m.spec->modules.size()
+                                    ? fmt::format("{} of its {} modules", m.spec->modules.size(), m.catalog_full->modules.size())
+                                    : fmt::format("{} modules", m.spec->modules.size());
+    out += fmt::format("{}{} ({}{}, {}, {}, compute {}{})", out.empty() ? "" : "; ", m.id,
                        inline_model ? "inline " + std::string(family_name(m.spec->family)) : m.source,
-                       ", stored " + storage_label(m), m.spec->modules.size(),
+                       ", stored " + storage_label(m), modules,
                        format_mib(m.spec->bytes), dtype_name(m.compute), m.lora ? ", LoRA" : "");
   }
   return out;

@@ -635,7 +635,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
 // `base_dir`: where a relative "file:PATH" source is looked up (the scenario file's directory).
 ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_dir) {
   j.expect_object({"id", "source", "storage", "scaled", "compute", "lora", "patcher", "prefetch", "kind", "family",
-                   "memory_usage_factor", "arch", "modules"});
+                   "memory_usage_factor", "arch", "modules", "keep", "drop"});
   ModelRef ref;
   if (auto v = j.opt("patcher")) {
     const std::string p = v->str();
@@ -680,8 +680,38 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
     }
     ref.id = name;
     ref.spec = catalog.get(name, ref.storage, j.path());
+    // "keep": [MODULE...] or "drop": [MODULE...]: the catalog model with modules left out (a
+    // shrunk repro that still names the model it came from).
+    if (j.has("keep") && j.has("drop")) j.at("drop").fail("give \"keep\" or \"drop\", not both");
+    if (j.has("keep") || j.has("drop")) {
+      const bool keep = j.has("keep");
+      const JsonIn lj = j.at(keep ? "keep" : "drop");
+      const ModelSpec& full = *ref.spec;
+      std::map<std::string, std::size_t> index;
+      for (std::size_t i = 0; i < full.modules.size(); ++i) index.emplace(full.modules[i].name, i);
+      std::vector<std::uint8_t> listed(full.modules.size(), 0);
+      if (lj.size() == 0) lj.fail(keep ? "keeps no module (leave \"keep\" out for the whole model)" : "drops no module (leave \"drop\" out)");
+      for (std::size_t k = 0; k < lj.size(); ++k) {
+        const JsonIn item = lj.at(k);
+        const std::string mod = item.str();
+        const auto it = index.find(mod);
+        if (it == index.end()) item.fail(fmt::format("no module \"{}\" in {} (a catalog model of {} modules, named by their PyTorch paths)", mod, name, full.modules.size()));
+        if (listed[it->second]) item.fail(fmt::format("module \"{}\" is listed twice", mod));
+        listed[it->second] = 1;
+      }
+      auto sub = std::make_shared<ModelSpec>(full);
+      sub->modules.clear();
+      for (std::size_t i = 0; i < full.modules.size(); ++i) {
+        if ((listed[i] != 0) == keep) sub->modules.push_back(full.modules[i]);
+      }
+      if (sub->modules.empty()) lj.fail("drops every module of the model");
+      finalize_model(*sub, j.path());
+      ref.catalog_full = ref.spec;
+      ref.catalog_source = ref.source;
+      ref.spec = std::move(sub);
+    }
   } else if (ref.source == "inline") {
-    for (std::string_view k : {"storage", "scaled"}) {
+    for (std::string_view k : {"storage", "scaled", "keep", "drop"}) {
       if (j.has(k)) j.at(k).fail("not allowed with an inline model (each tensor names its dtype)");
     }
     auto spec = std::make_shared<ModelSpec>();
@@ -709,7 +739,7 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
     ref.spec = std::move(spec);
   } else if (ref.source.rfind("file:", 0) == 0) {
     // A safetensors / GGUF file (or a sharded index.json), imported now (models/import.h).
-    for (std::string_view k : {"storage", "scaled", "kind", "memory_usage_factor", "arch", "modules"}) {
+    for (std::string_view k : {"storage", "scaled", "kind", "memory_usage_factor", "arch", "modules", "keep", "drop"}) {
       if (j.has(k)) j.at(k).fail("not allowed with a file model (the file defines it)");
     }
     ImportOptions opts;
@@ -997,6 +1027,25 @@ nlohmann::json option_value_json(const std::string& v) {
 
 }  // namespace
 
+bool is_module_subset(const ModelSpec& sub, const ModelSpec& full) {
+  std::map<std::string_view, std::size_t> index;
+  for (std::size_t i = 0; i < full.modules.size(); ++i) index.emplace(full.modules[i].name, i);
+  std::size_t next = 0;
+  for (const Module& m : sub.modules) {
+    const auto it = index.find(m.name);
+    if (it == index.end() || it->second < next) return false;
+    const Module& f = full.modules[it->second];
+    if (f.cast_hook != m.cast_hook || f.tensors.size() != m.tensors.size()) return false;
+    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
+      const Tensor& a = m.tensors[t];
+      const Tensor& b = f.tensors[t];
+      if (a.name != b.name || a.shape != b.shape || a.dtype != b.dtype || a.role != b.role) return false;
+    }
+    next = it->second + 1;
+  }
+  return !sub.modules.empty();
+}
+
 std::size_t repeat_run(const std::vector<Module>& modules, std::size_t i) {
   constexpr std::size_t kMinRepeatRun = 3;
   const Module& first = modules[i];
@@ -1061,6 +1110,15 @@ nlohmann::json model_json(const ModelRef& m) {
     j["source"] = m.source;
     j["storage"] = dtype_name(m.storage.dtype);
     if (dtype_info(m.storage.dtype).fp8 || m.storage.dtype == Dtype::int8) j["scaled"] = m.storage.scaled;
+    if (m.catalog_full && m.spec->modules.size() != m.catalog_full->modules.size()) {
+      // The shorter list: the modules kept, or those dropped.
+      std::set<std::string> kept;
+      for (const Module& mod : m.spec->modules) kept.insert(mod.name);
+      nlohmann::json keep = nlohmann::json::array(), drop = nlohmann::json::array();
+      for (const Module& mod : m.catalog_full->modules) (kept.count(mod.name) ? keep : drop).push_back(mod.name);
+      if (keep.size() <= drop.size()) j["keep"] = std::move(keep);
+      else j["drop"] = std::move(drop);
+    }
   }
   j["compute"] = dtype_name(m.compute);
   j["lora"] = m.lora;
@@ -1272,6 +1330,12 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
     } else {
       h.word(static_cast<std::uint64_t>(m.storage.dtype));
       if (dtype_info(m.storage.dtype).fp8 || m.storage.dtype == Dtype::int8) h.word(m.storage.scaled);  // as model_json
+      const bool subset = m.catalog_full && m.spec->modules.size() != m.catalog_full->modules.size();
+      h.word(subset);
+      if (subset) {
+        h.word(m.spec->modules.size());
+        for (const Module& mod : m.spec->modules) h.text(mod.name);
+      }
     }
     h.word(static_cast<std::uint64_t>(m.compute));
     h.word(m.lora);

@@ -208,7 +208,17 @@ struct ModelRef {
   // block runs (comfy/model_prefetch.py; LTX-AV and MiniMax do, the catalog's models do not).
   bool prefetch = false;
   std::shared_ptr<const ModelSpec> spec;  // resolved, finalized
+  // A catalog model with modules left out ("keep" / "drop" in the file, or the shrinker's): the
+  // whole catalog model, whose modules `spec` keeps in order, each as the catalog has it. Null:
+  // the whole model (or not a catalog model). `catalog_source` is its "catalog:NAME", kept while
+  // the shrinker edits the spec (which is "inline" until it is a subset again).
+  std::shared_ptr<const ModelSpec> catalog_full;
+  std::string catalog_source;
 };
+
+// Whether `sub`'s modules are modules of `full`, in its order, each with the same tensors and cast
+// hook: a catalog model with modules left out, writable as "keep" / "drop".
+bool is_module_subset(const ModelSpec& sub, const ModelSpec& full);
 
 enum class StageOp : std::uint8_t { load, forward, unload };
 std::string_view stage_op_name(StageOp s);

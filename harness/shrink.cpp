@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <set>
 #include <cstdlib>
 #include <optional>
 #include <unordered_map>
@@ -90,6 +92,10 @@ class Shrinker {
     largest_ = first.verdict.overshoot;
     margin_ = std::max<std::int64_t>(static_cast<std::int64_t>(MiB), first.verdict.overshoot / 2);
     best_ = s;
+    for (const ModelRef& r : s.models) {
+      if (r.source.rfind("catalog:", 0) == 0) catalog_origin_.emplace(r.id, r.catalog_full ? r.catalog_full : r.spec);
+    }
+    s_models_ = s.models;
     best_verdict_ = first.verdict;
     best_elapsed_us_ = first.exec.dynamic ? first.exec.dynamic->elapsed_us : 0;
     cache_[scenario_fingerprint(s, &memo_)] = true;
@@ -119,6 +125,7 @@ class Shrinker {
       if (!progress && within_budget()) progress |= repeat_for_waste();
     }
 
+    recatalog();
     renumber_pads();
     out.minimal = best_;
     out.result = run_case(best_, backend_, true);
@@ -515,6 +522,47 @@ class Shrinker {
     return false;
   }
 
+  // A catalog model that kept more than a handful of modules reads better as the catalog
+  // reference with the modules it keeps (its name, its storage dtype, "keep" / "drop") than as
+  // an inline listing: where the passes edited it beyond dropping modules (plainer dtypes, no
+  // biases) but its modules still carry the catalog's names, the catalog's own modules of those
+  // names are tried instead, once, outside the budget; kept where the signature holds.
+  void recatalog() {
+    for (std::size_t m = 0; m < best_.models.size(); ++m) {
+      const ModelRef& r = best_.models[m];
+      const auto origin = catalog_origin_.find(r.id);
+      if (origin == catalog_origin_.end() || r.source != "inline" || r.spec->modules.size() <= 8) continue;
+      const ModelSpec& full = *origin->second;
+      std::set<std::string> names;
+      for (const Module& mod : r.spec->modules) names.insert(mod.name);
+      auto sub = std::make_shared<ModelSpec>(full);
+      sub->modules.clear();
+      for (const Module& mod : full.modules) {
+        if (names.count(mod.name)) sub->modules.push_back(mod);
+      }
+      if (sub->modules.size() != names.size()) continue;  // renamed (pads): not the catalog's modules
+      finalize_model(*sub, "shrink");
+      Scenario c = best_;
+      ModelRef& e = c.models[m];
+      for (const ModelRef& o : s_models_) {
+        if (o.id != r.id) continue;
+        e.source = o.source;  // "catalog:NAME", with the original's storage choice
+        e.storage = o.storage;
+        e.storage_given = o.storage_given;
+      }
+      e.catalog_source = e.source;
+      e.catalog_full = origin->second;
+      e.spec = std::move(sub);
+      const CaseResult res = run_case(c, backend_, false);
+      if (res.verdict.signature == sig_ && res.verdict.overshoot >= margin_) {
+        best_ = c;
+        best_verdict_ = res.verdict;
+        log_.push_back(fmt::format("{} as {} with {} of its {} modules", r.id, best_.models[m].source, best_.models[m].spec->modules.size(),
+                                   full.modules.size()));
+      }
+    }
+  }
+
   // Pads (and waste's blocks) the module passes dropped from the middle leave gaps in their numbering, which the
   // scenario can then not write as one "repeat" entry: number them again from 0, where that keeps
   // the verdict (identical modules, so it does; checked once, outside the budget).
@@ -662,21 +710,39 @@ class Shrinker {
   }
 
   // A private, editable copy of model m (a catalog model becomes inline).
+  // A catalog model being edited is inline until refinalize finds it a subset of the catalog
+  // model again (modules dropped, nothing else changed): then it is written as the catalog
+  // reference with "keep" / "drop", in the user's terms.
   static ModelSpec& editable(Scenario& c, std::size_t m) {
-    auto copy = std::make_shared<ModelSpec>(*c.models[m].spec);
-    if (c.models[m].source != "inline") {
+    ModelRef& r = c.models[m];
+    auto copy = std::make_shared<ModelSpec>(*r.spec);
+    if (r.source.rfind("catalog:", 0) == 0) {
+      if (!r.catalog_full) r.catalog_full = r.spec;
+      r.catalog_source = r.source;
+    }
+    if (r.source != "inline") {
       copy->source = "inline";
-      c.models[m].source = "inline";
+      r.source = "inline";
     }
     ModelSpec& ref = *copy;
-    c.models[m].spec = std::move(copy);
+    r.spec = std::move(copy);
     return ref;
   }
 
   static void refinalize(Scenario& c, std::size_t m) {
-    auto copy = std::make_shared<ModelSpec>(*c.models[m].spec);
+    ModelRef& r = c.models[m];
+    auto copy = std::make_shared<ModelSpec>(*r.spec);
     finalize_model(*copy, "shrink");
-    c.models[m].spec = std::move(copy);
+    if (r.catalog_full) {
+      if (is_module_subset(*copy, *r.catalog_full)) {
+        copy->source = r.catalog_full->source;
+        r.source = r.catalog_source;
+      } else {
+        r.catalog_full.reset();  // edited beyond dropping modules: an inline model from now on
+        r.catalog_source.clear();
+      }
+    }
+    r.spec = std::move(copy);
   }
 
   // Bisection over the modules: remove halves, then quarters, ... Each chunk is tried as is, and
@@ -1008,6 +1074,8 @@ class Shrinker {
   std::string sig_;
   std::int64_t margin_ = 0;
   std::string padded_id_;  // the model repeat_worst_module rewrote (by id: drop_models moves indices)
+  std::map<std::string, std::shared_ptr<const ModelSpec>> catalog_origin_;  // by id: the whole catalog model it was
+  std::vector<ModelRef> s_models_;  // the original's models (their storage choices)
   std::int64_t largest_ = 0;
   Scenario best_;
   std::uint64_t best_elapsed_us_ = 0;  // the modelled length of best_ (dynamic VRAM runs)

@@ -1235,5 +1235,54 @@ TEST(ScenarioRepeat, AContainerErrorNamesTheEntryNotTheExpandedIndex) {
   expect_error(doc, "models[0].modules[4].cast_hook", {"module \"x.1\" has parameters below it (\"x.1.sub\")"});
 }
 
+// A catalog model with modules left out: "keep" / "drop", the shorter list written back.
+TEST(ScenarioCatalogSubset, KeepAndDropNameModulesOfTheCatalogModel) {
+  const json keep = json::parse(R"({"schema": "vramfuzz.scenario/1", "device": {"total": "8GiB"},
+    "models": [{"source": "catalog:clip-l", "keep": ["text_model.encoder.layers.0.self_attn.out_proj", "text_model.embeddings.token_embedding"]}]})");
+  const Scenario s = load(keep);
+  const ModelRef& m = s.models[0];
+  EXPECT_EQ(m.source, "catalog:clip-l");
+  ASSERT_EQ(m.spec->modules.size(), 2u);
+  ASSERT_TRUE(m.catalog_full);
+  EXPECT_EQ(m.catalog_full->modules.size(), 99u);
+  // In the catalog's order, whatever the list's.
+  EXPECT_EQ(m.spec->modules[0].name, "text_model.embeddings.token_embedding");
+  EXPECT_EQ(m.spec->modules[1].name, "text_model.encoder.layers.0.self_attn.out_proj");
+  EXPECT_TRUE(is_module_subset(*m.spec, *m.catalog_full));
+  const json out = json::parse(scenario_to_json(s));
+  EXPECT_EQ(out["models"][0]["source"], "catalog:clip-l");
+  ASSERT_TRUE(out["models"][0].contains("keep"));
+  EXPECT_EQ(out["models"][0]["keep"].size(), 2u);
+  EXPECT_EQ(scenario_to_json(load(out)), scenario_to_json(s));
+  EXPECT_EQ(scenario_fingerprint(load(out)), scenario_fingerprint(s));
+  // The whole model and the subset are different cases.
+  const Scenario whole = load(json::parse(R"({"schema": "vramfuzz.scenario/1", "device": {"total": "8GiB"}, "models": [{"source": "catalog:clip-l"}]})"));
+  EXPECT_FALSE(scenario_fingerprint(whole) == scenario_fingerprint(s));
+  // One module dropped: written as "drop".
+  json drop = keep;
+  drop["models"][0].erase("keep");
+  drop["models"][0]["drop"] = {"text_model.embeddings.token_embedding"};
+  const Scenario d = load(drop);
+  EXPECT_EQ(d.models[0].spec->modules.size(), 98u);
+  const json dout = json::parse(scenario_to_json(d));
+  EXPECT_FALSE(dout["models"][0].contains("keep"));
+  EXPECT_EQ(dout["models"][0]["drop"], json::array({"text_model.embeddings.token_embedding"}));
+}
+
+TEST(ScenarioCatalogSubset, BadListsNameTheField) {
+  json doc = json::parse(R"({"schema": "vramfuzz.scenario/1", "device": {"total": "8GiB"},
+    "models": [{"source": "catalog:clip-l", "keep": ["text_model.embeddings.token_embedding", "no.such"]}]})");
+  expect_error(doc, "models[0].keep[1]", {"no module \"no.such\" in clip-l", "99 modules"});
+  doc["models"][0]["keep"] = {"text_model.embeddings.token_embedding", "text_model.embeddings.token_embedding"};
+  expect_error(doc, "models[0].keep[1]", {"listed twice"});
+  doc["models"][0]["keep"] = json::array();
+  expect_error(doc, "models[0].keep", {"keeps no module"});
+  doc["models"][0]["drop"] = {"text_model.embeddings.token_embedding"};
+  expect_error(doc, "models[0].drop", {"not both"});
+  json inl = base_inline();
+  inl["models"][0]["keep"] = {"embed"};
+  expect_error(inl, "models[0].keep", {"not allowed with an inline model"});
+}
+
 }  // namespace
 }  // namespace vf
