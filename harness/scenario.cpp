@@ -1027,6 +1027,16 @@ nlohmann::json option_value_json(const std::string& v) {
 
 }  // namespace
 
+bool same_contents(const Module& a, const Module& b) {
+  if (a.cast_hook != b.cast_hook || a.tensors.size() != b.tensors.size()) return false;
+  for (std::size_t t = 0; t < a.tensors.size(); ++t) {
+    const Tensor& x = a.tensors[t];
+    const Tensor& y = b.tensors[t];
+    if (x.name != y.name || x.shape != y.shape || x.dtype != y.dtype || x.role != y.role) return false;
+  }
+  return true;
+}
+
 bool is_module_subset(const ModelSpec& sub, const ModelSpec& full) {
   std::map<std::string_view, std::size_t> index;
   for (std::size_t i = 0; i < full.modules.size(); ++i) index.emplace(full.modules[i].name, i);
@@ -1034,13 +1044,7 @@ bool is_module_subset(const ModelSpec& sub, const ModelSpec& full) {
   for (const Module& m : sub.modules) {
     const auto it = index.find(m.name);
     if (it == index.end() || it->second < next) return false;
-    const Module& f = full.modules[it->second];
-    if (f.cast_hook != m.cast_hook || f.tensors.size() != m.tensors.size()) return false;
-    for (std::size_t t = 0; t < m.tensors.size(); ++t) {
-      const Tensor& a = m.tensors[t];
-      const Tensor& b = f.tensors[t];
-      if (a.name != b.name || a.shape != b.shape || a.dtype != b.dtype || a.role != b.role) return false;
-    }
+    if (!same_contents(m, full.modules[it->second])) return false;
     next = it->second + 1;
   }
   return !sub.modules.empty();
@@ -1055,16 +1059,9 @@ std::size_t repeat_run(const std::vector<Module>& modules, std::size_t i) {
   while (i + k < modules.size()) {
     const Module& m = modules[i + k];
     if (m.name.size() <= base.size() || m.name.compare(0, base.size(), base) != 0 || m.name.substr(base.size()) != std::to_string(k) ||
-        m.cast_hook != first.cast_hook || m.tensors.size() != first.tensors.size()) {
+        !same_contents(m, first)) {
       break;
     }
-    bool same = true;
-    for (std::size_t t = 0; t < m.tensors.size() && same; ++t) {
-      const Tensor& a = m.tensors[t];
-      const Tensor& b = first.tensors[t];
-      same = a.name == b.name && a.shape == b.shape && a.dtype == b.dtype && a.role == b.role;
-    }
-    if (!same) break;
     ++k;
   }
   return k >= kMinRepeatRun ? k : 1;

@@ -216,6 +216,10 @@ struct ModelRef {
   std::string catalog_source;
 };
 
+// Whether two modules hold the same tensors (name, shape, dtype, role, in order) and cast hook:
+// what a "repeat" run, a catalog subset and the shrinker's pads compare.
+bool same_contents(const Module& a, const Module& b);
+
 // Whether `sub`'s modules are modules of `full`, in its order, each with the same tensors and cast
 // hook: a catalog model with modules left out, writable as "keep" / "drop".
 bool is_module_subset(const ModelSpec& sub, const ModelSpec& full);

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <set>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -92,9 +91,6 @@ class Shrinker {
     largest_ = first.verdict.overshoot;
     margin_ = std::max<std::int64_t>(static_cast<std::int64_t>(MiB), first.verdict.overshoot / 2);
     best_ = s;
-    for (const ModelRef& r : s.models) {
-      if (r.source.rfind("catalog:", 0) == 0) catalog_origin_.emplace(r.id, r.catalog_full ? r.catalog_full : r.spec);
-    }
     s_models_ = s.models;
     best_verdict_ = first.verdict;
     best_elapsed_us_ = first.exec.dynamic ? first.exec.dynamic->elapsed_us : 0;
@@ -307,11 +303,6 @@ class Shrinker {
     return accept(c, "keep only the modules live at the peak, with their resident bytes off the device");
   }
 
-  // Class D's compact form: an overshoot that is the allocator's rounding or slack summed over
-  // hundreds of tensors cannot lose modules one chunk at a time without losing the sum, and the
-  // repro then lists hundreds of unrelated modules. Replace the model's modules by N copies of
-  // one module (the ones wasting most bytes to 2 MiB page rounding first), named NAME.0 ...
-  // NAME.(N-1) so the scenario writes them as one "repeat" entry, then search N down.
   // The category a cause leads with (a knee's: its smaller case's, after "A fails, B passes: ").
   static std::string leading_category(const Verdict& v) {
     if (v.kind == VerdictKind::knee) {
@@ -411,6 +402,11 @@ class Shrinker {
     refinalize(c, m);
     return c;
   }
+  // Class D's compact form: an overshoot that is the allocator's rounding or slack summed over
+  // hundreds of tensors cannot lose modules one chunk at a time without losing the sum, and the
+  // repro then lists hundreds of unrelated modules. Replace the model's modules by the peak op's
+  // module plus N pads named pad.0 ... pad.(N-1), which the scenario writes as one "repeat"
+  // entry, then search N down.
   bool repeat_worst_module() {
     if (!rounding_route(best_verdict_) || best_verdict_.stage >= best_.stages.size()) return false;
     const std::size_t m = best_.stages[best_verdict_.stage].model;
@@ -530,9 +526,11 @@ class Shrinker {
   void recatalog() {
     for (std::size_t m = 0; m < best_.models.size(); ++m) {
       const ModelRef& r = best_.models[m];
-      const auto origin = catalog_origin_.find(r.id);
-      if (origin == catalog_origin_.end() || r.source != "inline" || r.spec->modules.size() <= 8) continue;
-      const ModelSpec& full = *origin->second;
+      const auto origin = std::find_if(s_models_.begin(), s_models_.end(),
+                                       [&](const ModelRef& o) { return o.id == r.id && o.source.rfind("catalog:", 0) == 0; });
+      if (origin == s_models_.end() || r.source != "inline" || r.spec->modules.size() <= 8) continue;
+      const std::shared_ptr<const ModelSpec> whole = origin->catalog_full ? origin->catalog_full : origin->spec;
+      const ModelSpec& full = *whole;
       std::set<std::string> names;
       for (const Module& mod : r.spec->modules) names.insert(mod.name);
       auto sub = std::make_shared<ModelSpec>(full);
@@ -544,14 +542,11 @@ class Shrinker {
       finalize_model(*sub, "shrink");
       Scenario c = best_;
       ModelRef& e = c.models[m];
-      for (const ModelRef& o : s_models_) {
-        if (o.id != r.id) continue;
-        e.source = o.source;  // "catalog:NAME", with the original's storage choice
-        e.storage = o.storage;
-        e.storage_given = o.storage_given;
-      }
+      e.source = origin->source;  // "catalog:NAME", with the original's storage choice
+      e.storage = origin->storage;
+      e.storage_given = origin->storage_given;
       e.catalog_source = e.source;
-      e.catalog_full = origin->second;
+      e.catalog_full = whole;
       e.spec = std::move(sub);
       const CaseResult res = run_case(c, backend_, false);
       if (res.verdict.signature == sig_ && res.verdict.overshoot >= margin_) {
@@ -585,11 +580,7 @@ class Shrinker {
         for (const Module& mod : spec.modules) {
           if (!mod.name.starts_with(base)) continue;
           if (!first) first = &mod;
-          identical = identical && mod.bytes == first->bytes && mod.tensors.size() == first->tensors.size() && mod.cast_hook == first->cast_hook;
-          for (std::size_t t = 0; identical && t < mod.tensors.size(); ++t) {
-            identical = mod.tensors[t].shape == first->tensors[t].shape && mod.tensors[t].dtype == first->tensors[t].dtype &&
-                        mod.tensors[t].name == first->tensors[t].name && mod.tensors[t].role == first->tensors[t].role;
-          }
+          identical = identical && same_contents(mod, *first);
         }
         if (!identical) continue;
         Scenario c = best_;
@@ -1074,8 +1065,7 @@ class Shrinker {
   std::string sig_;
   std::int64_t margin_ = 0;
   std::string padded_id_;  // the model repeat_worst_module rewrote (by id: drop_models moves indices)
-  std::map<std::string, std::shared_ptr<const ModelSpec>> catalog_origin_;  // by id: the whole catalog model it was
-  std::vector<ModelRef> s_models_;  // the original's models (their storage choices)
+  std::vector<ModelRef> s_models_;  // the original's models: a catalog model's whole spec and storage choice
   std::int64_t largest_ = 0;
   Scenario best_;
   std::uint64_t best_elapsed_us_ = 0;  // the modelled length of best_ (dynamic VRAM runs)
