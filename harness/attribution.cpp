@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@ std::string_view peak_part_name(PeakPart p) {
     case PeakPart::lora: return "LoRA patches";
     case PeakPart::activation: return "activations";
     case PeakPart::rounding: return "allocator rounding";
+    case PeakPart::held: return "other streams' frees";
     case PeakPart::slack: return "allocator slack";
   }
   return "?";
@@ -41,6 +43,7 @@ Budget budget_of(PeakPart p) {
     case PeakPart::lora: return Budget::offload_buffer;
     case PeakPart::activation: return Budget::activation_allowance;
     case PeakPart::rounding:
+    case PeakPart::held:
     case PeakPart::slack: return Budget::none;
   }
   return Budget::none;
@@ -85,14 +88,19 @@ Bytes Attribution::budget(Budget b) const {
   return 0;
 }
 
+bool Attribution::offload_overlap() const {
+  const Bytes transfer = parts[static_cast<std::size_t>(PeakPart::transfer)].bytes;
+  return transfer_modules > 1 && transfer_streams > 0 && 2 * transfer > group(Budget::offload_buffer);
+}
+
 std::vector<Attribution::Excess> Attribution::excesses() const {
   std::vector<Excess> out;
   for (const Budget b : {Budget::loaded_weights, Budget::offload_buffer, Budget::activation_allowance}) {
     const std::int64_t over = static_cast<std::int64_t>(group(b)) - static_cast<std::int64_t>(budget(b));
     if (over > 0) out.push_back({b, PeakPart::rounding, over});
   }
-  // Rounding and slack are budgeted nothing: each is its own excess.
-  for (const PeakPart part : {PeakPart::rounding, PeakPart::slack}) {
+  // Rounding, other streams' frees and slack are budgeted nothing: each is its own excess.
+  for (const PeakPart part : {PeakPart::rounding, PeakPart::held, PeakPart::slack}) {
     const Bytes bytes = parts[static_cast<std::size_t>(part)].bytes;
     if (bytes > 0) out.push_back({Budget::none, part, static_cast<std::int64_t>(bytes)});
   }
@@ -101,9 +109,10 @@ std::vector<Attribution::Excess> Attribution::excesses() const {
 }
 
 Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std::uint32_t stage, std::uint32_t op, Bytes reserved,
-                      Bytes allocated, std::optional<Bytes> failed) {
+                      Bytes allocated, std::optional<Bytes> failed, Bytes held) {
   Attribution a;
   a.op = op;
+  if (op < p.ops.size()) a.stream = p.ops[op].stream;
   a.stage = stage;
   a.reserve = plan.reserve;
   for (const StagePlan& sp : plan.stages) {
@@ -123,6 +132,8 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
   if (failed && op < p.ops.size() && p.ops[op].buffer < p.buffers.size()) live[p.ops[op].buffer] = 1;
   // The transients' tensors, by bytes (a tensor can have a transfer copy and a conversion).
   std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, Bytes> transient;  // (model, module, tensor) -> bytes
+  std::set<std::pair<std::uint32_t, std::uint32_t>> transfer_modules;  // (model, module)
+  std::set<std::uint32_t> transfer_streams;                            // offload streams (not 0)
   Bytes largest_conversion = 0;
   for (std::size_t b = 0; b < p.buffers.size(); ++b) {
     if (!live[b]) continue;
@@ -133,6 +144,10 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
     a.requested += buf.bytes;
     if (budget_of(part) == Budget::offload_buffer && buf.module != kNone) {
       transient[{buf.model, buf.module, buf.tensor}] += buf.bytes;
+    }
+    if (buf.kind == BufferKind::transfer && buf.module != kNone) {
+      transfer_modules.insert({buf.model, buf.module});
+      if (buf.stream != 0) transfer_streams.insert(buf.stream);
     }
     if ((buf.kind == BufferKind::convert || buf.kind == BufferKind::scaled) && buf.bytes > largest_conversion && buf.module != kNone &&
         buf.model < s.models.size()) {
@@ -146,6 +161,8 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
     }
   }
   a.transient_weights = static_cast<std::uint32_t>(transient.size());
+  a.transfer_modules = static_cast<std::uint32_t>(transfer_modules.size());
+  a.transfer_streams = static_cast<std::uint32_t>(transfer_streams.size());
   std::vector<std::pair<Bytes, std::string>> named;
   for (const auto& [key, bytes] : transient) {
     const auto [model, module, tensor] = key;
@@ -167,7 +184,10 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
     a.parts[static_cast<std::size_t>(PeakPart::rounding)] = {a.reserved - a.requested, tensors};
   } else {
     a.parts[static_cast<std::size_t>(PeakPart::rounding)] = {a.allocated - a.requested, tensors};
-    a.parts[static_cast<std::size_t>(PeakPart::slack)] = {a.reserved - a.allocated, 0};
+    const Bytes unallocated = a.reserved - a.allocated;
+    const Bytes other = std::min(held, unallocated);
+    a.parts[static_cast<std::size_t>(PeakPart::held)] = {other, 0};
+    a.parts[static_cast<std::size_t>(PeakPart::slack)] = {unallocated - other, 0};
   }
   return a;
 }
@@ -181,6 +201,17 @@ std::string group_label(const Attribution& a, Budget b) {
       return fmt::format("resident weights {} in {}", mib(a.group(b)), plural(a.parts[0].tensors, "tensor", "tensors"));
     case Budget::offload_buffer: {
       const std::uint32_t offloaded = a.parts[static_cast<std::size_t>(PeakPart::transfer)].tensors;
+      if (a.offload_overlap()) {
+        // Class B: the copies of several offloaded modules are on the device at once, issued on
+        // the offload streams ahead of the compute stream, with the other transients beside them.
+        const Bytes transfer = a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes;
+        const Bytes rest = a.group(b) - transfer;
+        return fmt::format("async-offload overlap: weight transients {} with the transfer copies of {} offloaded modules in flight "
+                           "at once on {} ({}, {}){}",
+                           mib(a.group(b)), a.transfer_modules, plural(a.transfer_streams, "offload stream", "offload streams"),
+                           plural(offloaded, "tensor", "tensors"), mib(transfer),
+                           rest > 0 ? fmt::format(" and {} of conversions and patches", mib(rest)) : std::string());
+      }
       std::string out = fmt::format("weight transients {} for {}{}", mib(a.group(b)), plural(a.transient_weights, "tensor", "tensors"),
                                     offloaded ? fmt::format(" ({} offloaded, their transfer copies {})", offloaded,
                                                             mib(a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes))
@@ -206,6 +237,17 @@ std::string group_label(const Attribution& a, Budget b) {
   return "";
 }
 
+// Who held the memory, from the judged op's stream.
+std::string held_label(const Attribution& a) {
+  if (a.stream == 0) {
+    return "freed memory cached for or still pending on the offload streams, which the compute stream's allocations cannot "
+           "reuse: async-offload lag";
+  }
+  return fmt::format("freed memory cached for or still pending on the compute stream and the other offload streams, which "
+                     "offload stream {}'s allocations cannot reuse: async-offload lag",
+                     a.stream);
+}
+
 }  // namespace
 
 std::string attribution_cause(const Attribution& a) {
@@ -218,6 +260,10 @@ std::string attribution_cause(const Attribution& a) {
     if (over.front().part == PeakPart::rounding) {
       return fmt::format("allocator rounding {} over {}, budgeted 0: +{}", mib(r.bytes), plural(r.tensors, "tensor", "tensors"), mib(r.bytes));
     }
+    if (over.front().part == PeakPart::held) {
+      return fmt::format("other streams' frees {} ({}), budgeted 0: +{}", mib(static_cast<Bytes>(bytes)), held_label(a),
+                         mib(static_cast<Bytes>(bytes)));
+    }
     return fmt::format("allocator slack {} (reserved but not allocated), budgeted 0: +{}", mib(static_cast<Bytes>(bytes)),
                        mib(static_cast<Bytes>(bytes)));
   }
@@ -227,14 +273,15 @@ std::string attribution_cause(const Attribution& a) {
 std::string attribution_paragraph(const Attribution& a) {
   const PeakShare& r = a.parts[static_cast<std::size_t>(PeakPart::rounding)];
   const PeakShare& sl = a.parts[static_cast<std::size_t>(PeakPart::slack)];
+  const PeakShare& held = a.parts[static_cast<std::size_t>(PeakPart::held)];
   std::string out = fmt::format(
       "At op {} the allocator held {} reserved against the plan's {} + reserve {}: {} (budgeted {} as loaded weights); {} "
       "(budgeted {} as the offload buffer); activations {} (budgeted {} as the activation allowance); allocator rounding {} over "
-      "{} and slack {} (budgeted nothing: the reserve is meant to cover them).",
+      "{}{} and slack {} (budgeted nothing: the reserve is meant to cover them).",
       a.op, mib(a.reserved), mib(a.budget_weights + a.budget_offload + a.budget_activation), mib(a.reserve),
       group_label(a, Budget::loaded_weights), mib(a.budget_weights), group_label(a, Budget::offload_buffer), mib(a.budget_offload),
       mib(a.group(Budget::activation_allowance)), mib(a.budget_activation), mib(r.bytes), plural(r.tensors, "tensor", "tensors"),
-      mib(sl.bytes));
+      held.bytes > 0 ? fmt::format(", other streams' frees {}", mib(held.bytes)) : std::string(), mib(sl.bytes));
   const auto over = a.excesses();
   if (over.empty()) return out;
   std::int64_t total = 0;
@@ -245,7 +292,7 @@ std::string attribution_paragraph(const Attribution& a) {
     total += bytes;
     std::string_view what = "activations";
     if (b == Budget::none) {
-      what = e.part == PeakPart::rounding ? "rounding" : "slack";
+      what = e.part == PeakPart::rounding ? "rounding" : e.part == PeakPart::held ? "other streams' frees" : "slack";
     } else if (b == Budget::loaded_weights) {
       what = "resident weights";
     } else if (b == Budget::offload_buffer) {

@@ -7,7 +7,10 @@
 //                           patches; budgeted by the offload buffer the walk reserved
 //   activations             budgeted by the activation allowance (inference floor or estimate)
 //   rounding                allocated - requested: the allocator's block and page rounding; budget 0
-//   slack                   reserved - allocated: cached, unused blocks; budget 0
+//   other streams' frees    of reserved - allocated, what the judged op's stream could not reuse:
+//                           blocks cached for or pending on other streams (the async-offload
+//                           lag of class B); budget 0
+//   slack                   the rest of reserved - allocated: cached, unused blocks; budget 0
 // The prediction is the sum of the three budgets; the reserve covers the rest. The diagnosis is
 // the categories over their budget, with bytes and tensor counts. Live bytes are exact (the
 // program's own buffers); rounding and slack come from the allocator (modelled on sim, measured
@@ -28,8 +31,8 @@
 
 namespace vf {
 
-enum class PeakPart : std::uint8_t { weights, transfer, convert, scaled, lora, activation, rounding, slack };
-inline constexpr std::size_t kPeakParts = 8;
+enum class PeakPart : std::uint8_t { weights, transfer, convert, scaled, lora, activation, rounding, held, slack };
+inline constexpr std::size_t kPeakParts = 9;
 std::string_view peak_part_name(PeakPart p);  // "resident weights", "transfer copies", ...
 
 // The plan's terms a part is charged against.
@@ -60,23 +63,32 @@ struct Attribution {
   Dtype storage = Dtype::fp8_e4m3fn;    // of the largest conversion transient's source (when there is one)
   Dtype compute = Dtype::bf16;
   bool has_conversion = false;
+  std::uint32_t stream = 0;  // the judged op's stream (0: compute)
+  // Transfer copies live at the op: of how many offloaded modules, on how many offload streams
+  // (more than one module: prefetched ahead of the compute stream, the async-offload overlap).
+  std::uint32_t transfer_modules = 0;
+  std::uint32_t transfer_streams = 0;
+  // Class B, the async-offload overlap: the weight transients over their budget are mostly the
+  // transfer copies of more than one offloaded module on offload streams (not one conversion).
+  bool offload_overlap() const;
 
   Bytes group(Budget b) const;   // the measured bytes charged against a budget
   Bytes budget(Budget b) const;  // the plan's bytes for it (0 for none)
-  // Measured - budget for each budget with something over it, and rounding and slack (budgeted
-  // nothing), largest first.
+  // Measured - budget for each budget with something over it, and rounding, other streams'
+  // frees and slack (budgeted nothing), largest first.
   struct Excess {
     Budget budget = Budget::none;
-    PeakPart part = PeakPart::rounding;  // budget none: rounding or slack
+    PeakPart part = PeakPart::rounding;  // budget none: rounding, held or slack
     std::int64_t bytes = 0;
   };
   std::vector<Excess> excesses() const;
 };
 
 // At op `op` of stage `stage` with the allocator at `reserved` / `allocated`; `failed` is the
-// request that failed there (an OOM), else none.
+// request that failed there (an OOM), else none; `held`: of reserved - allocated, what the op's
+// stream could not reuse (ExecResult::stage_held_at_peak, OomEvent::held).
 Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std::uint32_t stage, std::uint32_t op, Bytes reserved,
-                      Bytes allocated, std::optional<Bytes> failed);
+                      Bytes allocated, std::optional<Bytes> failed, Bytes held = 0);
 
 // The one line a table shows: the largest over-budget category with its bytes, count and budget
 // ("weight transients 1120.0 MiB for 2 weights (2 offloaded, ...), fp8_e4m3fn -> fp32 conversions ..., budgeted 480.0 MiB

@@ -55,6 +55,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
   r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
   r.stage_allocated_at_peak.assign(p.stage_begin.size(), 0);
+  r.stage_held_at_peak.assign(p.stage_begin.size(), 0);
   r.stage_entry_reserved.assign(p.stage_begin.size(), 0);
   std::vector<std::uint8_t> entered(p.stage_begin.size(), 0);
   sim::SimDevice device(s.device);
@@ -128,7 +129,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           if (!alloc->malloc(op.buffer, bytes, op.stream)) {
             const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
             r.oom = OomEvent{i, bytes, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             info.detail};
+                             info.detail, alloc->held_for_other_streams(op.stream)};
             if (dyn) account(op, "torch allocation", bytes);
           } else {
             live += bytes;
@@ -171,7 +172,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           moved = res.moved;
           if (!res.ok) {
             r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             res.detail};
+                             res.detail, alloc->held_for_other_streams(op.stream)};
             account(op, res.failure, res.request);
           }
           break;
@@ -199,6 +200,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.stage_reserved_peak[op.stage] = st.reserved.current;
       r.stage_reserved_peak_op[op.stage] = i;
       r.stage_allocated_at_peak[op.stage] = st.allocated.current;
+      r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream);
     }
     if (st.reserved.current > r.reserved_peak) {
       r.reserved_peak = st.reserved.current;

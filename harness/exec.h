@@ -94,6 +94,9 @@ struct OomEvent {
   Bytes reserved = 0;
   Bytes allocated = 0;
   std::string detail;
+  // Of reserved - allocated, what the failing request's stream could not reuse: other streams'
+  // cached blocks and pending frees (sim::Allocator::held_for_other_streams; 0 where unknown).
+  Bytes held = 0;
 };
 
 struct ExecOptions {
@@ -134,6 +137,7 @@ struct ExecResult {
   std::vector<Bytes> stage_reserved_peak;        // per stage: reserved after each of its ops (transitions aside)
   std::vector<std::uint32_t> stage_reserved_peak_op;
   std::vector<Bytes> stage_allocated_at_peak;    // per stage: allocated at that op (attribution: rounding, slack)
+  std::vector<Bytes> stage_held_at_peak;         // per stage: of the slack there, what the op's stream could not reuse
   // Reserved when the stage's own ops begin (after its transitions): what earlier stages left
   // cached. A stage whose peak is no higher was over budget before it allocated anything.
   std::vector<Bytes> stage_entry_reserved;

@@ -196,10 +196,11 @@ void attribute_classic(const Scenario& s, const Plan& plan, const Program& p, co
                            measured ? "on " + r.environment : std::string("on the simulated device"), activation_basis(s, plan));
   Attribution a;
   if (r.oom && v.kind == VerdictKind::oom) {
-    a = attribute(s, plan, p, v.stage, v.op, r.oom->reserved, r.oom->allocated, r.oom->request);
+    a = attribute(s, plan, p, v.stage, v.op, r.oom->reserved, r.oom->allocated, r.oom->request, r.oom->held);
   } else {
     const Bytes allocated = v.stage < r.stage_allocated_at_peak.size() ? r.stage_allocated_at_peak[v.stage] : 0;
-    a = attribute(s, plan, p, v.stage, v.op, v.measured, allocated, std::nullopt);
+    const Bytes held = v.stage < r.stage_held_at_peak.size() ? r.stage_held_at_peak[v.stage] : 0;
+    a = attribute(s, plan, p, v.stage, v.op, v.measured, allocated, std::nullopt, held);
   }
   v.cause = attribution_cause(a);
   v.explanation = attribution_paragraph(a);

@@ -87,6 +87,7 @@ class Shrinker {
                                               verdict_kind_name(first.verdict.kind), first.verdict.message));
     }
     sig_ = first.verdict.signature;
+    class_ = mechanism_class(first.verdict);
     out.original_overshoot = first.verdict.overshoot;
     largest_ = first.verdict.overshoot;
     margin_ = std::max<std::int64_t>(static_cast<std::int64_t>(MiB), first.verdict.overshoot / 2);
@@ -103,6 +104,7 @@ class Shrinker {
     // A rounding or slack sum is recognised at once: its compact form first, before the budget
     // goes on dropping modules it cannot do without.
     repeat_worst_module();
+    overlap_form();
     while (progress && within_budget()) {
       progress = false;
       progress |= focus_on_the_peak();
@@ -170,7 +172,7 @@ class Shrinker {
     last_elapsed_us_ = r.exec.dynamic ? r.exec.dynamic->elapsed_us : 0;
     const bool same = r.verdict.signature == sig_;
     if (same) largest_ = std::max(largest_, r.verdict.overshoot);
-    const bool ok = same && r.verdict.overshoot >= margin_;
+    const bool ok = same && r.verdict.overshoot >= margin_ && (class_.empty() || mechanism_class(r.verdict) == class_);
     cache_[key] = ok;
     if (ok && verdict) *verdict = r.verdict;
     if (seen) *seen = r.verdict;
@@ -297,6 +299,12 @@ class Shrinker {
       refinalize(c, m);
     }
     if (!changed) return false;
+    if (!class_.empty()) {
+      // A mechanism (class B's overlap) lives in the modules in flight: where they alone do not
+      // fail on this card, search the card size too (an OOM needs it as tight as the original).
+      std::int64_t short_by = 0;
+      return try_pads(c, "keep only the modules live at the peak", short_by);
+    }
     if (accept(c, "keep only the modules live at the peak")) return true;
     if (c.device.total <= resident_removed + MiB) return false;
     c.device.total -= resident_removed;
@@ -310,6 +318,16 @@ class Shrinker {
       return at == std::string::npos ? std::string() : v.cause.substr(at + 9);
     }
     return v.cause;
+  }
+  // A mechanism the signature does not name but the finding is about, which a smaller case
+  // must keep: class B's async-offload overlap and other streams' frees (one module copied on
+  // the compute stream has the same signature, and is class A's finding, not this one).
+  static std::string mechanism_class(const Verdict& v) {
+    const std::string c = leading_category(v);
+    for (const char* cls : {"async-offload overlap", "other streams' frees"}) {
+      if (c.rfind(cls, 0) == 0) return cls;
+    }
+    return "";
   }
   static bool rounding_route(const Verdict& v) {
     const std::string c = leading_category(v);
@@ -468,6 +486,82 @@ class Shrinker {
     }
     return false;
   }
+  // Class B's compact form: the async-offload overlap is made of the transfer copies of the
+  // modules in flight at once (the offload streams' prefetch: streams + 1 modules), so the repro
+  // is the largest of them repeated, NAME.0 ... NAME.(N-1) (one "repeat" entry), all offloaded:
+  // "5 x model.layers.24.mlp.down_proj on 4 offload streams". The overlap grows with the streams,
+  // so more streams are tried too (ComfyUI's --async-offload N); the card is searched as for pads.
+  bool overlap_form() {
+    if (class_ != "async-offload overlap" || best_verdict_.stage >= best_.stages.size()) return false;
+    const std::size_t m = best_.stages[best_verdict_.stage].model;
+    std::optional<Module> mod;
+    {
+      const Program prog = lower(best_, predict(best_));
+      if (best_verdict_.op >= prog.ops.size()) return false;
+      std::vector<std::uint8_t> live(prog.buffers.size(), 0);
+      for (std::uint32_t i = 0; i <= best_verdict_.op; ++i) {
+        const Op& op = prog.ops[i];
+        if (op.buffer >= prog.buffers.size()) continue;
+        if (op.kind == OpKind::alloc) live[op.buffer] = 1;
+        if (op.kind == OpKind::free) live[op.buffer] = 0;
+      }
+      std::map<std::uint32_t, Bytes> transfer;  // module -> its live transfer bytes
+      for (std::size_t b = 0; b < prog.buffers.size(); ++b) {
+        const Buffer& buf = prog.buffers[b];
+        if (live[b] && buf.kind == BufferKind::transfer && buf.model == m && buf.module != kNone) transfer[buf.module] += buf.bytes;
+      }
+      Bytes largest = 0;
+      for (const auto& [i, bytes] : transfer) {
+        if (bytes > largest) {
+          largest = bytes;
+          mod = best_.models[m].spec->modules[i];
+        }
+      }
+    }
+    if (!mod) return false;
+    Scenario alone = best_;
+    std::size_t at = m;
+    for (std::size_t i = alone.models.size(); i-- > 0;) {
+      if (i == at) continue;
+      alone = without_model(alone, static_cast<std::uint32_t>(i));
+      if (i < at) --at;
+    }
+    const std::string base = mod->name;
+    const std::uint32_t now = std::max<std::uint32_t>(1, best_.streams());
+    std::vector<std::uint32_t> streams{now};
+    for (const std::uint32_t n : {2u, 4u, 8u}) {
+      if (n > now) streams.push_back(n);
+    }
+    for (const std::uint32_t n : streams) {
+      if (!within_budget()) break;
+      Scenario c = alone;
+      c.offload_streams = n;
+      ModelSpec& spec = editable(c, at);
+      spec.modules.clear();
+      for (std::uint32_t k = 0; k < n + 2; ++k) {
+        Module copy = *mod;
+        copy.name = fmt::format("{}.{}", base, k);
+        spec.modules.push_back(std::move(copy));
+      }
+      refinalize(c, at);
+      // The card where the copies are all offloaded: what the plan needs with nothing resident
+      // (its prediction on a card too small for any module), and half a module more.
+      const Bytes fixed = c.device.used_by_others + c.device.context_overhead;
+      Scenario tiny = c;
+      tiny.device.total = fixed + 64 * MiB;
+      const Plan plan = predict(tiny);
+      Bytes need = 0;
+      for (const StagePlan& sp : plan.stages) need = std::max(need, sp.predicted_peak);
+      c.device.total = (fixed + need + plan.reserve + mod->bytes / 2) / MiB * MiB;
+      std::int64_t short_by = 0;
+      if (try_pads(c, fmt::format("{} x {} on {} offload streams", n + 2, base, n), short_by)) {
+        padded_id_ = best_.models[at].id;
+        return true;
+      }
+    }
+    return false;
+  }
+
   // A pad candidate as it is, with the device shrunk by the bytes it dropped (the pressure kept),
   // and, for an OOM whose candidate only exceeds its prediction (the same phase, activity and
   // allocator: the card is too large for it now), with the card's available memory between the
@@ -1063,6 +1157,7 @@ class Shrinker {
   ShrinkOptions opt_;
   std::chrono::steady_clock::time_point start_;
   std::string sig_;
+  std::string class_;  // mechanism_class of the original: kept by every accepted candidate
   std::int64_t margin_ = 0;
   std::string padded_id_;  // the model repeat_worst_module rewrote (by id: drop_models moves indices)
   std::vector<ModelRef> s_models_;  // the original's models: a catalog model's whole spec and storage choice

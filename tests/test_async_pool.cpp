@@ -299,5 +299,26 @@ TEST(AsyncPool, BuiltFromTheConfig) {
   EXPECT_EQ(a->stats().reserved.current, 32 * MiB);
 }
 
+// A free on an offload stream is reusable by that stream at once, by the compute stream only
+// once it is ordered after the free (the async-offload lag attribution reports).
+TEST(AsyncPool, FreesOfAnotherStreamAreHeldUntilAnEventEdgeOrASync) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, no_opportunistic(), 0);
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 1));
+  ASSERT_TRUE(a.malloc(1, 10 * MiB, 0));
+  a.free(0);
+  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(1), 0u);
+  ASSERT_TRUE(a.malloc(2, 32 * MiB, 0));  // cannot take stream 1's free: the pool grows
+  EXPECT_EQ(a.stats().reserved.current, 64 * MiB + 10 * MiB + 32 * MiB);
+  a.stream_wait(0, 1);  // the compute stream waits on the offload stream after its free
+  EXPECT_EQ(a.held_for_other_streams(0), 0u);
+  a.free(2);
+  EXPECT_EQ(a.held_for_other_streams(1), 32 * MiB);
+  a.synchronize();
+  EXPECT_EQ(a.held_for_other_streams(1), 0u);
+  EXPECT_EQ(a.held_for_other_streams(7), 0u);  // a stream that never allocated
+}
+
 }  // namespace
 }  // namespace vf::sim

@@ -113,5 +113,66 @@ TEST(Attribution, AnActivationFindingSaysTheActivationsAreModelled) {
       << r.verdict.rests_on;
 }
 
+// Class B, the async-offload overlap: six 320 MiB fp16 weights, all offloaded (the 1613 MiB
+// card leaves no weight budget), copied on 4 offload streams, each issued ahead of the compute
+// stream: the copies of modules k ... k+4 are on the device at once, 5 x 320 MiB = 1600 MiB,
+// and comfy:oct2025 budgets no offload buffer for them. The fifth copy's allocation (op 10)
+// is the one that fails: 1280 MiB of copies are in the pool and 59.25 MiB are free.
+TEST(Attribution, TheAsyncOffloadOverlapNamesTheCopiesInFlightAndTheirStreams) {
+  const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "overlap",
+    "device": {"total": "1613MiB", "context_overhead": 287047680}, "allocator": {"mode": "async"},
+    "policy": "comfy:oct2025", "offload_streams": 4,
+    "workload": {"width": 256, "height": 256, "batch": 1, "cfg": 1.0},
+    "models": [{"id": "te", "kind": "text_encoder", "family": "mistral", "compute": "fp16",
+                "modules": [{"name": "down_proj", "repeat": 6,
+                             "tensors": [{"name": "weight", "shape": [5120, 32768], "dtype": "fp16"}]}]}],
+    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]})";
+  Catalog catalog;
+  SimBackend sim;
+  const CaseResult r = run_case(parse_scenario_json(json, catalog, "overlap.json"), sim, false);
+  EXPECT_EQ(r.verdict.signature, "oom:forward:h2d:async") << r.verdict.message;
+  EXPECT_EQ(r.verdict.op, 10u);
+  EXPECT_EQ(r.verdict.cause,
+            "async-offload overlap: weight transients 1600.00 MiB with the transfer copies of 5 offloaded modules in flight at "
+            "once on 4 offload streams (5 tensors, 1600.00 MiB), budgeted 0.00 MiB (offload buffer): +1600.00 MiB");
+  // One module on the compute stream alone is not the overlap: with no offload streams the
+  // same six weights are copied one at a time and the case passes.
+  Scenario one = parse_scenario_json(json, catalog, "overlap.json");
+  one.offload_streams = 0;
+  EXPECT_EQ(run_case(one, sim, false).verdict.kind, VerdictKind::pass);
+}
+
+// Other streams' frees: of reserved - allocated at the judged op, what its stream could not
+// reuse is its own part, charged nothing, and leads the cause when it is the largest.
+TEST(Attribution, OtherStreamsFreesAreTheirOwnPartOfTheUnallocatedBytes) {
+  Catalog catalog;
+  Scenario s = origin(catalog);
+  s.allocator.mode = AllocatorMode::caching;
+  const Plan plan = predict(s);
+  const Program p = lower(s, plan);
+  SimBackend sim;
+  const ExecResult r = sim.execute(s, p, ExecOptions{});
+  ASSERT_TRUE(r.oom);
+  const Bytes live = r.oom->allocated;
+  // 900 MiB unallocated at the failure, 700 of it held for the offload streams.
+  const Attribution a = attribute(s, plan, p, 1, r.oom->op, live + 900 * MiB, live, r.oom->request, 700 * MiB);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::held)].bytes, 700 * MiB);
+  EXPECT_EQ(a.parts[static_cast<std::size_t>(PeakPart::slack)].bytes, 200 * MiB);
+  // The held bytes cannot exceed what is unallocated.
+  const Attribution capped = attribute(s, plan, p, 1, r.oom->op, live + 100 * MiB, live, r.oom->request, 700 * MiB);
+  EXPECT_EQ(capped.parts[static_cast<std::size_t>(PeakPart::held)].bytes, 100 * MiB);
+  EXPECT_EQ(capped.parts[static_cast<std::size_t>(PeakPart::slack)].bytes, 0u);
+  // Only the transients (1120 MiB over a budget of 0) outweigh them; with the transients
+  // budgeted, the held bytes lead.
+  Attribution b = a;
+  b.budget_offload = 1120 * MiB;
+  const std::string cause = attribution_cause(b);
+  EXPECT_EQ(cause.rfind("other streams' frees 700.00 MiB (freed memory cached for or still pending on the offload streams, which "
+                        "the compute stream's allocations cannot reuse: async-offload lag), budgeted 0: +700.00 MiB",
+                        0),
+            0u)
+      << cause;
+}
+
 }  // namespace
 }  // namespace vf

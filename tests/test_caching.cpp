@@ -480,3 +480,34 @@ TEST(CachingAllocator, BuiltFromTheConfig) {
 
 }  // namespace
 }  // namespace vf::sim
+
+// ---- held for other streams (attribution's "other streams' frees", class B) ------------------
+
+namespace vf::sim {
+namespace {
+
+TEST(CachingHeldForOtherStreams, CachedBlocksOfAnotherStreamAndPendingEventsAreHeld) {
+  SimDevice d(spec_of(1 * GiB));
+  CachingAllocator a(d, {});
+  ASSERT_TRUE(a.malloc(0, 64 * MiB, 1));  // an offload stream's transfer copy: its own 64 MiB segment
+  ASSERT_TRUE(a.malloc(1, 30 * MiB, 0));  // the compute stream's conversion
+  a.free(0);                              // cached in stream 1's pool
+  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB);  // the compute stream cannot reuse it
+  EXPECT_EQ(a.held_for_other_streams(1), 0u);        // its own stream can
+  a.free(1);
+  EXPECT_EQ(a.held_for_other_streams(1), 30 * MiB);  // a 30 MiB block of the compute stream's 30 MiB segment
+  // A block used on another stream (record_stream) waits for that stream's event: nobody may
+  // reuse it until a malloc sees the event complete.
+  ASSERT_TRUE(a.malloc(2, 20 * MiB, 0));  // reuses nothing of stream 1: the 30 MiB block splits
+  a.record_stream(2, 1);
+  a.free(2);
+  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB + 20 * MiB);
+  a.synchronize();
+  ASSERT_TRUE(a.malloc(3, 512, 0));  // process_events: the 20 MiB block is back in stream 0's pool
+  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB);
+  a.empty_cache();
+  EXPECT_EQ(a.held_for_other_streams(0), 0u);
+}
+
+}  // namespace
+}  // namespace vf::sim

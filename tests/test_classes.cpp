@@ -3,8 +3,9 @@
 // A and E: a repro of at most 3 modules. D (allocator slack and rounding): at most 3 module
 // entries, its hundreds of tensors written as one "repeat" run. C (waste): at most 3 entries, the
 // largest offloaded module plus k copies of a smaller one (it needs the modules not in flight to
-// outweigh the largest, so it has at least five modules). B (async lag) needs
-// thousands of cases, G (the resolution knee, property P4's paired check) is found under
+// outweigh the largest, so it has at least five modules). B (the async-offload overlap: the
+// copies of several offloaded modules in flight at once) is found on cudaMallocAsync and written
+// as one module repeated, G (the resolution knee, property P4's paired check) is found under
 // comfy:nov2025 and written in at most 3 entries, and F (an activation estimate
 // that is too low) needs measured activations: with the formula no catalog model is under-estimated
 // (docs/activations.md), so a campaign must not find it, and does not.
@@ -12,6 +13,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "harness/campaign.h"
@@ -39,9 +41,11 @@ std::size_t entries(const Scenario& s) {
 // The smallest repro per signature kind prefix ("oom:forward:upcast:", ...) of one campaign.
 class ColdStart : public ::testing::Test {
  protected:
-  static CampaignResult campaign(const std::string& policy, std::uint64_t seed = 1) {
+  static CampaignResult campaign(const std::string& policy, std::uint64_t seed = 1, std::optional<AllocatorMode> allocator = {}) {
     const std::filesystem::path out =
-        std::filesystem::temp_directory_path() / ("vramfuzz-test-classes-" + policy.substr(6) + "-" + std::to_string(seed));
+        std::filesystem::temp_directory_path() /
+        ("vramfuzz-test-classes-" + policy.substr(6) + "-" + std::to_string(seed) +
+         (allocator ? "-" + std::string(allocator_mode_name(*allocator)) : std::string()));
     std::filesystem::remove_all(out);
     Catalog catalog;
     SimBackend sim;
@@ -49,6 +53,7 @@ class ColdStart : public ::testing::Test {
     cfg.seed = seed;
     cfg.cases = 1000;
     cfg.gen.policy = policy;
+    cfg.gen.allocator = allocator;
     cfg.out_dir = out.string();
     CampaignResult r = run_campaign(cfg, catalog, sim);
     std::filesystem::remove_all(out);
@@ -96,6 +101,19 @@ TEST_F(ColdStart, October2025FindsClassesAAndEAndD) {
   for (const auto& [key, c] : r.signatures) {
     EXPECT_EQ(c.cause.rfind("activations ", 0), std::string::npos) << key.signature << ": " << c.cause;
   }
+}
+
+TEST_F(ColdStart, October2025OnCudaMallocAsyncFindsClassBTheAsyncOffloadOverlap) {
+  // B: with offload streams (--async-offload), the transfer copies of the next modules are issued
+  // ahead of the compute stream, and comfy:oct2025 budgets no buffer for them. Someone hunting it
+  // runs cudaMallocAsync (`--allocator async`): seed 1 finds it at case 358, an OOM at a transfer
+  // copy with three in flight on two offload streams, which shrinks to one module repeated: the
+  // copies of four on three streams.
+  const CampaignResult r = campaign("comfy:oct2025", 1, AllocatorMode::async);
+  const Found b = smallest(r, "oom:forward:h2d:", "async-offload overlap");
+  ASSERT_FALSE(b.signature.empty());
+  EXPECT_LE(b.modules, 3u) << b.signature;
+  EXPECT_NE(b.cause.find("offloaded modules in flight at once on "), std::string::npos) << b.cause;
 }
 
 TEST_F(ColdStart, November2025FindsClassCWaste) {

@@ -198,6 +198,8 @@ class CudaBackend::Case {
   Status flush_if_cached();
   bool measure(std::uint32_t i);
   bool read_allocator(Bytes free_now, Bytes& reserved, Bytes& allocated);
+  // The caching model's other-stream blocks; the driver's async pool does not say (0).
+  Bytes held_for_others(std::uint32_t stream) const { return caching_ ? caching_->held_for_other_streams(stream) : 0; }
   void cleanup();
   void fault(const Status& s, std::uint32_t op);  // ends the case with an error
   Stream stream(std::uint8_t i) const { return b_.streams_[i]; }
@@ -366,7 +368,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::dynamic_op(std::uint32_t i, const 
     (void)rt_.mem_get_info(free_now, total);
     Bytes reserved = 0, allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail};
+    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail, held_for_others(op.stream)};
     account(i, op, res.failure, res.request);
     return Outcome::oom;
   }
@@ -479,6 +481,7 @@ void CudaBackend::Case::run() {
   r_.stage_reserved_peak.assign(p_.stage_begin.size(), 0);
   r_.stage_reserved_peak_op.assign(p_.stage_begin.size(), 0);
   r_.stage_allocated_at_peak.assign(p_.stage_begin.size(), 0);
+  r_.stage_held_at_peak.assign(p_.stage_begin.size(), 0);
   ptr_.assign(p_.buffers.size(), 0);
   live_.assign(p_.buffers.size(), 0);
   const bool ready = prepare();
@@ -682,7 +685,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
     Bytes reserved = 0;
     Bytes allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail};
+    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail, held_for_others(op.stream)};
     if (aimdo_) account(i, op, "torch allocation", bytes);
     return Outcome::oom;
   }
@@ -852,6 +855,7 @@ bool CudaBackend::Case::measure(std::uint32_t i) {
     r_.stage_reserved_peak[stage] = reserved;
     r_.stage_reserved_peak_op[stage] = i;
     r_.stage_allocated_at_peak[stage] = allocated;
+    r_.stage_held_at_peak[stage] = held_for_others(op.stream);
   }
   if (reserved > r_.reserved_peak) {
     r_.reserved_peak = reserved;
@@ -942,6 +946,7 @@ ExecResult CudaBackend::execute(const Scenario& s, const Program& p, const ExecO
     r.stage_reserved_peak.assign(p.stage_begin.size(), 0);
     r.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
     r.stage_allocated_at_peak.assign(p.stage_begin.size(), 0);
+    r.stage_held_at_peak.assign(p.stage_begin.size(), 0);
     r.error = fmt::format("the CUDA context is unusable after an earlier sticky error ({}); restart the process", *poisoned_);
     r.fatal = true;
     return r;

@@ -87,9 +87,11 @@ std::string exec_result_to_json(const ExecResult& r) {
   j["stage_reserved_peak"] = r.stage_reserved_peak;
   j["stage_reserved_peak_op"] = r.stage_reserved_peak_op;
   j["stage_allocated_at_peak"] = r.stage_allocated_at_peak;
+  j["stage_held_at_peak"] = r.stage_held_at_peak;
   if (r.oom) {
     j["oom"] = {{"op", r.oom->op},       {"request", r.oom->request},     {"device_free", r.oom->device_free},
-                {"reserved", r.oom->reserved}, {"allocated", r.oom->allocated}, {"detail", r.oom->detail}};
+                {"reserved", r.oom->reserved}, {"allocated", r.oom->allocated}, {"detail", r.oom->detail},
+                {"held", r.oom->held}};
   }
   if (r.error) j["error"] = *r.error;
   j["fatal"] = r.fatal;
@@ -148,10 +150,12 @@ ExecResult exec_result_from_json(std::string_view text, std::string_view origin)
     r.stage_reserved_peak = j.at("stage_reserved_peak").get<std::vector<Bytes>>();
     r.stage_reserved_peak_op = j.at("stage_reserved_peak_op").get<std::vector<std::uint32_t>>();
     r.stage_allocated_at_peak = j.at("stage_allocated_at_peak").get<std::vector<Bytes>>();
+    r.stage_held_at_peak = j.at("stage_held_at_peak").get<std::vector<Bytes>>();
     if (j.contains("oom")) {
       const json& o = j.at("oom");
       r.oom = OomEvent{o.at("op").get<std::uint32_t>(), o.at("request").get<Bytes>(), o.at("device_free").get<Bytes>(),
-                       o.at("reserved").get<Bytes>(),  o.at("allocated").get<Bytes>(), o.at("detail").get<std::string>()};
+                       o.at("reserved").get<Bytes>(),  o.at("allocated").get<Bytes>(), o.at("detail").get<std::string>(),
+                       o.at("held").get<Bytes>()};
     }
     if (j.contains("error")) r.error = j.at("error").get<std::string>();
     r.fatal = j.at("fatal").get<bool>();
@@ -207,6 +211,7 @@ ExecResult IsolatedBackend::execute(const Scenario& s, const Program& p, const E
   failed.stage_reserved_peak.assign(p.stage_begin.size(), 0);
   failed.stage_reserved_peak_op.assign(p.stage_begin.size(), 0);
   failed.stage_allocated_at_peak.assign(p.stage_begin.size(), 0);
+  failed.stage_held_at_peak.assign(p.stage_begin.size(), 0);
 
   TempDir dir;
   const std::string scenario = (dir.path / "scenario.json").string();

@@ -93,6 +93,14 @@ class Allocator {
   virtual void live_blocks(std::vector<BlockView>& out) const = 0;
   // Details of the most recent failed malloc.
   virtual const std::optional<OomInfo>& last_oom() const = 0;
+  // Reserved bytes no tensor uses that a malloc on `stream` could not take now, because they
+  // belong to another stream: blocks cached in other streams' pools or freed with other
+  // streams' events still pending (caching), free pool ranges whose frees `stream` is not
+  // ordered after (async). Part of reserved - allocated; 0 where there is no cache (raw).
+  virtual Bytes held_for_other_streams(StreamId stream) const {
+    (void)stream;
+    return 0;
+  }
 };
 
 // Builds the allocator for `config` on `device`. Options are validated here: an unknown option,

@@ -136,6 +136,18 @@ bool AsyncPoolAllocator::usable(const Range& r, StreamId stream) const {
          seen_[stream][r.owner] >= r.free_tick;
 }
 
+// Free ranges `stream` may not reuse yet: other streams' frees it is not ordered after (the
+// driver would take them only once the pool cannot grow, ReuseAllowInternalDependencies).
+Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream) const {
+  if (stream >= seen_.size()) return 0;  // a stream that never allocated asks nothing
+  Bytes held = 0;
+  for (const DeviceAddr addr : open_) {
+    const Range& r = arena_.find(addr)->second;
+    if (r.kind == Kind::free && !usable(r, stream)) held += r.size;
+  }
+  return held;
+}
+
 // ---- malloc ----------------------------------------------------------------------------------
 
 bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {

@@ -78,6 +78,7 @@ class AsyncPoolAllocator final : public Allocator {
   void reset_peak_stats() override;
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
+  Bytes held_for_other_streams(StreamId stream) const override;
 
   // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
   // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).

@@ -288,6 +288,7 @@ void CachingAllocator::free(BlockKey key) {
     }
     b.stream_uses.clear();
     b.state = State::awaiting_events;
+    awaiting_bytes_ += b.size;
     return;
   }
   free_block(bi);
@@ -359,8 +360,20 @@ void CachingAllocator::process_events() {
   while (!pending_.empty() && pending_.front().ready_at <= malloc_count_) {
     const Index b = pending_.front().block;
     pending_.pop_front();
-    if (--blocks_[b].event_count == 0) free_block(b);
+    if (--blocks_[b].event_count == 0) {
+      awaiting_bytes_ -= blocks_[b].size;
+      free_block(b);
+    }
   }
+}
+
+// A malloc on `stream` reuses only its own stream's cached blocks (PyTorch keys the free lists
+// by stream); blocks cached for other streams and blocks still waiting for other streams'
+// events are reserved memory it cannot have (until an OOM's release frees whole segments).
+Bytes CachingAllocator::held_for_other_streams(StreamId stream) const {
+  Bytes held = awaiting_bytes_;
+  for (const Pool* pool : {&large_, &small_}) held += pool->blocks.total_bytes() - pool->blocks.bytes(stream);
+  return held;
 }
 
 void CachingAllocator::synchronize() {
@@ -373,7 +386,10 @@ void CachingAllocator::synchronize_and_free_events() {
   while (!pending_.empty()) {
     const Index b = pending_.front().block;
     pending_.pop_front();
-    if (--blocks_[b].event_count == 0) free_block(b);
+    if (--blocks_[b].event_count == 0) {
+      awaiting_bytes_ -= blocks_[b].size;
+      free_block(b);
+    }
   }
 }
 

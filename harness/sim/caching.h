@@ -108,6 +108,7 @@ class CachingAllocator final : public Allocator {
   void reset_peak_stats() override;
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
+  Bytes held_for_other_streams(StreamId stream) const override;
 
   // Introspection for tests and reports.
   const CachingOptions& options() const { return options_; }
@@ -237,6 +238,7 @@ class CachingAllocator final : public Allocator {
   std::vector<Index> scratch_;  // block lists for release / GC passes (kept to avoid churn)
   std::vector<std::pair<DeviceAddr, Bytes>> map_pieces_;  // expandable: page runs one miss maps
   std::deque<PendingEvent> pending_;
+  Bytes awaiting_bytes_ = 0;  // blocks freed with events pending (State::awaiting_events)
   std::uint64_t malloc_count_ = 0;
   NodeStash<UnmappedSet> unmapped_nodes_;
   Failure last_failure_ = Failure::none;

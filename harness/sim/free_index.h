@@ -43,6 +43,8 @@ class FreeIndex {
     std::vector<Entry>& bin = lane.bins[b];
     bin.insert(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before), Entry{size, addr, block});
     lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
+    lane.bytes += size;
+    total_bytes_ += size;
     ++count_;
   }
 
@@ -53,6 +55,8 @@ class FreeIndex {
     std::vector<Entry>& bin = lane.bins[b];
     bin.erase(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before));
     if (bin.empty()) lane.nonempty[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    lane.bytes -= size;
+    total_bytes_ -= size;
     --count_;
   }
 
@@ -83,6 +87,12 @@ class FreeIndex {
   const Entry& at(Cursor c) const { return lanes_[c.lane].bins[c.bin][c.pos]; }
 
   std::size_t size() const { return count_; }
+  // The bytes of every entry, and of one stream's.
+  Bytes total_bytes() const { return total_bytes_; }
+  Bytes bytes(StreamId stream) const {
+    const std::uint32_t l = find_lane(stream);
+    return l == kNoLane ? 0 : lanes_[l].bytes;
+  }
 
   // Calls f(entry) for every entry, stream by stream (in order of first use), each in order.
   template <class F>
@@ -120,6 +130,7 @@ class FreeIndex {
     StreamId stream = 0;
     std::vector<std::vector<Entry>> bins = std::vector<std::vector<Entry>>(kBins);
     std::array<std::uint64_t, kWords> nonempty{};
+    Bytes bytes = 0;
   };
 
   std::uint32_t find_lane(StreamId stream) const {
@@ -164,6 +175,7 @@ class FreeIndex {
 
   std::vector<Lane> lanes_;  // one per stream seen, in order of first use
   std::size_t count_ = 0;
+  Bytes total_bytes_ = 0;
 };
 
 }  // namespace vf::sim
