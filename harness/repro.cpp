@@ -201,6 +201,21 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
       }
     }
     md += "\n";
+    bool pads = false, copies = false;
+    for (const auto& [i, run] : rows) {
+      if (run < 2) continue;
+      (mods[i].name.rfind("pad.", 0) == 0 ? pads : copies) = true;
+    }
+    if (pads || copies) {
+      md += fmt::format("A row of N x is a run of identical modules (`\"repeat\": N` in the scenario).{}{} The finding files "
+                        "beside this repro keep the model as the campaign drew it.\n\n",
+                        pads ? " The `pad.K` modules are synthetic: one weight each, sized just past an allocator rounding "
+                               "boundary, standing in for the rounding the original model's hundreds of tensors summed to."
+                             : "",
+                        copies ? " Copies of a real module (`NAME.K`) stand for the modules the finding needs at once, e.g. the "
+                                 "offloaded modules whose transfer copies are in flight together."
+                               : "");
+    }
   }
   md += "## What the predictor said (ComfyUI log lines)\n\n```\n";
   for (const LoadPlan& lp : c.plan.loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);

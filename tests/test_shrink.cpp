@@ -218,5 +218,40 @@ TEST(Shrink, FlakyOracleGetsAReliabilityFigureAndTheLabel) {
   EXPECT_EQ(j["reliability"]["flaky"], r.flaky);
 }
 
+// Class B keeps its mechanism while it shrinks: seed 1's case 358 of `fuzz --policy
+// comfy:oct2025 --allocator async` (the FLUX.2 text encoder in fp16 on 16 GiB, 2 offload streams,
+// 576x576 batch 4) OOMs at a transfer copy with three modules' copies in flight. Dropping modules
+// alone ends in one module copied on the compute stream (the same signature, class A's finding);
+// the shrinker instead writes the largest module in flight repeated, all offloaded.
+TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
+  const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
+    "device": {"total": "16GiB", "context_overhead": 287047680}, "allocator": {"mode": "async"},
+    "policy": "comfy:oct2025", "offload_streams": 2,
+    "workload": {"width": 576, "height": 576, "batch": 4, "cfg": 7.0},
+    "models": [{"id": "te", "source": "catalog:flux2-text-encoder", "storage": "fp16", "compute": "fp16"}],
+    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]})";
+  Catalog catalog;
+  SimBackend backend;
+  const Scenario s = parse_scenario_json(json, catalog, "b.json");
+  const CaseResult first = run_case(s, backend, false);
+  ASSERT_EQ(first.verdict.signature, "oom:forward:h2d:async") << first.verdict.message;
+  ASSERT_EQ(first.verdict.cause.rfind("async-offload overlap: weight transients 960.00 MiB with the transfer copies of 3 offloaded "
+                                      "modules in flight at once on 2 offload streams",
+                                      0),
+            0u)
+      << first.verdict.cause;
+  const ShrinkResult r = shrink(s, backend, ShrinkOptions{});
+  EXPECT_EQ(r.result.verdict.signature, "oom:forward:h2d:async");
+  EXPECT_EQ(r.result.verdict.cause.rfind("async-offload overlap: ", 0), 0u) << r.result.verdict.cause;
+  ASSERT_EQ(r.minimal.models.size(), 1u);
+  const std::vector<Module>& mods = r.minimal.models[0].spec->modules;
+  ASSERT_GE(mods.size(), 3u);
+  EXPECT_EQ(repeat_run(mods, 0), mods.size()) << "one module repeated";
+  EXPECT_LT(r.executions, 100u);
+  const std::string md = repro_markdown(r, {}, "repro.json");
+  EXPECT_NE(md.find(fmt::format("| {} x `", mods.size())), std::string::npos) << md;
+  EXPECT_NE(md.find("Copies of a real module (`NAME.K`) stand for the modules the finding needs at once"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace vf
