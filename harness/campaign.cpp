@@ -19,13 +19,12 @@
 #ifndef VF_VERSION
 #define VF_VERSION "0.0.0"
 #endif
-#ifndef VF_GIT_HASH
-#define VF_GIT_HASH "unknown"
-#endif
 
 namespace vf {
 
-std::string tool_version() { return fmt::format("{} (git {})", VF_VERSION, VF_GIT_HASH); }
+const char* git_hash();  // generated at build time (cmake/git_hash.cmake)
+
+std::string tool_version() { return fmt::format("{} (git {})", VF_VERSION, git_hash()); }
 
 std::string workload_label(const Workload& w) {
   std::string out = fmt::format("{}x{}", w.width, w.height);
