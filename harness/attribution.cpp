@@ -89,8 +89,9 @@ Bytes Attribution::budget(Budget b) const {
 }
 
 bool Attribution::offload_overlap() const {
-  const Bytes transfer = parts[static_cast<std::size_t>(PeakPart::transfer)].bytes;
-  return transfer_modules > 1 && transfer_streams > 0 && 2 * transfer > group(Budget::offload_buffer);
+  if (transfer_modules < 2 || transfer_streams == 0 || transfer_extra == 0) return false;
+  const std::int64_t over = static_cast<std::int64_t>(group(Budget::offload_buffer)) - static_cast<std::int64_t>(budget_offload);
+  return over > static_cast<std::int64_t>(reserve) && over - static_cast<std::int64_t>(transfer_extra) <= static_cast<std::int64_t>(reserve);
 }
 
 std::vector<Attribution::Excess> Attribution::excesses() const {
@@ -132,7 +133,7 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
   if (failed && op < p.ops.size() && p.ops[op].buffer < p.buffers.size()) live[p.ops[op].buffer] = 1;
   // The transients' tensors, by bytes (a tensor can have a transfer copy and a conversion).
   std::map<std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>, Bytes> transient;  // (model, module, tensor) -> bytes
-  std::set<std::pair<std::uint32_t, std::uint32_t>> transfer_modules;  // (model, module)
+  std::map<std::pair<std::uint32_t, std::uint32_t>, Bytes> transfer_modules;  // (model, module) -> its copies' bytes
   std::set<std::uint32_t> transfer_streams;                            // offload streams (not 0)
   Bytes largest_conversion = 0;
   for (std::size_t b = 0; b < p.buffers.size(); ++b) {
@@ -146,7 +147,7 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
       transient[{buf.model, buf.module, buf.tensor}] += buf.bytes;
     }
     if (buf.kind == BufferKind::transfer && buf.module != kNone) {
-      transfer_modules.insert({buf.model, buf.module});
+      transfer_modules[{buf.model, buf.module}] += buf.bytes;
       if (buf.stream != 0) transfer_streams.insert(buf.stream);
     }
     if ((buf.kind == BufferKind::convert || buf.kind == BufferKind::scaled) && buf.bytes > largest_conversion && buf.module != kNone &&
@@ -163,6 +164,13 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
   a.transient_weights = static_cast<std::uint32_t>(transient.size());
   a.transfer_modules = static_cast<std::uint32_t>(transfer_modules.size());
   a.transfer_streams = static_cast<std::uint32_t>(transfer_streams.size());
+  Bytes largest_transfer = 0, all_transfers = 0;
+  for (const auto& [key, bytes] : transfer_modules) {
+    largest_transfer = std::max(largest_transfer, bytes);
+    all_transfers += bytes;
+  }
+  a.transfer_extra = all_transfers - largest_transfer;
+  a.mode = s.allocator.mode;
   std::vector<std::pair<Bytes, std::string>> named;
   for (const auto& [key, bytes] : transient) {
     const auto [model, module, tensor] = key;
@@ -237,15 +245,19 @@ std::string group_label(const Attribution& a, Budget b) {
   return "";
 }
 
-// Who held the memory, from the judged op's stream.
+// Who held the memory, from the judged op's stream, in the allocator's terms: cudaMallocAsync
+// frees wait for an event edge (the lag); the caching allocator keeps a free list per stream.
 std::string held_label(const Attribution& a) {
-  if (a.stream == 0) {
-    return "freed memory cached for or still pending on the offload streams, which the compute stream's allocations cannot "
-           "reuse: async-offload lag";
+  const std::string others = a.stream == 0 ? "the offload streams" : "the compute stream and the other offload streams";
+  const std::string who = a.stream == 0 ? "the compute stream" : fmt::format("offload stream {}", a.stream);
+  if (a.mode == AllocatorMode::async) {
+    return fmt::format("frees on {} that {} is not yet ordered after, so its allocations could not reuse them: "
+                       "async-offload lag",
+                       others, who);
   }
-  return fmt::format("freed memory cached for or still pending on the compute stream and the other offload streams, which "
-                     "offload stream {}'s allocations cannot reuse: async-offload lag",
-                     a.stream);
+  return fmt::format("blocks cached in {}' pools or waiting for their events; PyTorch's caching allocator keeps a free "
+                     "list per stream, so {}'s allocations cannot reuse them until empty_cache",
+                     others, who);
 }
 
 }  // namespace

@@ -68,8 +68,12 @@ struct Attribution {
   // (more than one module: prefetched ahead of the compute stream, the async-offload overlap).
   std::uint32_t transfer_modules = 0;
   std::uint32_t transfer_streams = 0;
-  // Class B, the async-offload overlap: the weight transients over their budget are mostly the
-  // transfer copies of more than one offloaded module on offload streams (not one conversion).
+  Bytes transfer_extra = 0;  // the transfer copies of every module in flight but the largest one
+  AllocatorMode mode = AllocatorMode::raw;
+  // Class B, the async-offload overlap: the weight transients are over their budget by more than
+  // the reserve only because the copies of other offloaded modules, issued ahead on the offload
+  // streams, are in flight beside the largest one's (with one module in flight the excess would
+  // be within the reserve: that case is class A's, one module's transients).
   bool offload_overlap() const;
 
   Bytes group(Budget b) const;   // the measured bytes charged against a budget

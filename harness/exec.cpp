@@ -129,7 +129,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           if (!alloc->malloc(op.buffer, bytes, op.stream)) {
             const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
             r.oom = OomEvent{i, bytes, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             info.detail, alloc->held_for_other_streams(op.stream)};
+                             info.detail, alloc->held_at_oom(op.stream)};
             if (dyn) account(op, "torch allocation", bytes);
           } else {
             live += bytes;
@@ -172,7 +172,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           moved = res.moved;
           if (!res.ok) {
             r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             res.detail, alloc->held_for_other_streams(op.stream)};
+                             res.detail, alloc->held_at_oom(op.stream)};
             account(op, res.failure, res.request);
           }
           break;

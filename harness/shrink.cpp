@@ -170,9 +170,10 @@ class Shrinker {
     ++execs_;
     const CaseResult r = run_case(c, backend_, false);
     last_elapsed_us_ = r.exec.dynamic ? r.exec.dynamic->elapsed_us : 0;
-    const bool same = r.verdict.signature == sig_;
-    if (same) largest_ = std::max(largest_, r.verdict.overshoot);
-    const bool ok = same && r.verdict.overshoot >= margin_ && (class_.empty() || mechanism_class(r.verdict) == class_);
+    if (r.verdict.signature == sig_ && (class_.empty() || mechanism_class(r.verdict) == class_)) {
+      largest_ = std::max(largest_, r.verdict.overshoot);
+    }
+    const bool ok = keeps(r.verdict);
     cache_[key] = ok;
     if (ok && verdict) *verdict = r.verdict;
     if (seen) *seen = r.verdict;
@@ -301,9 +302,13 @@ class Shrinker {
     if (!changed) return false;
     if (!class_.empty()) {
       // A mechanism (class B's overlap) lives in the modules in flight: where they alone do not
-      // fail on this card, search the card size too (an OOM needs it as tight as the original).
+      // fail on this card, with the resident bytes dropped off it, search the card size too (an
+      // OOM needs it as tight as the original).
       std::int64_t short_by = 0;
-      return try_pads(c, "keep only the modules live at the peak", short_by);
+      if (accept(c, "keep only the modules live at the peak")) return true;
+      if (c.device.total <= resident_removed + MiB) return false;
+      c.device.total -= resident_removed;
+      return try_pads(c, "keep only the modules live at the peak, with their resident bytes off the device", short_by, false);
     }
     if (accept(c, "keep only the modules live at the peak")) return true;
     if (c.device.total <= resident_removed + MiB) return false;
@@ -322,6 +327,10 @@ class Shrinker {
   // A mechanism the signature does not name but the finding is about, which a smaller case
   // must keep: class B's async-offload overlap and other streams' frees (one module copied on
   // the compute stream has the same signature, and is class A's finding, not this one).
+  // What every accepted candidate keeps: the signature, the margin, and the mechanism.
+  bool keeps(const Verdict& v) const {
+    return v.signature == sig_ && v.overshoot >= margin_ && (class_.empty() || mechanism_class(v) == class_);
+  }
   static std::string mechanism_class(const Verdict& v) {
     const std::string c = leading_category(v);
     for (const char* cls : {"async-offload overlap", "other streams' frees"}) {
@@ -489,8 +498,10 @@ class Shrinker {
   // Class B's compact form: the async-offload overlap is made of the transfer copies of the
   // modules in flight at once (the offload streams' prefetch: streams + 1 modules), so the repro
   // is the largest of them repeated, NAME.0 ... NAME.(N-1) (one "repeat" entry), all offloaded:
-  // "5 x model.layers.24.mlp.down_proj on 4 offload streams". The overlap grows with the streams,
-  // so more streams are tried too (ComfyUI's --async-offload N); the card is searched as for pads.
+  // streams + 2 copies, the last being the one whose copy no longer fits ("6 x
+  // model.layers.24.mlp.down_proj on 4 offload streams"); the later passes may trim copies and
+  // streams. The overlap grows with the streams, so more streams are tried too (ComfyUI's
+  // --async-offload N); the card is searched as for pads.
   bool overlap_form() {
     if (class_ != "async-offload overlap" || best_verdict_.stage >= best_.stages.size()) return false;
     const std::size_t m = best_.stages[best_verdict_.stage].model;
@@ -501,7 +512,7 @@ class Shrinker {
       std::vector<std::uint8_t> live(prog.buffers.size(), 0);
       for (std::uint32_t i = 0; i <= best_verdict_.op; ++i) {
         const Op& op = prog.ops[i];
-        if (op.buffer >= prog.buffers.size()) continue;
+        if (op.buffer >= prog.buffers.size() || op.when != When::always) continue;
         if (op.kind == OpKind::alloc) live[op.buffer] = 1;
         if (op.kind == OpKind::free) live[op.buffer] = 0;
       }
@@ -554,7 +565,7 @@ class Shrinker {
       for (const StagePlan& sp : plan.stages) need = std::max(need, sp.predicted_peak);
       c.device.total = (fixed + need + plan.reserve + mod->bytes / 2) / MiB * MiB;
       std::int64_t short_by = 0;
-      if (try_pads(c, fmt::format("{} x {} on {} offload streams", n + 2, base, n), short_by)) {
+      if (try_pads(c, fmt::format("{} x {} on {} offload streams", n + 2, base, n), short_by, false)) {
         padded_id_ = best_.models[at].id;
         return true;
       }
@@ -567,7 +578,7 @@ class Shrinker {
   // allocator: the card is too large for it now), with the card's available memory between the
   // prediction plus the reserve and the measured peak, where the plan fits and the peak does not.
   // `short_by`: how far the closest miss with the signature fell below the margin.
-  bool try_pads(const Scenario& c, const std::string& what, std::int64_t& short_by) {
+  bool try_pads(const Scenario& c, const std::string& what, std::int64_t& short_by, bool shrink_by_dropped = true) {
     // `seen` keeps the verdict of a candidate that ran; one that did not (cached, invalid, out of
     // budget) leaves it empty and is not searched from.
     auto probe = [&](const Scenario& d, const std::string& label, Verdict& seen) {
@@ -582,7 +593,7 @@ class Shrinker {
     Bytes now = 0, before = 0;
     for (const ModelRef& mr : c.models) now += mr.spec->bytes;
     for (const ModelRef& mr : best_.models) before += mr.spec->bytes;
-    if (now < before && c.device.total > before - now + MiB) {
+    if (shrink_by_dropped && now < before && c.device.total > before - now + MiB) {
       Scenario d = c;
       d.device.total -= before - now;
       tried.emplace_back(d, Verdict{});
@@ -643,7 +654,7 @@ class Shrinker {
       e.catalog_full = whole;
       e.spec = std::move(sub);
       const CaseResult res = run_case(c, backend_, false);
-      if (res.verdict.signature == sig_ && res.verdict.overshoot >= margin_) {
+      if (keeps(res.verdict)) {
         best_ = c;
         best_verdict_ = res.verdict;
         log_.push_back(fmt::format("{} as {} with {} of its {} modules", r.id, best_.models[m].source, best_.models[m].spec->modules.size(),
@@ -685,7 +696,7 @@ class Shrinker {
         }
         refinalize(c, m);
         const CaseResult r = run_case(c, backend_, false);
-        if (r.verdict.signature == sig_ && r.verdict.overshoot >= margin_) {
+        if (keeps(r.verdict)) {
           best_ = c;
           best_verdict_ = r.verdict;
           log_.push_back(fmt::format("{}N numbered from 0 (one run)", base));

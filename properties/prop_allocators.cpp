@@ -140,6 +140,12 @@ void check_invariants(const Allocator& alloc, const SimDevice& device, SeenMax& 
   if (alloc.mode() == AllocatorMode::raw || alloc.mode() == AllocatorMode::async) {
     RC_ASSERT(s.requested.current <= s.allocated.current);
   }
+  // What a stream cannot reuse is part of what is reserved and unallocated, for every stream
+  // the properties use (and one none of them does).
+  for (const StreamId stream : {0u, 1u, 2u, 9u}) {
+    RC_ASSERT(alloc.held_for_other_streams(stream) <= s.reserved.current - s.allocated.current);
+    RC_ASSERT(alloc.held_at_oom(stream) <= alloc.held_for_other_streams(stream));
+  }
 
   const auto stats = stats_of(s);
   for (std::size_t i = 0; i < stats.size(); ++i) {

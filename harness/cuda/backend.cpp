@@ -368,7 +368,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::dynamic_op(std::uint32_t i, const 
     (void)rt_.mem_get_info(free_now, total);
     Bytes reserved = 0, allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail, held_for_others(op.stream)};
+    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail, caching_ ? caching_->held_at_oom(op.stream) : 0};
     account(i, op, res.failure, res.request);
     return Outcome::oom;
   }
@@ -685,7 +685,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
     Bytes reserved = 0;
     Bytes allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail, held_for_others(op.stream)};
+    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail, caching_ ? caching_->held_at_oom(op.stream) : 0};
     if (aimdo_) account(i, op, "torch allocation", bytes);
     return Outcome::oom;
   }

@@ -457,6 +457,8 @@ class Hooked final : public Allocator {
   void reset_peak_stats() override { inner_->reset_peak_stats(); }
   void live_blocks(std::vector<BlockView>& out) const override { inner_->live_blocks(out); }
   const std::optional<OomInfo>& last_oom() const override { return inner_->last_oom(); }
+  Bytes held_for_other_streams(StreamId stream) const override { return inner_->held_for_other_streams(stream); }
+  Bytes held_at_oom(StreamId stream) const override { return inner_->held_at_oom(stream); }
 
  private:
   Hook hook_;

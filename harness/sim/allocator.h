@@ -101,6 +101,10 @@ class Allocator {
     (void)stream;
     return 0;
   }
+  // The same right after a malloc on `stream` failed: what that malloc could not take. The
+  // async pool takes other streams' frees before it fails (ReuseAllowInternalDependencies), so
+  // there, with that policy on, nothing was held from it.
+  virtual Bytes held_at_oom(StreamId stream) const { return held_for_other_streams(stream); }
 };
 
 // Builds the allocator for `config` on `device`. Options are validated here: an unknown option,

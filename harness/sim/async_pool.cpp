@@ -139,11 +139,15 @@ bool AsyncPoolAllocator::usable(const Range& r, StreamId stream) const {
 // Free ranges `stream` may not reuse yet: other streams' frees it is not ordered after (the
 // driver would take them only once the pool cannot grow, ReuseAllowInternalDependencies).
 Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream) const {
-  if (stream >= seen_.size()) return 0;  // a stream that never allocated asks nothing
+  // A stream the pool has not seen yet is ordered after nothing: only synchronized frees and
+  // those the coin completed are its to take.
+  const bool seen = stream < seen_.size();
   Bytes held = 0;
   for (const DeviceAddr addr : open_) {
     const Range& r = arena_.find(addr)->second;
-    if (r.kind == Kind::free && !usable(r, stream)) held += r.size;
+    if (r.kind != Kind::free) continue;
+    const bool ok = seen ? usable(r, stream) : r.owner == kAnyStream || (options_.reuse_allow_opportunistic && r.opportunistic);
+    if (!ok) held += r.size;
   }
   return held;
 }

@@ -79,6 +79,9 @@ class AsyncPoolAllocator final : public Allocator {
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
   Bytes held_for_other_streams(StreamId stream) const override;
+  Bytes held_at_oom(StreamId stream) const override {
+    return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream);
+  }
 
   // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
   // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).
