@@ -240,6 +240,16 @@ class Shrinker {
     return true;
   }
 
+  // `s` with every model but model `at` dropped; `at` becomes its index there.
+  static Scenario only_model(const Scenario& s, std::size_t& at) {
+    Scenario alone = s;
+    for (std::size_t i = alone.models.size(); i-- > 0;) {
+      if (i == at) continue;
+      alone = without_model(alone, static_cast<std::uint32_t>(i));
+      if (i < at) --at;
+    }
+    return alone;
+  }
   static Scenario without_model(const Scenario& s, std::uint32_t m) {
     Scenario c = s;
     c.models.erase(c.models.begin() + m);
@@ -461,13 +471,8 @@ class Shrinker {
     // was part of the sum), then beside them.
     std::vector<std::pair<Scenario, std::size_t>> starts;  // a scenario and the model's index in it
     if (best_.models.size() > 1) {
-      Scenario alone = best_;
       std::size_t at = m;
-      for (std::size_t i = alone.models.size(); i-- > 0;) {
-        if (i == at) continue;
-        alone = without_model(alone, static_cast<std::uint32_t>(i));
-        if (i < at) --at;
-      }
+      Scenario alone = only_model(best_, at);
       starts.emplace_back(std::move(alone), at);
     }
     starts.emplace_back(best_, m);
@@ -530,13 +535,8 @@ class Shrinker {
       }
     }
     if (!mod) return false;
-    Scenario alone = best_;
     std::size_t at = m;
-    for (std::size_t i = alone.models.size(); i-- > 0;) {
-      if (i == at) continue;
-      alone = without_model(alone, static_cast<std::uint32_t>(i));
-      if (i < at) --at;
-    }
+    const Scenario alone = only_model(best_, at);
     const std::string base = mod->name;
     const std::uint32_t now = std::max<std::uint32_t>(1, best_.streams());
     std::vector<std::uint32_t> streams{now};
