@@ -337,16 +337,16 @@ class Shrinker {
   // A mechanism the signature does not name but the finding is about, which a smaller case
   // must keep: class B's async-offload overlap and other streams' frees (one module copied on
   // the compute stream has the same signature, and is class A's finding, not this one).
-  // What every accepted candidate keeps: the signature, the margin, and the mechanism.
-  bool keeps(const Verdict& v) const {
-    return v.signature == sig_ && v.overshoot >= margin_ && (class_.empty() || mechanism_class(v) == class_);
-  }
   static std::string mechanism_class(const Verdict& v) {
     const std::string c = leading_category(v);
     for (const char* cls : {"async-offload overlap", "other streams' frees"}) {
       if (c.rfind(cls, 0) == 0) return cls;
     }
     return "";
+  }
+  // What every accepted candidate keeps: the signature, the margin, and the mechanism.
+  bool keeps(const Verdict& v) const {
+    return v.signature == sig_ && v.overshoot >= margin_ && (class_.empty() || mechanism_class(v) == class_);
   }
   static bool rounding_route(const Verdict& v) {
     const std::string c = leading_category(v);
@@ -560,7 +560,13 @@ class Shrinker {
       const Bytes fixed = c.device.used_by_others + c.device.context_overhead;
       Scenario tiny = c;
       tiny.device.total = fixed + 64 * MiB;
-      const Plan plan = predict(tiny);
+      Plan plan;
+      try {
+        validate_scenario(tiny);
+        plan = predict(tiny);
+      } catch (const InputError&) {
+        continue;  // not a case this model can make (never run, never counted)
+      }
       Bytes need = 0;
       for (const StagePlan& sp : plan.stages) need = std::max(need, sp.predicted_peak);
       c.device.total = (fixed + need + plan.reserve + mod->bytes / 2) / MiB * MiB;
