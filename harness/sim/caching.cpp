@@ -360,10 +360,7 @@ void CachingAllocator::process_events() {
   while (!pending_.empty() && pending_.front().ready_at <= malloc_count_) {
     const Index b = pending_.front().block;
     pending_.pop_front();
-    if (--blocks_[b].event_count == 0) {
-      awaiting_bytes_ -= blocks_[b].size;
-      free_block(b);
-    }
+    event_done(b);
   }
 }
 
@@ -376,6 +373,13 @@ Bytes CachingAllocator::held_for_other_streams(StreamId stream) const {
   return held;
 }
 
+// One of the block's pending events completed; with the last, the block returns to the cache.
+void CachingAllocator::event_done(Index b) {
+  if (--blocks_[b].event_count != 0) return;
+  awaiting_bytes_ -= blocks_[b].size;
+  free_block(b);
+}
+
 void CachingAllocator::synchronize() {
   // The device is idle: every recorded event has completed. The blocks return to the cache
   // when the next malloc (or empty_cache) looks at the events, exactly as in PyTorch.
@@ -386,10 +390,7 @@ void CachingAllocator::synchronize_and_free_events() {
   while (!pending_.empty()) {
     const Index b = pending_.front().block;
     pending_.pop_front();
-    if (--blocks_[b].event_count == 0) {
-      awaiting_bytes_ -= blocks_[b].size;
-      free_block(b);
-    }
+    event_done(b);
   }
 }
 

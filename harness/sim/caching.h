@@ -191,6 +191,7 @@ class CachingAllocator final : public Allocator {
   bool should_split(const Block& b, Bytes size) const;
   Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key);
   void free_block(Index b);
+  void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
   Bytes absorb(Index dst, Index src);  // the splice both merges share
   void process_events();
