@@ -28,69 +28,88 @@ AsyncPoolAllocator::AsyncPoolAllocator(SimDevice& device, const AsyncOptions& op
   const Bytes arena = round_up(std::max(device.spec().total, g), g) * kAsyncArenaFactor;
   base_ = round_up(device_.reserve_address_range(arena + g), g);  // chunk-aligned start
   Range all;
+  all.start = base_;
   all.size = arena;
   all.kind = Kind::unmapped;
-  insert_range(base_, all);
+  insert_range(all);
 }
 
 // ---- Range bookkeeping -----------------------------------------------------------------------
 
-AsyncPoolAllocator::Arena::iterator AsyncPoolAllocator::insert_range(DeviceAddr addr, const Range& r) {
-  auto it = arena_nodes_.insert(arena_, Arena::value_type{addr, r});
-  if (r.kind == Kind::free) sizes_.insert(r.owner, r.size, addr, 0);
-  if (r.kind != Kind::used) open_.insert(addr);
+AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::insert_range(const Range& r) {
+  auto it = open_nodes_.insert(open_, Open::value_type{r.end(), r});
+  if (r.kind == Kind::free) sizes_.insert(r.owner, r.size, r.start, 0);
   return it;
 }
 
-AsyncPoolAllocator::Arena::iterator AsyncPoolAllocator::erase_range(Arena::iterator it) {
-  if (it->second.kind == Kind::free) sizes_.erase(it->second.owner, it->second.size, it->first);
-  if (it->second.kind != Kind::used) open_.erase(it->first);
+AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::erase_range(Open::iterator it) {
+  if (it->second.kind == Kind::free) sizes_.erase(it->second.owner, it->second.size, it->second.start);
   auto next = std::next(it);
-  arena_nodes_.erase(arena_, it);
+  open_nodes_.erase(open_, it);
   return next;
 }
 
-void AsyncPoolAllocator::set_owner(Arena::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic) {
+// The open range that starts exactly at `addr`, or end().
+AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::starting_at(DeviceAddr addr) {
+  const auto it = open_.upper_bound(addr);  // the first range ending after addr: the one holding it
+  return it != open_.end() && it->second.start == addr ? it : open_.end();
+}
+
+// Moves a range's start up to `start` (it loses its front); its end, the key, stays.
+void AsyncPoolAllocator::resize_front(Open::iterator it, DeviceAddr start) {
   Range& r = it->second;
-  sizes_.erase(r.owner, r.size, it->first);
+  if (r.kind == Kind::free) sizes_.replace(r.owner, r.size, r.start, r.end() - start, start);
+  r.size = r.end() - start;
+  r.start = start;
+}
+
+void AsyncPoolAllocator::set_owner(Open::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic) {
+  Range& r = it->second;
+  sizes_.erase(r.owner, r.size, r.start);
   r.owner = owner;
   r.free_tick = tick;
   r.opportunistic = opportunistic;
-  sizes_.insert(owner, r.size, it->first, 0);
+  sizes_.insert(owner, r.size, r.start, 0);
 }
 
-// Merges a range with its neighbours when they are of one class: unmapped with unmapped, free
-// with free of the same owner. UNVERIFIED modelling choice: free memory of different owners
-// stays apart (each keeps its own reuse rule); merged frees of one owner keep the later free
-// tick and are opportunistic only if both were.
-AsyncPoolAllocator::Arena::iterator AsyncPoolAllocator::coalesce(Arena::iterator it) {
-  auto mergeable = [](const Range& a, const Range& b) {
-    if (a.kind != b.kind || a.kind == Kind::used) return false;
-    return a.kind == Kind::unmapped || a.owner == b.owner;
+// Adds `r`, which covers address space no open range covers, merged with its neighbours when no
+// tensor lies between and they are of one class: unmapped with unmapped, free with free of the
+// same owner. UNVERIFIED modelling choice: free memory of different owners stays apart (each
+// keeps its own reuse rule); merged frees of one owner keep the later free tick and are
+// opportunistic only if all were. Merging into the range above keeps that range's node and key.
+AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::place(Range r) {
+  auto one_class = [](const Range& a, const Range& b) {
+    return a.kind == b.kind && (a.kind == Kind::unmapped || a.owner == b.owner);
   };
-  if (it != arena_.begin()) {
-    const auto prev = std::prev(it);
-    if (mergeable(prev->second, it->second)) {
-      absorb_next(prev);
-      it = prev;
+  const auto next = open_.upper_bound(r.start);  // the first range above r
+  if (next != open_.begin()) {
+    const auto prev = std::prev(next);
+    if (prev->first == r.start && one_class(prev->second, r)) {
+      const Range& l = prev->second;
+      r.start = l.start;
+      r.size += l.size;
+      r.free_tick = std::max(r.free_tick, l.free_tick);
+      r.opportunistic = r.opportunistic && l.opportunistic;
+      erase_range(prev);
     }
   }
-  const auto next = std::next(it);
-  if (next != arena_.end() && mergeable(it->second, next->second)) absorb_next(it);
-  return it;
+  if (next != open_.end() && next->second.start == r.end() && one_class(r, next->second)) {
+    Range& u = next->second;
+    if (u.kind == Kind::free) sizes_.replace(u.owner, u.size, u.start, u.size + r.size, r.start);
+    u.start = r.start;
+    u.size += r.size;
+    u.free_tick = std::max(u.free_tick, r.free_tick);
+    u.opportunistic = u.opportunistic && r.opportunistic;
+    return next;
+  }
+  return insert_range(r);
 }
 
-// Grows a range by the range right after it, which is erased.
-void AsyncPoolAllocator::absorb_next(Arena::iterator dst) {
-  const auto src = std::next(dst);
-  Range& d = dst->second;
-  const Range& s = src->second;
-  if (d.kind == Kind::free) sizes_.erase(d.owner, d.size, dst->first);
-  d.size += s.size;
-  d.free_tick = std::max(d.free_tick, s.free_tick);
-  d.opportunistic = d.opportunistic && s.opportunistic;
-  erase_range(src);
-  if (d.kind == Kind::free) sizes_.insert(d.owner, d.size, dst->first, 0);
+// Merges an open range with its neighbours as place() does.
+AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::coalesce(Open::iterator it) {
+  const Range r = it->second;
+  erase_range(it);
+  return place(r);
 }
 
 void AsyncPoolAllocator::ensure_stream(StreamId s) {
@@ -143,8 +162,8 @@ Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream) const {
   // those the coin completed are its to take.
   const bool seen = stream < seen_.size();
   Bytes held = 0;
-  for (const DeviceAddr addr : open_) {
-    const Range& r = arena_.find(addr)->second;
+  if (sizes_.count(kAnyStream) == sizes_.size()) return 0;  // every free range is synchronized
+  for (const auto& [end, r] : open_) {
     if (r.kind != Kind::free) continue;
     const bool ok = seen ? usable(r, stream) : r.owner == kAnyStream || (options_.reuse_allow_opportunistic && r.opportunistic);
     if (!ok) held += r.size;
@@ -193,7 +212,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     record_oom(size, rounded, stream, false);
     return false;
   }
-  carve(at, rounded, key);
+  carve(at, rounded);
   keys_[key] = Live{true, false, at, rounded, size, stream, false};
   stats_.allocated.add(rounded);
   stats_.active.add(rounded);
@@ -234,9 +253,11 @@ bool AsyncPoolAllocator::best_run(Pred usable_range, Bytes size, DeviceAddr& at)
     }
     in_run = false;
   };
+  // A run is made of free ranges, so none can hold more than every free byte.
+  if (sizes_.total_bytes() < size) return false;
   DeviceAddr run_end = 0;
-  for (const DeviceAddr addr : open_) {
-    const Range& r = arena_.find(addr)->second;
+  for (const auto& [end, r] : open_) {
+    const DeviceAddr addr = r.start;
     if (r.kind == Kind::free && usable_range(r)) {
       if (in_run && addr != run_end) close_run();  // a tensor lies between: the run ended there
       run_end = addr + r.size;
@@ -264,8 +285,8 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
   Bytes run_total = 0;
   bool found = false;
   DeviceAddr end = 0;
-  for (const DeviceAddr addr : open_) {
-    const Range& r = arena_.find(addr)->second;
+  for (const auto& [range_end, r] : open_) {
+    const DeviceAddr addr = r.start;
     const bool open = r.kind == Kind::unmapped || (r.kind == Kind::free && usable(r, stream));
     if (!open) {
       in_run = false;
@@ -277,7 +298,7 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
       run_total = 0;
     }
     run_total += r.size;
-    end = addr + r.size;
+    end = range_end;
     if (run_total >= size) {
       found = true;
       break;
@@ -289,32 +310,32 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
   std::vector<std::pair<DeviceAddr, Bytes>> pieces;
   Bytes covered = 0;
   Bytes to_map = 0;
-  for (auto it = arena_.find(start); covered < size; ++it) {
+  for (auto it = starting_at(start); covered < size; ++it) {
     const Range& r = it->second;
     if (r.kind == Kind::free) {
       covered += r.size;
       continue;
     }
     const Bytes bytes = round_up(std::min(r.size, size - covered), g);
-    pieces.emplace_back(it->first, bytes);
+    pieces.emplace_back(r.start, bytes);
     to_map += bytes;
     covered += bytes;
   }
   if (!device_.map(to_map)) return false;  // all chunks or none
 
   for (const auto& [addr, bytes] : pieces) {
-    auto it = arena_.find(addr);  // an unmapped range starts exactly here
-    Range rest = it->second;
-    erase_range(it);
-    if (bytes < rest.size) {
-      rest.size -= bytes;
-      insert_range(addr + bytes, rest);
+    const auto it = starting_at(addr);  // an unmapped range starts exactly here
+    if (bytes < it->second.size) {
+      resize_front(it, addr + bytes);
+    } else {
+      erase_range(it);
     }
     Range fresh;  // new pool memory: any stream may use it
+    fresh.start = addr;
     fresh.size = bytes;
     fresh.kind = Kind::free;
     fresh.owner = kAnyStream;
-    coalesce(insert_range(addr, fresh));
+    place(fresh);
   }
   stats_.reserved.add(to_map);
   ++stats_.num_device_alloc;
@@ -323,43 +344,29 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
 }
 
 void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size) {
-  for (auto it = std::prev(arena_.upper_bound(at)); it != arena_.end() && it->first < at + size; ++it) {
+  for (auto it = starting_at(at); it != open_.end() && it->second.start < at + size; ++it) {
     const StreamId owner = it->second.owner;
     if (owner != kAnyStream && owner != kUnifierStream && owner != stream) order_after(stream, owner);
   }
 }
 
-// Turns [at, at + size) of free ranges into one used range; the rest of the last free range
-// stays free with its owner.
-void AsyncPoolAllocator::carve(DeviceAddr at, Bytes size, BlockKey key) {
-  auto it = std::prev(arena_.upper_bound(at));
-  if (it->first < at) {  // start inside a free range: split off its front
-    const DeviceAddr front_addr = it->first;
-    Range front = it->second;
-    Range back = it->second;
-    front.size = at - front_addr;
-    back.size -= front.size;
-    erase_range(it);
-    insert_range(front_addr, front);
-    it = insert_range(at, back);
-  }
+// Gives [at, at + size) of free ranges to a tensor: `at` is where a run of adjacent free ranges
+// starts (every placement is at one), and the rest of the last range stays free with its owner.
+void AsyncPoolAllocator::carve(DeviceAddr at, Bytes size) {
+  auto it = starting_at(at);
   Bytes left = size;
   while (left > 0) {
-    const DeviceAddr addr = it->first;
-    Range r = it->second;
-    it = erase_range(it);
-    const Bytes take = std::min(left, r.size);
-    if (r.size > take) {
-      r.size -= take;
-      insert_range(addr + take, r);
+    if (it == open_.end() || it->second.kind != Kind::free) {
+      throw InfraError(fmt::format("async pool: placement at {:#x} (+{}) is not on free memory", at, size));
+    }
+    const Bytes take = std::min(left, it->second.size);
+    if (take < it->second.size) {
+      resize_front(it, it->second.start + take);
+    } else {
+      it = erase_range(it);
     }
     left -= take;
   }
-  Range used;
-  used.size = size;
-  used.kind = Kind::used;
-  used.key = key;
-  insert_range(at, used);
 }
 
 // ---- free, streams, synchronize ----------------------------------------------------------------
@@ -376,6 +383,7 @@ void AsyncPoolAllocator::free(BlockKey key) {
   stats_.requested.sub(l.requested);
 
   Range fr;
+  fr.start = l.addr;
   fr.size = l.size;
   fr.kind = Kind::free;
   if (l.recorded) {
@@ -387,8 +395,7 @@ void AsyncPoolAllocator::free(BlockKey key) {
     fr.free_tick = ++ticks_[l.stream];
   }
   fr.opportunistic = options_.reuse_allow_opportunistic && coin();
-  erase_range(arena_.find(l.addr));
-  coalesce(insert_range(l.addr, fr));
+  place(fr);
 }
 
 void AsyncPoolAllocator::record_stream(BlockKey key, StreamId stream) {
@@ -406,15 +413,19 @@ void AsyncPoolAllocator::stream_wait(StreamId waiter, StreamId target) {
 }
 
 void AsyncPoolAllocator::synchronize() {
-  // The host has seen every free complete: all free memory is reusable by every stream.
-  // Only free and unmapped ranges change (open_): a tensor's range neither changes owner nor merges.
-  const std::vector<DeviceAddr> open(open_.begin(), open_.end());
-  for (const DeviceAddr addr : open) {
-    const auto it = arena_.find(addr);
-    if (it->second.kind == Kind::free && it->second.owner != kAnyStream) set_owner(it, kAnyStream, 0, false);
-  }
-  for (const DeviceAddr addr : open) {
-    if (const auto it = arena_.find(addr); it != arena_.end()) coalesce(it);  // absent: merged into the one before
+  // The host has seen every free complete: all free memory is reusable by every stream. Only
+  // the free ranges of a stream (or the unifier) change: each becomes everyone's and merges with
+  // its free neighbours, in address order. Synchronized ranges are merged already.
+  if (sizes_.count(kAnyStream) != sizes_.size()) {
+    std::vector<DeviceAddr> owned;
+    owned.reserve(sizes_.size() - sizes_.count(kAnyStream));
+    sizes_.for_each_except(kAnyStream, [&](const FreeIndex::Entry& e) { owned.push_back(e.addr); });
+    std::sort(owned.begin(), owned.end());
+    for (const DeviceAddr addr : owned) {
+      const auto it = open_.upper_bound(addr);  // the range holding addr (it may have merged down)
+      if (it->second.owner != kAnyStream) set_owner(it, kAnyStream, 0, false);
+      coalesce(it);
+    }
   }
   // cudaMemPoolAttrReleaseThreshold: above it, the sync gives free chunks back.
   if (stats_.reserved.current > options_.release_threshold) trim_to(options_.release_threshold);
@@ -429,39 +440,38 @@ void AsyncPoolAllocator::empty_cache() {
 // Releases whole free chunks, highest address first (UNVERIFIED order), until reserved <= keep.
 // Chunks holding any part of a live allocation are never released.
 void AsyncPoolAllocator::trim_to(Bytes keep) {
-  if (stats_.reserved.current <= keep) return;
   const Bytes g = options_.pool_granularity;
-  std::vector<DeviceAddr> frees;
-  for (const auto& [addr, r] : arena_) {
-    if (r.kind == Kind::free && r.owner == kAnyStream) frees.push_back(addr);
-  }
-  for (auto f = frees.rbegin(); f != frees.rend() && stats_.reserved.current > keep; ++f) {
-    auto it = arena_.find(*f);
-    const DeviceAddr a = it->first;
+  auto it = open_.end();
+  while (stats_.reserved.current > keep && it != open_.begin()) {
+    --it;
     const Range r = it->second;
+    if (r.kind != Kind::free || r.owner != kAnyStream) continue;
+    const DeviceAddr a = r.start;
     const Bytes lo = round_up(a - base_, g);
-    const Bytes hi = (a + r.size - base_) / g * g;
+    const Bytes hi = (r.end() - base_) / g * g;
     if (hi <= lo) continue;
     const Bytes release = std::min(hi - lo, ceil_div(stats_.reserved.current - keep, g) * g);
     const DeviceAddr cut = base_ + hi - release;
-    const DeviceAddr end = a + r.size;
     erase_range(it);
     Range piece = r;
     if (cut > a) {
       piece.size = cut - a;
-      insert_range(a, piece);
+      insert_range(piece);
     }
-    if (end > base_ + hi) {
-      piece.size = end - (base_ + hi);
-      insert_range(base_ + hi, piece);
+    if (r.end() > base_ + hi) {
+      piece.start = base_ + hi;
+      piece.size = r.end() - piece.start;
+      insert_range(piece);
     }
     Range hole;
+    hole.start = cut;
     hole.size = release;
     hole.kind = Kind::unmapped;
-    coalesce(insert_range(cut, hole));
+    place(hole);
     device_.unmap(release);
     stats_.reserved.sub(release);
     ++stats_.num_device_free;
+    it = open_.upper_bound(a);  // what now holds `a`: the front piece, or the hole merged down
   }
 }
 
@@ -486,7 +496,7 @@ void AsyncPoolAllocator::record_oom(Bytes size, Bytes rounded, StreamId stream, 
         format_mib(stats_.requested.current), format_mib(size), format_mib(*limit_));
   } else {
     Bytes usable_largest = 0;
-    for (const auto& [addr, r] : arena_) {
+    for (const auto& [end, r] : open_) {
       if (r.kind == Kind::free && usable(r, stream)) usable_largest = std::max(usable_largest, r.size);
     }
     info.detail = fmt::format(

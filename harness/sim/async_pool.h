@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <vector>
 
 #include "harness/sim/allocator.h"
@@ -107,19 +106,24 @@ class AsyncPoolAllocator final : public Allocator {
   static constexpr StreamId kAnyStream = 0xffffffffu;      // fresh or synchronized: any stream
   static constexpr StreamId kUnifierStream = 0xfffffffeu;  // freed after record_stream (PyTorch's
                                                            // "unifier" stream, nobody waits on it)
-  enum class Kind : std::uint8_t { free, used, unmapped };
+  enum class Kind : std::uint8_t { free, unmapped };
 
-  // The arena is covered by ranges without gaps: free and used ranges are mapped memory,
-  // unmapped ranges are whole chunks of address space without memory.
+  // The arena is covered by ranges without gaps: tensors' ranges (kept only in keys_), free
+  // ranges (mapped memory no tensor uses) and unmapped ranges (whole chunks of address space
+  // without memory). `open_` holds the free and unmapped ones, keyed by their END address: taking
+  // the front of a free range for a tensor (every placement does) and merging a free into the
+  // range after it leave the key as it is, so the common malloc and free change no tree links.
+  // Two open ranges with no tensor between them are adjacent: one's end is the other's start.
   struct Range {
+    DeviceAddr start = 0;
     Bytes size = 0;
     Kind kind = Kind::unmapped;
-    StreamId owner = kAnyStream;      // free: who may reuse it without further ado
-    std::uint64_t free_tick = 0;      // free: the owner stream's free counter at the free
-    bool opportunistic = false;       // free: the coin said this free completed early
-    BlockKey key = 0;                 // used: whose allocation
+    StreamId owner = kAnyStream;  // free: who may reuse it without further ado
+    std::uint64_t free_tick = 0;  // free: the owner stream's free counter at the free
+    bool opportunistic = false;   // free: the coin said this free completed early
+    DeviceAddr end() const { return start + size; }
   };
-  using Arena = std::map<DeviceAddr, Range>;
+  using Open = std::map<DeviceAddr, Range>;  // end address -> range
 
   struct Live {
     bool live = false;
@@ -137,12 +141,14 @@ class AsyncPoolAllocator final : public Allocator {
   bool best_run(Pred usable_range, Bytes size, DeviceAddr& at) const;
   bool grow(StreamId stream, Bytes size, DeviceAddr& at);
   void take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size);
-  void carve(DeviceAddr at, Bytes size, BlockKey key);
-  Arena::iterator coalesce(Arena::iterator it);
-  void absorb_next(Arena::iterator dst);
-  Arena::iterator insert_range(DeviceAddr addr, const Range& r);
-  Arena::iterator erase_range(Arena::iterator it);
-  void set_owner(Arena::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic);
+  void carve(DeviceAddr at, Bytes size);
+  Open::iterator starting_at(DeviceAddr addr);
+  Open::iterator place(Range r);
+  Open::iterator coalesce(Open::iterator it);
+  Open::iterator insert_range(const Range& r);
+  Open::iterator erase_range(Open::iterator it);
+  void resize_front(Open::iterator it, DeviceAddr start);
+  void set_owner(Open::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic);
   void ensure_stream(StreamId s);
   void order_after(StreamId waiter, StreamId target);
   bool coin();
@@ -153,13 +159,9 @@ class AsyncPoolAllocator final : public Allocator {
   std::uint64_t rng_state_;
   std::optional<Bytes> limit_;  // fraction x total, on requested bytes
   DeviceAddr base_ = 0;         // arena start, aligned to the granularity
-  Arena arena_;
-  FreeIndex sizes_;  // free ranges by (owner, size, address), for the best fit of one owner
-  // The addresses of the ranges no tensor uses (free and unmapped), in address order: the runs
-  // best_run and grow look for are made of these alone, and a pool holding thousands of live
-  // tensors has few of them (walking the whole arena made every growth O(live tensors)).
-  std::set<DeviceAddr> open_;
-  NodeStash<Arena> arena_nodes_;
+  Open open_;
+  FreeIndex sizes_;  // free ranges by (owner, size, start), for the best fit of one owner
+  NodeStash<Open> open_nodes_;
   std::vector<Live> keys_;
   // Event-edge bookkeeping (vector clocks): ticks_[s] counts frees on stream s;
   // seen_[w][s] is the latest free tick of s that stream w is ordered after.

@@ -44,6 +44,7 @@ class FreeIndex {
     bin.insert(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before), Entry{size, addr, block});
     lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
     lane.bytes += size;
+    ++lane.count;
     total_bytes_ += size;
     ++count_;
   }
@@ -56,8 +57,35 @@ class FreeIndex {
     bin.erase(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before));
     if (bin.empty()) lane.nonempty[b / 64] &= ~(std::uint64_t{1} << (b % 64));
     lane.bytes -= size;
+    --lane.count;
     total_bytes_ -= size;
     --count_;
+  }
+
+  // Replaces the entry (stream, old_size, old_addr), which must be present, by (size, addr) of
+  // the same block: in place when both fall in one bin (the usual case when a free range loses
+  // its front to a tensor), else an erase and an insert.
+  void replace(StreamId stream, Bytes old_size, DeviceAddr old_addr, Bytes size, DeviceAddr addr) {
+    const std::uint32_t b = bin_of(size);
+    if (bin_of(old_size) != b) {
+      erase(stream, old_size, old_addr);
+      insert(stream, size, addr, 0);
+      return;
+    }
+    Lane& lane = lanes_[find_lane(stream)];
+    std::vector<Entry>& bin = lane.bins[b];
+    const auto at = std::lower_bound(bin.begin(), bin.end(), Entry{old_size, old_addr, 0}, before);
+    const Entry e{size, addr, at->block};
+    const auto pos = std::lower_bound(bin.begin(), bin.end(), e, before);
+    if (pos <= at) {
+      std::rotate(pos, at, at + 1);
+      *pos = e;
+    } else {
+      std::rotate(at, at + 1, pos);
+      *(pos - 1) = e;
+    }
+    lane.bytes = lane.bytes - old_size + size;
+    total_bytes_ = total_bytes_ - old_size + size;
   }
 
   // The smallest entry of `stream` with size >= `size` (lowest address among equals).
@@ -94,15 +122,23 @@ class FreeIndex {
     return l == kNoLane ? 0 : lanes_[l].bytes;
   }
 
+  // The entries of one stream.
+  std::size_t count(StreamId stream) const {
+    const std::uint32_t l = find_lane(stream);
+    return l == kNoLane ? 0 : lanes_[l].count;
+  }
+
   // Calls f(entry) for every entry, stream by stream (in order of first use), each in order.
   template <class F>
   void for_each(F&& f) const {
+    for (const Lane& lane : lanes_) for_each_in(lane, f);
+  }
+
+  // The same for every stream but `skip`.
+  template <class F>
+  void for_each_except(StreamId skip, F&& f) const {
     for (const Lane& lane : lanes_) {
-      for (std::uint32_t w = 0; w < kWords; ++w) {
-        for (std::uint64_t bits = lane.nonempty[w]; bits != 0; bits &= bits - 1) {
-          for (const Entry& e : lane.bins[w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits))]) f(e);
-        }
-      }
+      if (lane.stream != skip) for_each_in(lane, f);
     }
   }
 
@@ -131,7 +167,17 @@ class FreeIndex {
     std::vector<std::vector<Entry>> bins = std::vector<std::vector<Entry>>(kBins);
     std::array<std::uint64_t, kWords> nonempty{};
     Bytes bytes = 0;
+    std::size_t count = 0;
   };
+
+  template <class F>
+  static void for_each_in(const Lane& lane, F& f) {
+    for (std::uint32_t w = 0; w < kWords; ++w) {
+      for (std::uint64_t bits = lane.nonempty[w]; bits != 0; bits &= bits - 1) {
+        for (const Entry& e : lane.bins[w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits))]) f(e);
+      }
+    }
+  }
 
   std::uint32_t find_lane(StreamId stream) const {
     for (std::uint32_t i = 0; i < lanes_.size(); ++i) {
