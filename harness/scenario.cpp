@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <numeric>
+#include <unordered_map>
 #include <set>
 
 #include <fmt/format.h>
@@ -499,6 +501,29 @@ ArchShape parse_arch(const JsonIn& j) {
   return a;
 }
 
+// The first tensor whose name an earlier one of the list has: (that earlier one, it), or nullopt.
+std::optional<std::pair<std::size_t, std::size_t>> first_repeated_name(const std::vector<Tensor>& tensors) {
+  if (tensors.size() <= 16) {
+    for (std::size_t u = 1; u < tensors.size(); ++u) {
+      for (std::size_t w = 0; w < u; ++w) {
+        if (tensors[w].name == tensors[u].name) return std::pair{w, u};
+      }
+    }
+    return std::nullopt;
+  }
+  std::vector<std::size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
+  std::optional<std::pair<std::size_t, std::size_t>> best;
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    // In a run of equal names (by index, stable), the second is where a reader meets the repeat.
+    if (tensors[order[k]].name == tensors[order[k - 1]].name && (k < 2 || tensors[order[k - 2]].name != tensors[order[k]].name)) {
+      if (!best || order[k] < best->second) best = std::pair{order[k - 1], order[k]};
+    }
+  }
+  return best;
+}
+
 std::vector<Module> parse_modules(const JsonIn& j) {
   std::vector<Module> modules;
   const std::size_t n = j.size();
@@ -512,10 +537,33 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   std::vector<std::uint8_t> hook_given;
   // The names a file would give the tensors (module path + "." + name): unique in a model, as in
   // the safetensors and GGUF files the importer reads. "" is the root module.
-  std::map<std::string, std::string> module_at;   // module name -> where it was given
+  // Where a name was given: entry `entry` of the list (copy `copy` of a repeat), its tensor
+  // `tensor` for a tensor name. Worded only when an error quotes it.
+  struct Given {
+    std::size_t entry;
+    std::size_t tensor;
+    std::uint64_t copy;
+    bool repeated;
+  };
+  const auto module_where = [&](const Given& g) {
+    return g.repeated ? fmt::format("{}[{}] (copy {})", j.path(), g.entry, g.copy) : fmt::format("{}[{}]", j.path(), g.entry);
+  };
+  const auto tensor_where = [&](const Given& g) {
+    const std::string at = fmt::format("{}[{}].tensors[{}]", j.path(), g.entry, g.tensor);
+    return g.repeated ? fmt::format("{} (copy {})", at, g.copy) : at;
+  };
+  std::unordered_map<std::string, Given> module_at;   // module name -> where it was given
   std::uint64_t tensor_count = 0, tensor_count_step = 0;
-  std::vector<std::size_t> entry_of;               // per module: the entry that gave it (repeat expands one entry)
-  std::map<std::string, std::string> full_names;  // "a.b.weight" -> where it was given
+  std::vector<std::size_t> entry_of;                  // per module: the entry that gave it (repeat expands one entry)
+  // Full tensor names ("a.b.weight") -> where each was given. While no tensor name has a dot,
+  // a full name splits at its last dot into one (module, tensor) pair, and module names are
+  // unique, so two tensors can share a full name only within one module: that is checked there,
+  // and the map is filled (with every full name so far) only once a dotted tensor name appears.
+  std::unordered_map<std::string, Given> full_names;
+  bool dotted = false;
+  std::vector<std::uint8_t> entry_repeated;  // per entry: given with "repeat"
+  const auto full_name = [](const Module& mod, const Tensor& t) { return mod.name.empty() ? t.name : mod.name + "." + t.name; };
+  module_at.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn mj = j.at(i);
     mj.expect_object({"name", "repeat", "tensors", "cast_hook"});
@@ -534,6 +582,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
     } else if (room == 0) {
       mj.fail(fmt::format("too many modules (more than {})", kMaxModulesPerModel));
     }
+    entry_repeated.push_back(repeat ? 1 : 0);
     bool hook = false;
     if (auto v = mj.opt("cast_hook")) {
       tmpl.cast_hook = v->boolean();
@@ -594,16 +643,31 @@ std::vector<Module> parse_modules(const JsonIn& j) {
     for (std::uint64_t k = 0; k < copies; ++k) {
       Module m = tmpl;
       if (repeat) m.name = fmt::format("{}{}{}", tmpl.name, tmpl.name.empty() ? "" : ".", k);
-      const std::string where = repeat ? fmt::format("{}[{}] (copy {})", j.path(), i, k) : fmt::format("{}[{}]", j.path(), i);
-      if (const auto [it, fresh] = module_at.emplace(m.name, where); !fresh) {
-        mj.at("name").fail(fmt::format("duplicate module name \"{}\" ({} has it; give its tensors to one module)", m.name, it->second));
+      if (const auto [it, fresh] = module_at.emplace(m.name, Given{i, 0, k, repeat.has_value()}); !fresh) {
+        mj.at("name").fail(
+            fmt::format("duplicate module name \"{}\" ({} has it; give its tensors to one module)", m.name, module_where(it->second)));
       }
-      for (std::size_t u = 0; u < m.tensors.size(); ++u) {
-        const Tensor& t = m.tensors[u];
-        const std::string full = m.name.empty() ? t.name : m.name + "." + t.name;
-        const std::string at = repeat ? fmt::format("{} (copy {})", tj.at(u).path(), k) : tj.at(u).path();
-        if (const auto [it, fresh] = full_names.emplace(full, at); !fresh) {
-          tj.at(u).at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", full, it->second));
+      if (!dotted && std::any_of(m.tensors.begin(), m.tensors.end(), [](const Tensor& t) { return t.name.find('.') != std::string::npos; })) {
+        dotted = true;  // from here on, every full name goes through the map: first those so far
+        full_names.reserve(2 * n);
+        std::uint64_t copy = 0;
+        for (std::size_t e = 0; e < modules.size(); ++e) {
+          copy = e > 0 && entry_of[e - 1] == entry_of[e] ? copy + 1 : 0;
+          for (std::size_t u = 0; u < modules[e].tensors.size(); ++u) {
+            full_names.emplace(full_name(modules[e], modules[e].tensors[u]), Given{entry_of[e], u, copy, entry_repeated[entry_of[e]] != 0});
+          }
+        }
+      }
+      if (dotted) {
+        for (std::size_t u = 0; u < m.tensors.size(); ++u) {
+          if (const auto [it, fresh] = full_names.emplace(full_name(m, m.tensors[u]), Given{i, u, k, repeat.has_value()}); !fresh) {
+            tj.at(u).at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", it->first, tensor_where(it->second)));
+          }
+        }
+      } else if (k == 0) {  // the copies of a repeat have the template's names
+        if (const auto dup = first_repeated_name(m.tensors)) {
+          tj.at(dup->second).at("name").fail(fmt::format("duplicate tensor name \"{}\" ({} has it)", full_name(m, m.tensors[dup->second]),
+                                                         tensor_where(Given{i, dup->first, k, repeat.has_value()})));
         }
       }
       hook_given.push_back(hook ? 1 : 0);

@@ -94,7 +94,9 @@ bool owns_parameters(const Module& m) {
 void mark_containers(std::vector<Module>& modules) {
   // Every module above one that owns parameters. A path already in the set has its own
   // ancestors in it too, so each chain stops at the first one it meets.
-  std::unordered_set<std::string> parents;
+  // The paths are views into the modules' names, which this function does not change.
+  std::unordered_set<std::string_view> parents;
+  parents.reserve(modules.size());
   for (const Module& m : modules) {
     if (!owns_parameters(m)) continue;
     auto p = parent_of(m.name);

@@ -546,7 +546,20 @@ TEST_F(Hostile, InlineModelsAsStrictAsTheImporter) {
       "models[0].modules[1].tensors[0].name: duplicate tensor name \"a.b.weight\"");
   add("duplicate root module", R"({"name": "", "tensors": [)" + t + R"(]}, {"name": "", "tensors": [{"name": "bias", "shape": [4], "dtype": "fp16"}]})",
       "models[0].modules[1].name: duplicate module name \"\"");
-  expect_all_refused(cases, 5);
+  // A module of more than 16 tensors is checked by sorting its names: the first repeat in file
+  // order is named, with the tensor that had the name first.
+  std::string wide;
+  for (int k = 0; k < 20; ++k) {
+    const std::string name = k == 15 ? "t7" : k == 17 ? "t3" : "t" + std::to_string(k);
+    wide += std::string(k == 0 ? "" : ",") + R"({"name": ")" + name + R"(", "shape": [4], "dtype": "fp16"})";
+  }
+  add("duplicate tensor in a wide module", R"({"name": "a", "tensors": [)" + wide + "]}",
+      "models[0].modules[0].tensors[15].name: duplicate tensor name \"a.t7\" (models[0].modules[0].tensors[7] has it)");
+  // A dotted tensor name after a repeat: its full name meets copy 1 of the repeat's names.
+  add("dotted name meets a repeat copy",
+      R"({"name": "blk", "repeat": 3, "tensors": [)" + t + R"(]}, {"name": "blk", "tensors": [{"name": "1.weight", "shape": [4], "dtype": "fp16"}]})",
+      "models[0].modules[1].tensors[0].name: duplicate tensor name \"blk.1.weight\" (models[0].modules[0].tensors[0] (copy 1) has it)");
+  expect_all_refused(cases, 7);
 }
 
 // ---- every flag that takes a value --------------------------------------------------------------
