@@ -3,7 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "harness/campaign.h"
+#include "harness/predictors/predictors.h"
 #include "harness/scenario.h"
 
 namespace vf {
@@ -37,6 +41,34 @@ Scenario scenario(std::string_view device, const std::vector<std::string>& model
       device, policy, ms, pipeline, extra);
   Catalog catalog;
   return parse_scenario_json(text, catalog, "test");
+}
+
+// The walk's sort reads 16 bytes of each name after the prefix all share, and the whole names
+// only where those tie: it must order exactly as comparing the whole names does, for names that
+// differ inside the window, after it, end inside it, are prefixes of others, or hold a NUL.
+TEST(Predict, WalkOrderTiesBreakByTheWholeName) {
+  std::vector<Module> modules;
+  const std::string tail(20, 'x');
+  for (const std::string& name :
+       {std::string("blocks.1.lin"), std::string("blocks.10.lin"), std::string("blocks.2.lin"), std::string("blocks.1"),
+        std::string("blocks.1.lin.x"), "blocks." + tail + "1", "blocks." + tail + "2", "blocks." + tail, std::string("blocks.1\0", 9),
+        std::string("blocks.1\0a", 10), std::string("blocks.\xff"), std::string("blocks.")}) {
+    Module m;
+    m.name = name;
+    m.bytes = m.name.size() % 3 == 0 ? 512 : 1024;  // two tie groups
+    modules.push_back(std::move(m));
+  }
+  for (const bool descending : {false, true}) {
+    std::vector<std::uint32_t> got(modules.size());
+    std::iota(got.begin(), got.end(), 0u);
+    std::vector<std::uint32_t> want = got;
+    sort_walk(got, modules, [&](std::uint32_t i) { return WalkKey{modules[i].bytes, 0, 0}; }, descending);
+    std::sort(want.begin(), want.end(), [&](std::uint32_t a, std::uint32_t b) {
+      if (modules[a].bytes != modules[b].bytes) return modules[a].bytes < modules[b].bytes;
+      return descending ? modules[a].name > modules[b].name : modules[a].name < modules[b].name;
+    });
+    EXPECT_EQ(got, want) << (descending ? "descending" : "ascending");
+  }
 }
 
 TEST(Predict, PresetConstants) {

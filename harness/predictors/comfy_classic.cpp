@@ -300,11 +300,9 @@ class ComfyPlanner {
       lp.offload_cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
       if (walk_kind(model.modules[i]) != Walk::unlisted) lp.sorted.push_back(i);
     }
-    std::sort(lp.sorted.begin(), lp.sorted.end(), [&](std::uint32_t a, std::uint32_t b) {
-      if (lp.offload_cost[a] != lp.offload_cost[b]) return lp.offload_cost[a] > lp.offload_cost[b];
-      if (model.modules[a].bytes != model.modules[b].bytes) return model.modules[a].bytes > model.modules[b].bytes;
-      return model.modules[a].name > model.modules[b].name;
-    });
+    // Descending offload cost, then bytes, then name.
+    sort_walk(lp.sorted, model.modules, [&](std::uint32_t i) { return WalkKey{~lp.offload_cost[i], ~model.modules[i].bytes, 0}; },
+              true);
 
     lp.lowvram.assign(model.modules.size(), 0);
     if (budget_total > as_signed(model.bytes)) {

@@ -65,14 +65,11 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
     st.order.push_back(i);
     st.offload_cost[i] = mod.cast_hook ? offload_cost(mod, ref.compute, ref.lora, costs) : mod.bytes;
   }
-  std::sort(st.order.begin(), st.order.end(), [&](std::uint32_t a, std::uint32_t b) {
-    const Bytes ca = st.offload_cost[a], cb = st.offload_cost[b];
-    const bool big_a = ca >= kSmallCostClass, big_b = cb >= kSmallCostClass;
-    if (big_a != big_b) return !big_a;
-    if (ca != cb) return ca > cb;
-    if (model.modules[a].bytes != model.modules[b].bytes) return model.modules[a].bytes < model.modules[b].bytes;
-    return model.modules[a].name < model.modules[b].name;
-  });
+  // Small-cost class first, then descending cost, ascending bytes, ascending name.
+  sort_walk(st.order, model.modules, [&](std::uint32_t i) {
+    const Bytes c = st.offload_cost[i];
+    return WalkKey{c >= kSmallCostClass ? 1u : 0u, ~c, model.modules[i].bytes};
+  }, false);
 
   st.slice_offset.assign(n, 0);
   st.slice_size.assign(n, 0);
