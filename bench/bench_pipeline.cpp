@@ -5,6 +5,8 @@
 #include "harness/campaign.h"
 #include "harness/scenario.h"
 
+#include <fmt/format.h>
+
 namespace vf {
 namespace {
 
@@ -90,6 +92,92 @@ void BM_Flux2PipelineDynamic(benchmark::State& state) {
   run_scenarios(state, flux2(catalog, static_cast<AllocatorMode>(state.range(0)), true, 24, "comfy:sep2026"));
 }
 
+// Scale: a text encoder of N modules (an fp8 weight of 256..1279 x 512 and a bf16 bias each, as
+// tests/scale scenarios have), 60% of it fitting the card, so the planner offloads and the
+// forward pass casts every offloaded module on two offload streams: the cost per module must not
+// grow with the model (issue #15: 10,000 -> 1,000,000 modules within 1.3x of linear; 100,000 in
+// <= 1 s in every allocator mode). Built in code: the JSON read is measured by `vramfuzz run`
+// on the same model (README, "Performance").
+Scenario scale(std::size_t modules, AllocatorMode mode) {
+  auto spec = std::make_shared<ModelSpec>();
+  spec->name = "scale";
+  spec->source = "inline";
+  spec->family = Family::t5;
+  spec->kind = ModelKind::text_encoder;
+  Bytes weights = 0;
+  for (std::size_t i = 0; i < modules; ++i) {
+    Module m;
+    m.name = fmt::format("blocks.{}.lin", i);
+    const std::uint64_t rows = 256 + (i * 37) % 1024;
+    m.tensors.push_back(Tensor{"weight", {rows, 512}, Dtype::fp8_e4m3fn, TensorRole::weight});
+    m.tensors.push_back(Tensor{"bias", {rows}, Dtype::bf16, TensorRole::bias});
+    weights += rows * 512;
+    spec->modules.push_back(std::move(m));
+  }
+  finalize_model(*spec, "models[0]");
+  Scenario s;
+  s.name = "scale";
+  s.device.total = weights * 6 / 10 + 2 * GiB;
+  s.allocator.mode = mode;
+  s.policy = parse_policy("comfy:dec2025", "policy");
+  ModelRef m;
+  m.id = "te";
+  m.source = "inline";
+  m.compute = Dtype::bf16;
+  m.spec = std::move(spec);
+  s.models.push_back(std::move(m));
+  s.workload.width = s.workload.height = 512;
+  s.workload.cfg = 1.0;
+  s.offload_streams = 2;
+  s.stages = default_stages(1);
+  validate_scenario(s);
+  return s;
+}
+
+// Arguments: modules, allocator mode. Items are modules: items_per_second is modules per second,
+// which stays flat when the cost is linear.
+void BM_ScaleModules(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const Scenario s = scale(n, static_cast<AllocatorMode>(state.range(1)));
+  SimBackend backend;
+  std::size_t ops = 0;
+  for (auto _ : state) {
+    const CaseResult r = run_case(s, backend, false);
+    ops = r.program.ops.size();
+    benchmark::DoNotOptimize(r.verdict.overshoot);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.counters["ops_per_case"] = static_cast<double>(ops);
+}
+
+// Reading: the same model as JSON text (what `vramfuzz run` reads), parsed, checked and
+// finalized. Items are modules: flat items_per_second is a linear read (issue #15: nlohmann's
+// callback parser made it quadratic, 67% of a 100,000-module read).
+std::string scale_json(std::size_t modules) {
+  std::string text = R"({"schema": "vramfuzz.scenario/1", "device": {"total": "64GiB"}, "policy": "comfy:dec2025", )"
+                     R"("models": [{"id": "te", "kind": "text_encoder", "family": "t5", "modules": [)";
+  for (std::size_t i = 0; i < modules; ++i) {
+    const std::uint64_t rows = 256 + (i * 37) % 1024;
+    text += fmt::format(R"({}{{"name": "blocks.{}.lin", "tensors": [{{"name": "weight", "shape": [{}, 512], "dtype": "fp8_e4m3fn"}}, )"
+                        R"({{"name": "bias", "shape": [{}], "dtype": "bf16"}}]}})",
+                        i == 0 ? "" : ", ", i, rows, rows);
+  }
+  text += R"(]}], "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]})";
+  return text;
+}
+
+void BM_ReadScenario(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::string text = scale_json(n);
+  Catalog catalog;
+  for (auto _ : state) {
+    const Scenario s = parse_scenario_json(text, catalog, "bench.json");
+    benchmark::DoNotOptimize(s.models.size());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.counters["MiB_of_text"] = static_cast<double>(text.size()) / (1024.0 * 1024.0);
+}
+
 // Allocator mode as the argument: 0 raw, 1 caching, 2 caching-expandable, 3 async.
 BENCHMARK(BM_Flux2Dev)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 // Dynamic VRAM runs raw, caching and async (no expandable segments under ComfyUI).
@@ -97,6 +185,11 @@ BENCHMARK(BM_Flux2DevDynamic)->Arg(0)->Arg(1)->Arg(3)->Unit(benchmark::kMicrosec
 BENCHMARK(BM_Flux2PipelineDynamic)->Arg(0)->Arg(1)->Arg(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Flux2Pipeline)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Flux2TextEncoderLoadForward)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ScaleModules)
+    ->ArgsProduct({{10'000, 100'000, 1'000'000}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+BENCHMARK(BM_ReadScenario)->Arg(10'000)->Arg(100'000)->Arg(1'000'000)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
 }  // namespace
 }  // namespace vf

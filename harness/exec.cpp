@@ -81,6 +81,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     return r;
   }
   alloc = alloc_owner.get();
+  alloc->reserve_keys(p.buffers.size());
   SimTorch torch(alloc, device);
   std::optional<DynamicRuntime> dyn;
   LiveTensors live_tensors(s.models.size());

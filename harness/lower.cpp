@@ -160,7 +160,9 @@ class Lowerer final : public lowering::ProgramSink {
         default: ops += 2 * mods + 4; break;
       }
     }
-    constexpr std::size_t kCap = std::size_t{1} << 22;
+    // At most 16 M ops (384 MiB of address space; only the pages the ops fill are touched): a
+    // 1,000,000-module text encoder lowers to 10 M, and growing past a smaller cap copied them all.
+    constexpr std::size_t kCap = std::size_t{1} << 24;
     prog_.ops.reserve(std::min(ops, kCap));
     prog_.buffers.reserve(std::min(buffers, kCap));
   }

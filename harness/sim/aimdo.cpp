@@ -459,6 +459,10 @@ class Hooked final : public Allocator {
   const std::optional<OomInfo>& last_oom() const override { return inner_->last_oom(); }
   Bytes held_for_other_streams(StreamId stream) const override { return inner_->held_for_other_streams(stream); }
   Bytes held_at_oom(StreamId stream) const override { return inner_->held_at_oom(stream); }
+  void reserve_keys(std::size_t keys) override {
+    inner_->reserve_keys(keys);
+    sizes_.reserve(keys);
+  }
 
  private:
   Hook hook_;

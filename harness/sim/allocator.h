@@ -105,6 +105,9 @@ class Allocator {
   // async pool takes other streams' frees before it fails (ReuseAllowInternalDependencies), so
   // there, with that policy on, nothing was held from it.
   virtual Bytes held_at_oom(StreamId stream) const { return held_for_other_streams(stream); }
+  // A hint: keys will be below `keys` (a program's buffer count), so per-key tables are sized
+  // once instead of growing (and moving) as a program of millions of buffers runs.
+  virtual void reserve_keys(std::size_t keys) { (void)keys; }
 };
 
 // Builds the allocator for `config` on `device`. Options are validated here: an unknown option,

@@ -81,6 +81,7 @@ class AsyncPoolAllocator final : public Allocator {
   Bytes held_at_oom(StreamId stream) const override {
     return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream);
   }
+  void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
 
   // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
   // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).

@@ -109,6 +109,7 @@ class CachingAllocator final : public Allocator {
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
   Bytes held_for_other_streams(StreamId stream) const override;
+  void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
 
   // Introspection for tests and reports.
   const CachingOptions& options() const { return options_; }

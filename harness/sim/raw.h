@@ -24,6 +24,7 @@ class RawAllocator final : public Allocator {
   void reset_peak_stats() override;
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
+  void reserve_keys(std::size_t keys) override { blocks_.reserve(keys); }
 
  private:
   struct Live {
