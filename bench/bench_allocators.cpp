@@ -12,7 +12,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "harness/sim/allocator.h"
+#include "harness/sim/replay.h"
 
 namespace vf::sim {
 namespace {
@@ -103,6 +106,43 @@ void BM_Async(benchmark::State& s) { run(s, AllocatorMode::async, {}, 1); }
 void BM_AsyncTwoStreams(benchmark::State& s) { run(s, AllocatorMode::async, {}, 2); }
 void BM_Async32MiB(benchmark::State& s) { run(s, AllocatorMode::async, {{"pool_granularity", "32MiB"}}, 1); }
 
+// alloc-replay's path per event: read one JSONL line (the fast reader), replay it through
+// `caching`, format its DEBUG line. Items are events (issue #15: >= 1 M events/s through
+// caching on one core; `vramfuzz alloc-replay` of 2 M events <= 2 s and <= 100 MB, README).
+void BM_TraceReplay(benchmark::State& state) {
+  const std::vector<Step> steps = make_steps(1);
+  std::string text;
+  std::array<bool, kLive> live{};
+  std::array<std::uint64_t, kLive> id{};
+  std::uint64_t next_id = 0;
+  for (const Step& st : steps) {
+    if (live[st.slot]) text += fmt::format("{{\"op\":\"free\",\"id\":{}}}\n", id[st.slot]);
+    id[st.slot] = next_id++;
+    live[st.slot] = true;
+    text += fmt::format("{{\"op\":\"alloc\",\"id\":{},\"size\":{},\"stream\":0,\"name\":\"t{}\"}}\n", id[st.slot], st.size, id[st.slot]);
+  }
+  DeviceSpec spec;
+  spec.total = 80 * GiB;
+  AllocatorConfig cfg;
+  cfg.mode = AllocatorMode::caching;
+  std::int64_t events = 0;
+  for (auto _ : state) {
+    TraceReader reader(text, "bench.jsonl");
+    Replayer replayer(cfg, spec, 0);
+    fmt::memory_buffer out;
+    Bytes before = 0;
+    for (TraceEvent e; reader.next(e);) {
+      const ReplayRow& row = replayer.step(e);
+      append_replay_debug_line(out, row, before);
+      before = row.reserved;
+      if (out.size() > (1u << 16)) out.clear();
+      ++events;
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(events);
+}
+
 BENCHMARK(BM_Raw);
 BENCHMARK(BM_Caching);
 BENCHMARK(BM_CachingTwoStreams);
@@ -111,6 +151,7 @@ BENCHMARK(BM_CachingExpandable);
 BENCHMARK(BM_Async);
 BENCHMARK(BM_AsyncTwoStreams);
 BENCHMARK(BM_Async32MiB);
+BENCHMARK(BM_TraceReplay)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace vf::sim

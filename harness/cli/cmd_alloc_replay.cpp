@@ -1,5 +1,7 @@
 // vramfuzz alloc-replay: a user's allocation trace through any allocator model.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -42,17 +44,38 @@ int do_alloc_replay(const AllocReplayFlags& f) {
                                               format_mib(device.context_overhead), format_mib(device.used_by_others),
                                               format_size(device.total)));
   }
-  const auto events = sim::parse_trace_file(f.trace);
-  const sim::ReplayResult r = sim::replay_trace(events, config, device, f.seed);
-  std::fputs((f.table ? sim::format_replay_table(r) : sim::format_replay_debug(r)).c_str(), stdout);
-  // The table ends with its own "# peaks:" line; the DEBUG lines get this one.
-  if (!f.table) {
-    std::fputs(fmt::format("peaks: requested {}, allocated {}, reserved {}, device used {}; {} OOM(s)\n",
-                           format_mib(r.stats.requested.peak), format_mib(r.stats.allocated.peak),
-                           format_mib(r.stats.reserved.peak), format_mib(r.peak_device_used), r.oom_count)
-                   .c_str(),
-               stdout);
+  // One event at a time, written as it goes: memory stays flat however long the trace is. A bad
+  // line stops the replay there with exit 2 (the rows before it are already written).
+  sim::TraceReader reader(f.trace);
+  sim::Replayer replayer(config, device, f.seed);
+  fmt::memory_buffer out;
+  const auto flush = [&out] {
+    if (out.size() > 0 && std::fwrite(out.data(), 1, out.size(), stdout) != out.size()) {
+      throw InfraError(fmt::format("cannot write the replay to stdout: {}", std::strerror(errno)));
+    }
+    out.clear();
+  };
+  if (f.table) sim::append_replay_table_header(out, replayer.mode(), f.seed, device);
+  Bytes before = 0;
+  for (sim::TraceEvent e; reader.next(e);) {
+    const sim::ReplayRow& row = replayer.step(e);
+    if (f.table) {
+      sim::append_replay_table_row(out, row);
+    } else {
+      sim::append_replay_debug_line(out, row, before);
+    }
+    before = row.reserved;
+    if (out.size() >= (1u << 16)) flush();
   }
+  const sim::ReplayResult r = replayer.summary();
+  if (f.table) {
+    sim::append_replay_table_peaks(out, r);  // the table ends with its own "# peaks:" line
+  } else {
+    fmt::format_to(fmt::appender(out), "peaks: requested {}, allocated {}, reserved {}, device used {}; {} OOM(s)\n", format_mib(r.stats.requested.peak),
+                       format_mib(r.stats.allocated.peak), format_mib(r.stats.reserved.peak), format_mib(r.peak_device_used),
+                       r.oom_count);
+  }
+  flush();
   return r.oom_count > 0 ? kExitFindings : kExitOk;
 }
 
