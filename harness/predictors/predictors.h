@@ -47,7 +47,9 @@ void sort_walk(std::vector<std::uint32_t>& order, const std::vector<Module>& mod
   constexpr std::size_t kWindow = 16;
   struct Entry {
     WalkKey key;
-    std::array<unsigned char, kWindow> name{};  // bytes [shared, shared + 16) of the name, 0-padded
+    // Bytes [shared, shared + 16) of the name, 0-padded, as two big-endian words: comparing the
+    // words compares the bytes as unsigned, in order.
+    std::uint64_t name_hi = 0, name_lo = 0;
     std::uint32_t index;
   };
   std::size_t shared = order.empty() ? 0 : modules[order.front()].name.size();
@@ -62,10 +64,15 @@ void sort_walk(std::vector<std::uint32_t>& order, const std::vector<Module>& mod
   std::vector<Entry> entries;
   entries.reserve(order.size());
   for (const std::uint32_t i : order) {
-    Entry e{key_of(i), {}, i};
+    std::array<unsigned char, kWindow> window{};
     const std::string& n = modules[i].name;
-    if (n.size() > shared) std::memcpy(e.name.data(), n.data() + shared, std::min(kWindow, n.size() - shared));
-    entries.push_back(e);
+    if (n.size() > shared) std::memcpy(window.data(), n.data() + shared, std::min(kWindow, n.size() - shared));
+    std::uint64_t hi = 0, lo = 0;
+    for (std::size_t b = 0; b < 8; ++b) {
+      hi = hi << 8 | window[b];
+      lo = lo << 8 | window[8 + b];
+    }
+    entries.push_back(Entry{key_of(i), hi, lo, i});
   }
   std::sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) {
     if (a.key.k0 != b.key.k0) return a.key.k0 < b.key.k0;
@@ -74,7 +81,7 @@ void sort_walk(std::vector<std::uint32_t>& order, const std::vector<Module>& mod
     // Where the windows differ, they order the names as std::string does (bytes unsigned; a
     // name that ends first is padded with 0 and sorts first unless the other has a 0 there,
     // which makes the windows equal); equal windows compare the whole names.
-    int c = std::memcmp(a.name.data(), b.name.data(), kWindow);
+    int c = a.name_hi != b.name_hi ? (a.name_hi < b.name_hi ? -1 : 1) : a.name_lo != b.name_lo ? (a.name_lo < b.name_lo ? -1 : 1) : 0;
     if (c == 0) c = modules[a.index].name.compare(modules[b.index].name);
     return names_descending ? c > 0 : c < 0;
   });
