@@ -16,6 +16,7 @@ namespace {
 
 // PyTorch refuses requests of 1 EB and more before calling CUDA.
 constexpr Bytes kMaxAsyncRequest = Bytes{1} << 60;
+constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
 
 }  // namespace
 
@@ -38,12 +39,23 @@ AsyncPoolAllocator::AsyncPoolAllocator(SimDevice& device, const AsyncOptions& op
 
 AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::insert_range(const Range& r) {
   auto it = open_nodes_.insert(open_, Open::value_type{r.end(), r});
-  if (r.kind == Kind::free) sizes_.insert(r.owner, r.size, r.start, 0);
+  std::uint32_t slot = 0;
+  if (!spare_slots_.empty()) {
+    slot = spare_slots_.back();
+    spare_slots_.pop_back();
+    slots_[slot] = it;
+  } else {
+    slot = static_cast<std::uint32_t>(slots_.size());
+    slots_.push_back(it);
+  }
+  it->second.slot = slot;
+  if (r.kind == Kind::free) sizes_.insert(r.owner, r.size, r.start, slot);
   return it;
 }
 
 AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::erase_range(Open::iterator it) {
   if (it->second.kind == Kind::free) sizes_.erase(it->second.owner, it->second.size, it->second.start);
+  spare_slots_.push_back(it->second.slot);
   auto next = std::next(it);
   open_nodes_.erase(open_, it);
   return next;
@@ -69,7 +81,7 @@ void AsyncPoolAllocator::set_owner(Open::iterator it, StreamId owner, std::uint6
   r.owner = owner;
   r.free_tick = tick;
   r.opportunistic = opportunistic;
-  sizes_.insert(owner, r.size, r.start, 0);
+  sizes_.insert(owner, r.size, r.start, r.slot);
 }
 
 // Adds `r`, which covers address space no open range covers, merged with its neighbours when no
@@ -195,10 +207,11 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
 
   const Bytes rounded = round_up(size, kAsyncAlign);
   DeviceAddr at = 0;
+  std::uint32_t slot = kNoSlot;
   // Reuse what this stream may reuse (best fit on one free range of its own or synchronized
   // memory, else the best run of adjacent usable free ranges, other streams' frees included
   // where an event edge or the coin allows), else grow the pool.
-  bool found = best_single_fit(stream, rounded, at) ||
+  bool found = best_single_fit(stream, rounded, at, slot) ||
                best_run([&](const Range& r) { return usable(r, stream); }, rounded, at) ||
                grow(stream, rounded, at);
   // ReuseAllowInternalDependencies: only once the pool could not grow, take frees still
@@ -212,7 +225,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     record_oom(size, rounded, stream, false);
     return false;
   }
-  carve(at, rounded);
+  carve(slot != kNoSlot ? slots_[slot] : starting_at(at), at, rounded);
   keys_[key] = Live{true, false, at, rounded, size, stream, false};
   stats_.allocated.add(rounded);
   stats_.active.add(rounded);
@@ -220,7 +233,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   return true;
 }
 
-bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, DeviceAddr& at) const {
+bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, DeviceAddr& at, std::uint32_t& slot) const {
   bool found = false;
   Bytes best_size = 0;
   for (const StreamId owner : {stream, kAnyStream}) {
@@ -231,6 +244,7 @@ bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, DeviceAddr
       found = true;
       best_size = e.size;
       at = e.addr;
+      slot = e.block;
     }
   }
   return found;
@@ -350,10 +364,10 @@ void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, DeviceAd
   }
 }
 
-// Gives [at, at + size) of free ranges to a tensor: `at` is where a run of adjacent free ranges
-// starts (every placement is at one), and the rest of the last range stays free with its owner.
-void AsyncPoolAllocator::carve(DeviceAddr at, Bytes size) {
-  auto it = starting_at(at);
+// Gives [at, at + size) of free ranges to a tensor: `it` is the range at `at`, where a run of
+// adjacent free ranges starts (every placement is at one), and the rest of the last range stays
+// free with its owner.
+void AsyncPoolAllocator::carve(Open::iterator it, DeviceAddr at, Bytes size) {
   Bytes left = size;
   while (left > 0) {
     if (it == open_.end() || it->second.kind != Kind::free) {

@@ -122,6 +122,7 @@ class AsyncPoolAllocator final : public Allocator {
     StreamId owner = kAnyStream;  // free: who may reuse it without further ado
     std::uint64_t free_tick = 0;  // free: the owner stream's free counter at the free
     bool opportunistic = false;   // free: the coin said this free completed early
+    std::uint32_t slot = 0;       // its entry in slots_ (FreeIndex entries carry it too)
     DeviceAddr end() const { return start + size; }
   };
   using Open = std::map<DeviceAddr, Range>;  // end address -> range
@@ -137,12 +138,12 @@ class AsyncPoolAllocator final : public Allocator {
   };
 
   bool usable(const Range& r, StreamId stream) const;
-  bool best_single_fit(StreamId stream, Bytes size, DeviceAddr& at) const;
+  bool best_single_fit(StreamId stream, Bytes size, DeviceAddr& at, std::uint32_t& slot) const;
   template <class Pred>
   bool best_run(Pred usable_range, Bytes size, DeviceAddr& at) const;
   bool grow(StreamId stream, Bytes size, DeviceAddr& at);
   void take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size);
-  void carve(DeviceAddr at, Bytes size);
+  void carve(Open::iterator it, DeviceAddr at, Bytes size);
   Open::iterator starting_at(DeviceAddr addr);
   Open::iterator place(Range r);
   Open::iterator coalesce(Open::iterator it);
@@ -163,6 +164,10 @@ class AsyncPoolAllocator final : public Allocator {
   Open open_;
   FreeIndex sizes_;  // free ranges by (owner, size, start), for the best fit of one owner
   NodeStash<Open> open_nodes_;
+  // Every open range's node, by the slot its Range and FreeIndex entry carry: a best fit goes
+  // straight to its range instead of searching the map for the address.
+  std::vector<Open::iterator> slots_;
+  std::vector<std::uint32_t> spare_slots_;
   std::vector<Live> keys_;
   // Event-edge bookkeeping (vector clocks): ticks_[s] counts frees on stream s;
   // seen_[w][s] is the latest free tick of s that stream w is ordered after.

@@ -63,16 +63,18 @@ class FreeIndex {
   }
 
   // Replaces the entry (stream, old_size, old_addr), which must be present, by (size, addr) of
-  // the same block: in place when both fall in one bin (the usual case when a free range loses
+  // the same block (kept): in place when both fall in one bin (the usual case when a free range loses
   // its front to a tensor), else an erase and an insert.
   void replace(StreamId stream, Bytes old_size, DeviceAddr old_addr, Bytes size, DeviceAddr addr) {
     const std::uint32_t b = bin_of(size);
+    Lane& lane = lanes_[find_lane(stream)];
     if (bin_of(old_size) != b) {
+      const std::vector<Entry>& old_bin = lane.bins[bin_of(old_size)];
+      const std::uint32_t block = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before)->block;
       erase(stream, old_size, old_addr);
-      insert(stream, size, addr, 0);
+      insert(stream, size, addr, block);
       return;
     }
-    Lane& lane = lanes_[find_lane(stream)];
     std::vector<Entry>& bin = lane.bins[b];
     const auto at = std::lower_bound(bin.begin(), bin.end(), Entry{old_size, old_addr, 0}, before);
     const Entry e{size, addr, at->block};
