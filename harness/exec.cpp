@@ -216,6 +216,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
         row.cast = aimdo->cast_bytes();
       }
       row.time_us = now_us;
+      row.held = alloc->held_for_other_streams(op.stream);
       r.trace.push_back(row);
     }
     if (r.oom) {

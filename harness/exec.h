@@ -28,6 +28,9 @@ struct TraceRow {
   Bytes vbar = 0;
   Bytes cast = 0;
   std::uint64_t time_us = 0;
+  // Of reserved - allocated, what the op's stream could not reuse: other streams' frees
+  // (Allocator::held_for_other_streams; 0 where the backend cannot see it).
+  Bytes held = 0;
 };
 
 // Dynamic VRAM: the device at the failing request, after aimdo evicted what it could. The

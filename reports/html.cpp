@@ -55,7 +55,7 @@ svg .grid { stroke: #eaeef2; } svg .axis { stroke: #8c959f; }
 svg .s-used { stroke: var(--used); } svg .s-reserved { stroke: var(--reserved); } svg .s-allocated { stroke: var(--allocated); }
 svg .s-live { stroke: var(--live); } svg .s-limit { stroke: var(--limit); } svg .s-predicted { stroke: var(--limit); }
 svg .fill-reserved { fill: var(--reserved); fill-opacity: .10; stroke: none; }
-svg .a-rounding { fill: #e9d5ff; } svg .a-activations { fill: #bbf7d0; } svg .a-transients { fill: #fde68a; }
+svg .a-rounding { fill: #e9d5ff; } svg .a-held { fill: #fca5a5; } svg .a-activations { fill: #bbf7d0; } svg .a-transients { fill: #fde68a; }
 svg .a-weights { fill: #cbd5e1; } svg .b-weights { stroke: #475569; } svg .b-offload { stroke: #b45309; }
 .hide-used .s-used, .hide-reserved .s-reserved, .hide-reserved .fill-reserved, .hide-allocated .s-allocated,
 .hide-live .s-live, .hide-limit .s-limit, .hide-predicted .s-predicted, .hide-parts .part, .hide-budget .budget { display: none; }
@@ -186,6 +186,9 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
   // cumulative top, drawn top down so the lower ones cover the rest.
   const Json& parts = get_arr(trace, "parts");
   bool stacked = parts.size() == rows.size();
+  const Json& held = get_arr(trace, "held");
+  bool held_rows = held.size() == rows.size();
+  for (std::size_t i = 0; held_rows && i < held.size(); ++i) held_rows = held[i].is_number();
   for (std::size_t i = 0; stacked && i < parts.size(); ++i) {
     stacked = parts[i].is_array() && parts[i].size() == 3 && parts[i][0].is_number() && parts[i][1].is_number() && parts[i][2].is_number();
   }
@@ -206,6 +209,13 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
     };
     // On raw every tensor is its own cudaMalloc: reserved - allocated is the driver's pages, rounding too.
     const bool raw = cv.contains("scenario") && get_str(cv["scenario"], "allocator") == "raw";
+    // Other streams' frees, right above allocated: of the unallocated bytes, those the op's
+    // stream could not reuse (docs/attribution.md); the rest up to reserved is slack.
+    if (held_rows) {
+      svg += fmt::format("<path class=\"part a-held\" d=\"{}\"/>\n", area([&](std::size_t i) {
+                           return std::min(rows[i][3].get<double>() + held[i].get<double>(), rows[i][4].get<double>());
+                         }));
+    }
     svg += fmt::format("<path class=\"part a-rounding\" d=\"{}\"/>\n",
                        area([&](std::size_t i) { return rows[i][raw ? 4 : 3].get<double>(); }));
     svg += fmt::format("<path class=\"part a-activations\" d=\"{}\"/>\n", area([&](std::size_t i) { return part(i, 3); }));
@@ -278,9 +288,12 @@ std::string timeline_svg(const Json& cv, const std::string& id) {
                           color, label);
   }
   if (stacked) {
-    legend += "<button type=\"button\" data-series=\"parts\"><span class=\"sw\" style=\"height:10px;background:linear-gradient(to top,"
-              "#cbd5e1 25%,#fde68a 25% 50%,#bbf7d0 50% 75%,#e9d5ff 75%)\"></span>weights / weight transients / activations / "
-              "rounding (slack above)</button>";
+    legend += fmt::format(
+        "<button type=\"button\" data-series=\"parts\"><span class=\"sw\" style=\"height:10px;background:linear-gradient(to top,"
+        "#cbd5e1 {0}%,#fde68a {0}% {1}%,#bbf7d0 {1}% {2}%,#e9d5ff {2}%{3})\"></span>weights / weight transients / activations / "
+        "rounding{4} (slack above)</button>",
+        held_rows ? 20 : 25, held_rows ? 40 : 50, held_rows ? 60 : 75, held_rows ? " 80%,#fca5a5 80%" : "",
+        held_rows ? " / other streams' frees" : "");
     legend += "<button type=\"button\" data-series=\"budget\"><span class=\"sw\" style=\"background:#475569\"></span>budget: loaded "
               "weights, + offload buffer</button>";
   }

@@ -163,10 +163,14 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
     keep.assign(k.begin(), k.end());
   }
   Json trace_rows = Json::array();
+  Json held = Json::array();
+  bool any_held = false;
   for (std::size_t i : keep) {
     const TraceRow& row = rows[i];
     const std::uint32_t stage = row.op < prog.ops.size() ? prog.ops[row.op].stage : 0;
     trace_rows.push_back(Json::array({row.op, stage, row.live, row.allocated, row.reserved, row.device_used}));
+    held.push_back(row.held);
+    any_held = any_held || row.held > 0;
   }
   // What the live bytes are made of after each kept row's op (the stacked timeline): the
   // program's own buffers by kind. Classic programs only: a dynamic one's conditional ops are
@@ -203,6 +207,8 @@ Json case_view(const Scenario& s, const CaseResult& r, const std::string& title,
                 {"ops", prog.ops.size()},
                 {"downsampled", keep.size() < rows.size()},
                 {"rows", std::move(trace_rows)}};
+  // Per row, other streams' frees (of reserved - allocated): only where there were any.
+  if (any_held) j["trace"]["held"] = std::move(held);
   if (!parts.empty()) {
     j["trace"]["parts_columns"] = Json::array({"weights", "weight_transients", "activations"});
     j["trace"]["parts"] = std::move(parts);

@@ -315,6 +315,44 @@ TEST_F(Reports, TheTimelineSaysWhatTheLiveBytesAreMadeOf) {
   EXPECT_GE(count(html, "class=\"budget b-weights\""), cases);
 }
 
+// Other streams' frees in the timeline: twelve 320 MiB fp16 weights, four of them offloaded and
+// copied on two offload streams under `caching`, on a card where they pass. A copy is freed on
+// its offload stream, so its block stays cached in that stream's pool, where the compute stream
+// cannot reuse it (op 28 reuses one on its own stream): after the last copy is freed, all 960 MiB
+// of reserved - allocated are three such blocks. The trace carries the held bytes per row (never
+// more than reserved - allocated), and the timeline draws them as their own band above allocated
+// instead of inside the slack.
+TEST_F(Reports, TheTimelineDrawsOtherStreamsFreesAsTheirOwnBand) {
+  const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "held",
+    "device": {"total": "4GiB"}, "allocator": {"mode": "caching"},
+    "policy": "comfy:oct2025", "offload_streams": 2,
+    "workload": {"width": 256, "height": 256, "batch": 1, "cfg": 1.0},
+    "models": [{"id": "te", "kind": "text_encoder", "family": "mistral", "compute": "fp16",
+                "modules": [{"name": "down_proj", "repeat": 12,
+                             "tensors": [{"name": "weight", "shape": [5120, 32768], "dtype": "fp16"}]}]}],
+    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]})";
+  Catalog catalog;
+  SimBackend sim;
+  const Scenario s = parse_scenario_json(json, catalog, "held.json");
+  const CaseResult r = run_case(s, sim, true);
+  const Json cv = report::case_view(s, r, "held", "vramfuzz run held.json");
+  const Json& t = cv["trace"];
+  ASSERT_TRUE(t.contains("held")) << r.verdict.message;
+  ASSERT_EQ(t["held"].size(), t["rows"].size());
+  std::uint64_t most = 0;
+  for (std::size_t i = 0; i < t["rows"].size(); ++i) {
+    const std::uint64_t h = t["held"][i].get<std::uint64_t>();
+    EXPECT_LE(h, t["rows"][i][4].get<std::uint64_t>() - t["rows"][i][3].get<std::uint64_t>()) << "row " << i;
+    most = std::max(most, h);
+  }
+  EXPECT_EQ(most, 960 * MiB);
+  Json d = doc();
+  d["findings"][0]["case"] = cv;
+  const std::string html = report::html_report(d, ".");
+  EXPECT_EQ(count(html, "class=\"part a-held\""), 1u);
+  EXPECT_NE(html.find("rounding / other streams' frees (slack above)"), std::string::npos);
+}
+
 TEST_F(Reports, AMergeKeepsTheHigherSeverityAndTheCauseWhicheverReproItKeeps) {
   // Two shards with one finding: the first without a repro but the higher severity and a cause,
   // the second with the repro (which the merge keeps) and neither.
