@@ -489,10 +489,32 @@ TEST_F(Hostile, AllocationTraceReader) {
       "t.jsonl:2: arrays and objects nested deeper than 64 levels at byte 92");
   add("name not a string", "{\"op\":\"alloc\",\"id\":1,\"size\":1,\"name\":" + std::string(50, '[') + std::string(50, ']') + "}\n",
       "t.jsonl:1: name: expected a string, got an array of 1 element");
+  // A line over 1 MiB is refused wherever it falls against the reader's 1 MiB chunks: first, after
+  // a line that leaves the chunk almost full, and last without a newline.
+  const std::string long_line = "{\"op\":\"sync\",\"name\":\"" + std::string(1536 * 1024, 'x') + "\"}";
+  add("long first line", long_line + "\n", "t.jsonl:1: line is longer than 1048576 bytes");
+  add("long line after a short one", "{\"op\":\"sync\",\"name\":\"" + std::string(900 * 1024, 'x') + "\"}\n" + long_line + "\n",
+      "t.jsonl:2: line is longer than 1048576 bytes");
+  add("long last line", ok + long_line, "t.jsonl:2: line is longer than 1048576 bytes");
   // A directory is not a trace.
   fs::create_directories(dir_ / "tracedir");
   cases.push_back({"directory", {}, {"alloc-replay", "tracedir"}, "tracedir: "});
-  expect_all_refused(cases, 15);
+  expect_all_refused(cases, 18);
+}
+
+// A bad line stops the replay with exit 2 after every row before it is written: the replay
+// streams, and nothing already replayed is lost (its rows are buffered, so this checks the flush).
+TEST_F(Hostile, AllocationReplayWritesEveryRowBeforeABadLine) {
+  write("t.jsonl", "{\"op\":\"alloc\",\"id\":1,\"size\":\"10MiB\"}\n{\"op\":\"sync\"}\n{\"op\":\"free\",\"id\":1}\n"
+                   "{\"op\":\"free\",\"id\":1}\n{\"op\":\"sync\"}\n");
+  const Proc p = run({"alloc-replay", "t.jsonl"});
+  test::expect_clean(p);
+  EXPECT_EQ(p.exit_code, 2) << describe(p);
+  EXPECT_NE(p.err.find("t.jsonl:4: id: id 1 is not live"), std::string::npos) << describe(p);
+  EXPECT_NE(p.out.find("[DEBUG 0] reserved: 10.00 MiB (+ 10.00 MiB), allocated: 10.00 MiB, module: 10.00 MiB"), std::string::npos) << describe(p);
+  EXPECT_NE(p.out.find("[DEBUG 2] reserved: 10.00 MiB (+ 0.00 MiB), allocated: 0.00 MiB, free: 10.00 MiB"), std::string::npos) << describe(p);
+  EXPECT_EQ(p.out.find("[DEBUG 3]"), std::string::npos) << describe(p);
+  EXPECT_EQ(p.out.find("peaks:"), std::string::npos) << describe(p);
 }
 
 // safetensors and GGUF headers, through `models import` (and a scenario's "file:" source).

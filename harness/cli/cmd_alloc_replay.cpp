@@ -57,15 +57,20 @@ int do_alloc_replay(const AllocReplayFlags& f) {
   };
   if (f.table) sim::append_replay_table_header(out, replayer.mode(), f.seed, device);
   Bytes before = 0;
-  for (sim::TraceEvent e; reader.next(e);) {
-    const sim::ReplayRow& row = replayer.step(e);
-    if (f.table) {
-      sim::append_replay_table_row(out, row);
-    } else {
-      sim::append_replay_debug_line(out, row, before);
+  try {
+    for (sim::TraceEvent e; reader.next(e);) {
+      const sim::ReplayRow& row = replayer.step(e);
+      if (f.table) {
+        sim::append_replay_table_row(out, row);
+      } else {
+        sim::append_replay_debug_line(out, row, before);
+      }
+      before = row.reserved;
+      if (out.size() >= (1u << 16)) flush();
     }
-    before = row.reserved;
-    if (out.size() >= (1u << 16)) flush();
+  } catch (const InputError&) {
+    flush();  // every row before the bad line is written, then its error
+    throw;
   }
   const sim::ReplayResult r = replayer.summary();
   if (f.table) {

@@ -315,6 +315,8 @@ bool TraceReader::next_line(std::string_view& line) {
       pos_ = nl + 1;
       return true;
     }
+    // No newline in more than the longest line allowed: refused without reading on (next()
+    // refuses a shorter-buffered long line the same way, wherever the chunks fall).
     if (buf_.size() - pos_ > kMaxTraceLine) {
       throw InputError(fmt::format("{}:{}", origin_, line_no_ + 1), fmt::format("line is longer than {} bytes", kMaxTraceLine));
     }
@@ -337,6 +339,9 @@ bool TraceReader::next(TraceEvent& e) {
   std::string_view line;
   while (next_line(line)) {
     ++line_no_;
+    if (line.size() > kMaxTraceLine) {
+      throw InputError(fmt::format("{}:{}", origin_, line_no_), fmt::format("line is longer than {} bytes", kMaxTraceLine));
+    }
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::size_t first = line.find_first_not_of(" \t");
     if (first == std::string_view::npos || line[first] == '#') continue;  // blank or comment

@@ -39,8 +39,8 @@ struct TraceEvent {
 
 std::string_view trace_op_name(TraceEvent::Op op);
 
-// The longest line a trace may have (an event is a short object; a longer line is refused
-// rather than buffered).
+// The longest line a trace may have, file or text (an event is a short object; a longer line
+// is refused rather than buffered).
 inline constexpr std::size_t kMaxTraceLine = 1 << 20;
 
 // One line that is neither blank nor a comment, as an event (no live-id checks: those need the
