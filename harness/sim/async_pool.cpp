@@ -172,14 +172,15 @@ bool AsyncPoolAllocator::usable(const Range& r, StreamId stream) const {
 Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream) const {
   // A stream the pool has not seen yet is ordered after nothing: only synchronized frees and
   // those the coin completed are its to take.
+  // Synchronized frees are everyone's: only the ranges of a stream (or the unifier) are visited,
+  // through their slots, so a traced run pays for the frees since the last sync, not the pool.
   const bool seen = stream < seen_.size();
   Bytes held = 0;
-  if (sizes_.count(kAnyStream) == sizes_.size()) return 0;  // every free range is synchronized
-  for (const auto& [end, r] : open_) {
-    if (r.kind != Kind::free) continue;
-    const bool ok = seen ? usable(r, stream) : r.owner == kAnyStream || (options_.reuse_allow_opportunistic && r.opportunistic);
+  sizes_.for_each_except(kAnyStream, [&](const FreeIndex::Entry& e) {
+    const Range& r = slots_[e.block]->second;
+    const bool ok = seen ? usable(r, stream) : options_.reuse_allow_opportunistic && r.opportunistic;
     if (!ok) held += r.size;
-  }
+  });
   return held;
 }
 
