@@ -195,8 +195,9 @@ std::uint64_t case_seed(std::uint64_t campaign_seed, std::uint64_t index) {
   return splitmix64(splitmix64(campaign_seed) ^ index);
 }
 
-bool is_noise(std::string_view signature, std::int64_t worst_overshoot, Bytes min_overshoot) {
-  return signature.rfind("violation:", 0) == 0 && worst_overshoot < static_cast<std::int64_t>(std::min<Bytes>(min_overshoot, kMaxDeviceBytes));
+bool is_noise(std::string_view signature, std::int64_t worst_overshoot, Bytes min_overshoot, bool knee_of_oom) {
+  const bool of_violations = signature.rfind("violation:", 0) == 0 || (signature.rfind("knee:", 0) == 0 && !knee_of_oom);
+  return of_violations && worst_overshoot < static_cast<std::int64_t>(std::min<Bytes>(min_overshoot, kMaxDeviceBytes));
 }
 
 std::string signature_dir(std::string_view signature) {
@@ -414,7 +415,9 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
         sc.worst_overshoot = cr.verdict.overshoot;
         sc.worst_device = cs.device.total;
       }
-      sc.noise = is_noise(key.signature, sc.worst_overshoot, cfg.min_overshoot);
+      // A knee's overshoot is its smaller half's: below the threshold only counts for violations.
+      if (cr.verdict.kind == VerdictKind::knee && cr.verdict.knee_small.rfind("violation:", 0) != 0) sc.knee_of_oom = true;
+      sc.noise = is_noise(key.signature, sc.worst_overshoot, cfg.min_overshoot, sc.knee_of_oom);
       if (sc.count == 1) {
         sc.cause = cr.verdict.cause;
         sc.first_case_seed = seed;

@@ -105,7 +105,8 @@ struct SignatureCount {
   Bytes worst_device = 0;    // the device total of the worst case (severity: overshoot / device)
   std::string cause;         // the first case's one-line cause (Verdict::cause)
   bool activation_dependent = false;  // the first written case's (Verdict::activation_dependent)
-  bool noise = false;        // a violation whose worst overshoot is below CampaignConfig::min_overshoot
+  bool noise = false;        // worst overshoot below CampaignConfig::min_overshoot: a violation, or a knee of violations
+  bool knee_of_oom = false;  // knee signatures: some finding's smaller half OOMed (such a knee is never noise)
   std::string first_file;    // the first finding written for it
   std::uint64_t first_case_seed = 0;
   std::uint64_t first_case_index = 0;
@@ -180,8 +181,9 @@ std::string case_json(const Scenario& s, const CaseResult& r, std::uint64_t camp
                       const std::string& found_by = "");
 
 // Whether a finding is within the allocator's rounding noise: a violation whose worst overshoot
-// is below `min_overshoot` (CampaignConfig::min_overshoot). OOMs never are.
-bool is_noise(std::string_view signature, std::int64_t worst_overshoot, Bytes min_overshoot);
+// is below `min_overshoot` (CampaignConfig::min_overshoot), or a knee whose smaller halves were
+// all such violations (`knee_of_oom` false). OOMs never are, nor knees whose smaller half OOMed.
+bool is_noise(std::string_view signature, std::int64_t worst_overshoot, Bytes min_overshoot, bool knee_of_oom = true);
 
 // Signature as a directory name ("violation:forward:upcast:raw" -> "violation-forward-upcast-raw").
 std::string signature_dir(std::string_view signature);

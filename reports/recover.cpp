@@ -147,6 +147,9 @@ struct FoundFile {
   Bytes device_total = 0;
   std::string cause;
   bool activation_dependent = false;
+  // A knee whose smaller half did not merely exceed its prediction (and, not knowing, any knee
+  // whose file does not say): never noise.
+  bool knee_of_oom = true;
 };
 
 }  // namespace
@@ -203,6 +206,9 @@ Recovered recover_campaign(const std::string& dir) {
         x.case_seed = doc.value("case_seed", std::uint64_t{0});
         if (doc.contains("verdict")) {
           x.overshoot = doc["verdict"].value("overshoot", std::int64_t{0});
+          if (doc["verdict"].contains("knee_small")) {
+            x.knee_of_oom = doc["verdict"].value("knee_small", std::string()).rfind("violation:", 0) != 0;
+          }
           x.cause = doc["verdict"].value("cause", "");
           x.activation_dependent = doc["verdict"].value("activation_dependent", false);
         }
@@ -246,7 +252,8 @@ Recovered recover_campaign(const std::string& dir) {
       sc.activation_dependent = x.activation_dependent;
     }
     sc.known = corpus.by_key.count(x.key) > 0;
-    sc.noise = is_noise(x.key.signature, sc.worst_overshoot, cfg.min_overshoot);
+    sc.knee_of_oom = sc.knee_of_oom || x.knee_of_oom;
+    sc.noise = is_noise(x.key.signature, sc.worst_overshoot, cfg.min_overshoot, sc.knee_of_oom);
     CellCount& cell = r.cells[{x.policy_label, x.allocator}];
     ++cell.cases;
     CellCount::Finding& cf = cell.findings[x.key];

@@ -97,6 +97,31 @@ class Cli : public test::TempDirTest {
 
 // ---- run / plan on the example ----------------------------------------------------------------
 
+// A summary rebuilt from the finding files (`report` after a campaign lost its summary) labels a
+// knee of violations below --min-overshoot noise as the campaign did, and a knee of an OOM not
+// (tests/test_knee.cpp has the campaign's side: seed 2 of comfy:nov2025 on caching).
+TEST_F(Cli, ARecoveredSummaryLabelsKneesOfViolationsNoiseAsTheCampaignDid) {
+  const Proc f = run({"fuzz", "--backend", "sim", "--policy", "comfy:nov2025", "--allocator", "caching", "--cases", "600", "--seed",
+                      "2", "--no-shrink", "--min-overshoot", "1TiB", "--out", "o"},
+                     120);
+  ASSERT_EQ(f.exit_code, 1) << describe(f);
+  auto noise_of = [&](const std::string& sig) {
+    const nlohmann::json d = nlohmann::json::parse(read_file(dir_ / "o" / "summary.json"));
+    for (const auto& x : d["findings"]) {
+      if (x["signature"] == sig) return x.value("noise", false);
+    }
+    ADD_FAILURE() << sig << " not in the summary";
+    return false;
+  };
+  EXPECT_TRUE(noise_of("knee:forward:upcast:caching"));
+  EXPECT_FALSE(noise_of("knee:patch:lora:caching"));
+  fs::remove(dir_ / "o" / "summary.json");
+  const Proc r = run({"report", "o"}, 120);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(noise_of("knee:forward:upcast:caching"));
+  EXPECT_FALSE(noise_of("knee:patch:lora:caching"));
+}
+
 TEST_F(Cli, RunExampleFindsTheOriginBugUnderOct2025) {
   const Proc p = run({"run", kExample});
   expect_clean(p);

@@ -222,5 +222,44 @@ TEST(Knee, ACampaignPairsEveryKthPassingCaseAndCanBeTurnedOff) {
   }());
 }
 
+// Below --min-overshoot, a knee whose smaller halves only exceeded their prediction is noise, as
+// a violation is; one whose smaller half OOMed never is. Seed 2 of comfy:nov2025 on caching: a
+// knee of violations at case 348 (knee:forward:upcast:caching), one of an OOM at case 552
+// (knee:patch:lora:caching).
+TEST(Knee, AKneeOfViolationsBelowMinOvershootIsNoiseAKneeOfAnOomIsNot) {
+  Catalog catalog;
+  SimBackend sim;
+  CampaignConfig cfg;
+  cfg.seed = 2;
+  cfg.cases = 600;
+  cfg.shrink = false;
+  cfg.gen.policy = "comfy:nov2025";
+  cfg.gen.allocator = AllocatorMode::caching;
+  cfg.min_overshoot = 1024 * GiB;
+  const CampaignResult r = run_campaign(cfg, catalog, sim);
+  const auto knee = [&](const std::string& sig) -> const SignatureCount& {
+    for (const auto& [key, c] : r.signatures) {
+      if (key.signature == sig) return c;
+    }
+    ADD_FAILURE() << sig << " not found";
+    static const SignatureCount none;
+    return none;
+  };
+  const SignatureCount& upcast = knee("knee:forward:upcast:caching");
+  EXPECT_EQ(upcast.first_case_index, 348u);
+  EXPECT_FALSE(upcast.knee_of_oom);
+  EXPECT_TRUE(upcast.noise);
+  const SignatureCount& lora = knee("knee:patch:lora:caching");
+  EXPECT_EQ(lora.first_case_index, 552u);
+  EXPECT_TRUE(lora.knee_of_oom);
+  EXPECT_FALSE(lora.noise);
+  // At the default 2 MiB, the upcast knee's 45 MiB overshoot is no noise.
+  cfg.min_overshoot = 2 * MiB;
+  for (const auto& [key, c] : run_campaign(cfg, catalog, sim).signatures) EXPECT_FALSE(c.noise) << key.signature;
+  EXPECT_TRUE(is_noise("knee:forward:upcast:raw", 1 * MiB, 2 * MiB, false));
+  EXPECT_FALSE(is_noise("knee:forward:upcast:raw", 1 * MiB, 2 * MiB, true));
+  EXPECT_FALSE(is_noise("oom:forward:upcast:raw", 1 * MiB, 2 * MiB, false));
+}
+
 }  // namespace
 }  // namespace vf

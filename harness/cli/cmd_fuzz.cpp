@@ -312,7 +312,8 @@ void add_fuzz(CLI::App& app, Action& action) {
   cmd->add_option("--keep", f->keep, "finding files written per signature and policy (every finding is counted)")->capture_default_str()->transform(kNonNegative);
   cmd->add_flag("--no-shrink", f->no_shrink, "write findings without shrinking them into repros");
   cmd->add_option("--min-overshoot", f->min_overshoot,
-                  "a violation whose worst overshoot stays below this is allocator noise: listed and labelled, not new (0: count all)")
+                  "a violation (or a knee of violations) whose worst overshoot stays below this is allocator noise: listed and labelled, "
+                  "not new (0: count all)")
       ->capture_default_str();
   cmd->add_option("--knee-every", f->knee_every,
                   "P4 (class G): run every K-th case that passes again a step smaller; failing there is a knee finding (0: off)")
