@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "harness/core/splitmix.h"
 #include "harness/sim/allocator.h"
 #include "harness/sim/replay.h"
 
@@ -29,18 +30,7 @@ struct Step {
   StreamId stream;
 };
 
-// splitmix64: a fixed-seed stream, identical on every machine.
-struct Rng {
-  std::uint64_t state;
-  std::uint64_t next() {
-    state += 0x9e3779b97f4a7c15ull;
-    std::uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  std::uint64_t below(std::uint64_t n) { return next() % n; }
-};
+using Rng = SplitMix64;
 
 Bytes draw_size(Rng& rng) {
   const std::uint64_t bucket = rng.below(100);

@@ -54,7 +54,8 @@ Scenario flux2_te(Catalog& catalog) {
   return s;
 }
 
-void run_scenarios(benchmark::State& state, const Scenario& s) {
+// Items per case: 1 (items_per_second is scenarios per second) or, for the scale bench, modules.
+void run_scenarios(benchmark::State& state, const Scenario& s, std::size_t items_per_case = 1) {
   SimBackend backend;
   std::size_t ops = 0;
   for (auto _ : state) {
@@ -62,7 +63,7 @@ void run_scenarios(benchmark::State& state, const Scenario& s) {
     ops = r.program.ops.size();
     benchmark::DoNotOptimize(r.verdict.overshoot);
   }
-  state.SetItemsProcessed(state.iterations());
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * items_per_case));
   state.counters["ops_per_case"] = static_cast<double>(ops);
   state.counters["scenarios_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
@@ -138,16 +139,7 @@ Scenario scale(std::size_t modules, AllocatorMode mode) {
 // which stays flat when the cost is linear.
 void BM_ScaleModules(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  const Scenario s = scale(n, static_cast<AllocatorMode>(state.range(1)));
-  SimBackend backend;
-  std::size_t ops = 0;
-  for (auto _ : state) {
-    const CaseResult r = run_case(s, backend, false);
-    ops = r.program.ops.size();
-    benchmark::DoNotOptimize(r.verdict.overshoot);
-  }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
-  state.counters["ops_per_case"] = static_cast<double>(ops);
+  run_scenarios(state, scale(n, static_cast<AllocatorMode>(state.range(1))), n);
 }
 
 // Reading: the same model as JSON text (what `vramfuzz run` reads), parsed, checked and

@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "harness/core/splitmix.h"
 #include "harness/sim/async_pool.h"
 #include "tests/sim_test_util.h"
 
@@ -32,17 +33,7 @@ constexpr int kSequences = 3000;
 constexpr int kOpsPerSequence = 400;
 constexpr int kConfigs = 12;
 
-struct Rng {
-  std::uint64_t state;
-  std::uint64_t next() {
-    state += 0x9e3779b97f4a7c15ull;
-    std::uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  std::uint64_t below(std::uint64_t n) { return next() % n; }
-};
+using Rng = SplitMix64;
 
 // FNV-1a over 64-bit words.
 struct Digest {
