@@ -133,7 +133,12 @@ std::uint64_t run_sequence(int index) {
     } else if (kind < 99) {
       a.set_release_threshold(rng.below(2) == 0 ? kReleaseNever : rng.below(256) * MiB);
     } else {
-      a.set_reuse_policy(rng.below(2) == 0, rng.below(2) == 0, rng.below(2) == 0);
+      // Drawn one by one (the order of a call's arguments is the compiler's), in the order the
+      // digests were recorded in.
+      const bool internal = rng.below(2) == 0;
+      const bool opportunistic = rng.below(2) == 0;
+      const bool follow = rng.below(2) == 0;
+      a.set_reuse_policy(follow, opportunistic, internal);
     }
     observe(a, d, streams);
   }
