@@ -113,7 +113,8 @@ class AsyncPoolAllocator final : public Allocator {
   // ranges (mapped memory no tensor uses) and unmapped ranges (whole chunks of address space
   // without memory). `open_` holds the free and unmapped ones, keyed by their END address: taking
   // the front of a free range for a tensor (every placement does) and merging a free into the
-  // range after it leave the key as it is, so the common malloc and free change no tree links.
+  // range after it leave the key as it is, so neither changes the tree (a free that merges with
+  // nothing inserts one node; one that joins the range below erases one).
   // Two open ranges with no tensor between them are adjacent: one's end is the other's start.
   struct Range {
     DeviceAddr start = 0;
