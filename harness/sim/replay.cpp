@@ -2,6 +2,7 @@
 
 #include <array>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <iterator>
 #include <unordered_map>
@@ -29,6 +30,27 @@ std::string_view trace_op_name(TraceEvent::Op op) {
 namespace {
 
 using json = nlohmann::json;
+
+// The op a trace names ("alloc" ... "empty_cache"): trace_op_name's inverse.
+std::optional<TraceEvent::Op> trace_op_named(std::string_view name) {
+  for (const TraceEvent::Op op : {TraceEvent::Op::alloc, TraceEvent::Op::free, TraceEvent::Op::record_stream, TraceEvent::Op::sync,
+                                  TraceEvent::Op::wait, TraceEvent::Op::empty_cache}) {
+    if (trace_op_name(op) == name) return op;
+  }
+  return std::nullopt;
+}
+
+// Every event of a trace, checked (parse_trace_text and parse_trace_file).
+std::vector<TraceEvent> read_all(TraceReader& reader) {
+  std::vector<TraceEvent> events;
+  for (TraceEvent e; reader.next(e);) events.push_back(std::move(e));
+  return events;
+}
+
+// A line over kMaxTraceLine, wherever the reader finds out.
+InputError line_too_long(std::string_view origin, std::size_t line_no) {
+  return InputError(fmt::format("{}:{}", origin, line_no), fmt::format("line is longer than {} bytes", kMaxTraceLine));
+}
 
 struct LineContext {
   std::string_view origin;
@@ -90,22 +112,12 @@ TraceEvent parse_event(const json& obj, const LineContext& ctx) {
   const std::string op = op_value.get<std::string>();
   TraceEvent e;
   e.line = ctx.line;
-  if (op == "alloc") {
-    e.op = TraceEvent::Op::alloc;
-  } else if (op == "free") {
-    e.op = TraceEvent::Op::free;
-  } else if (op == "record_stream") {
-    e.op = TraceEvent::Op::record_stream;
-  } else if (op == "sync") {
-    e.op = TraceEvent::Op::sync;
-  } else if (op == "wait") {
-    e.op = TraceEvent::Op::wait;
-  } else if (op == "empty_cache") {
-    e.op = TraceEvent::Op::empty_cache;
-  } else {
+  const std::optional<TraceEvent::Op> known = trace_op_named(op);
+  if (!known) {
     throw InputError(ctx.at("op"),
                      fmt::format("unknown op \"{}\" (alloc, free, record_stream, sync, wait, empty_cache)", op));
   }
+  e.op = *known;
   for (const auto& [key, value] : obj.items()) {
     if (key == "op") continue;
     if (key == "name") {
@@ -215,20 +227,9 @@ bool parse_event_fast(std::string_view line, std::size_t line_no, std::string_vi
   if (op == nullptr || !op->text) return false;
   TraceEvent e;
   e.line = line_no;
-  constexpr std::array<std::pair<std::string_view, TraceEvent::Op>, 6> kOps{{{"alloc", TraceEvent::Op::alloc},
-                                                                             {"free", TraceEvent::Op::free},
-                                                                             {"record_stream", TraceEvent::Op::record_stream},
-                                                                             {"sync", TraceEvent::Op::sync},
-                                                                             {"wait", TraceEvent::Op::wait},
-                                                                             {"empty_cache", TraceEvent::Op::empty_cache}}};
-  bool known = false;
-  for (const auto& [name, o] : kOps) {
-    if (op->str == name) {
-      e.op = o;
-      known = true;
-    }
-  }
+  const std::optional<TraceEvent::Op> known = trace_op_named(op->str);
   if (!known) return false;
+  e.op = *known;
   const Field* id = nullptr;
   const Field* size = nullptr;
   const Field* stream = nullptr;
@@ -317,9 +318,7 @@ bool TraceReader::next_line(std::string_view& line) {
     }
     // No newline in more than the longest line allowed: refused without reading on (next()
     // refuses a shorter-buffered long line the same way, wherever the chunks fall).
-    if (buf_.size() - pos_ > kMaxTraceLine) {
-      throw InputError(fmt::format("{}:{}", origin_, line_no_ + 1), fmt::format("line is longer than {} bytes", kMaxTraceLine));
-    }
+    if (buf_.size() - pos_ > kMaxTraceLine) throw line_too_long(origin_, line_no_ + 1);
     if (in_->eof()) {  // the last line, without a newline (or an empty one after the last newline)
       line = std::string_view(buf_).substr(pos_);
       done_ = true;
@@ -339,9 +338,7 @@ bool TraceReader::next(TraceEvent& e) {
   std::string_view line;
   while (next_line(line)) {
     ++line_no_;
-    if (line.size() > kMaxTraceLine) {
-      throw InputError(fmt::format("{}:{}", origin_, line_no_), fmt::format("line is longer than {} bytes", kMaxTraceLine));
-    }
+    if (line.size() > kMaxTraceLine) throw line_too_long(origin_, line_no_);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::size_t first = line.find_first_not_of(" \t");
     if (first == std::string_view::npos || line[first] == '#') continue;  // blank or comment
@@ -387,16 +384,12 @@ TraceEvent parse_trace_line(std::string_view line, std::size_t line_no, std::str
 
 std::vector<TraceEvent> parse_trace_text(std::string_view text, std::string_view origin) {
   TraceReader reader(text, origin);
-  std::vector<TraceEvent> events;
-  for (TraceEvent e; reader.next(e);) events.push_back(std::move(e));
-  return events;
+  return read_all(reader);
 }
 
 std::vector<TraceEvent> parse_trace_file(const std::string& path) {
   TraceReader reader(path);
-  std::vector<TraceEvent> events;
-  for (TraceEvent e; reader.next(e);) events.push_back(std::move(e));
-  return events;
+  return read_all(reader);
 }
 
 Replayer::Replayer(const AllocatorConfig& config, const DeviceSpec& device, std::uint64_t seed)
