@@ -8,6 +8,7 @@
 #include "harness/case_file.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/from_log.h"
 
 namespace vf {
 namespace {
@@ -154,6 +155,13 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   md += fmt::format("**Environment:** {} ({}); vramfuzz {}\n\n", c.exec.backend, c.exec.environment, tool_version());
   md += fmt::format("**Reliability:** reproduced {} of {} runs{}\n\n", r.reproduced, r.confirm_runs,
                     r.flaky ? " (**flaky**: below the reliability threshold)" : "");
+  if (s.from_log) {
+    const FromLog& fl = *s.from_log;
+    std::string first = fl.oom ? fl.oom->text.substr(0, fl.oom->text.find('\n')) : "";
+    if (first.size() > 160) first = first.substr(0, 157) + "...";
+    md += fmt::format("**From log:** `{}` (fnv1a64:{:016x}), reconstructed by `vramfuzz from-log`{}\n\n", fl.file, fl.digest,
+                      fl.oom ? fmt::format("; its OOM at line {}: \"{}\"", fl.oom->line, first) : "");
+  }
   md += "## Minimal scenario\n\n| | |\n|---|---|\n";
   md += fmt::format("| device | {} ({} used by others, {} CUDA context) |\n", format_size(s.device.total),
                     format_mib(s.device.used_by_others), format_mib(s.device.context_overhead));
@@ -260,6 +268,7 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   md += fmt::format("\nLargest overshoot seen while shrinking: {} (original case: {}).\n\n",
                     format_signed_mib(r.largest_overshoot), format_signed_mib(r.original_overshoot));
   md += "## Trace around the peak\n\n```\n" + debug_lines(s, c, v.op, 10) + "```\n\n";
+  md += comfyui_reproduction(s, c.plan.reserve);
   md += fmt::format("## Replay\n\nFrom the folder this file is in:\n\n```\n{}\n```\n\n"
                     "(`vramfuzz` not on the PATH: a vramfuzz checkout built as its README says has it at `build/vramfuzz`.)\n\n",
                     replay_here(path));

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/case_file.h"
+#include "harness/comfy_log.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/sim/allocator.h"
@@ -115,7 +116,7 @@ ComfyConstants preset_constants(Preset p) {
   }
   DynamicConstants& d = c.dynamic;
   if (p == Preset::feb2026) {
-    // ComfyUI 0.15.0 (PR #12658, 2026-02-26, dynamic VRAM on by default) with comfy-aimdo 0.2.2
+    // ComfyUI 0.16.0 (PR #12658, merged 2026-02-28, dynamic VRAM on by default) with comfy-aimdo 0.2.2
     // (tag v0.2.2, 2026-02-25): budget_deficit read cuMemGetInfo on every call and had no
     // --reserve-vram / --vram-headroom input; the cudaMallocAsync hook checked it once per 2 s
     // and otherwise evicted only after a failure; every hooked allocation was booked as whole
@@ -1018,10 +1019,89 @@ Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_vi
   return scenario_from_json(doc, catalog, "", base_dir);
 }
 
+namespace {
+
+// "from_log": the log a reconstructed scenario came from and what run compares it with. Each
+// plan line and the OOM are kept as the log printed them and read with the log reader's own
+// parsers, so a file cannot hold figures that disagree with its text.
+FromLog parse_from_log(const JsonIn& j, const Scenario& s) {
+  j.expect_object({"file", "digest", "plans", "oom"});
+  FromLog f;
+  f.file = j.at("file").str();
+  const JsonIn d = j.at("digest");
+  const std::string ds = d.str();
+  constexpr std::string_view kPrefix = "fnv1a64:";
+  if (ds.size() != kPrefix.size() + 16 || ds.compare(0, kPrefix.size(), kPrefix) != 0 ||
+      ds.find_first_not_of("0123456789abcdef", kPrefix.size()) != std::string::npos) {
+    d.fail(fmt::format("\"{}\" is not \"fnv1a64:\" followed by 16 lower-case hex digits", ds));
+  }
+  f.digest = std::stoull(ds.substr(kPrefix.size()), nullptr, 16);
+  if (auto pj = j.opt("plans")) {
+    pj->expect_array();
+    for (std::size_t i = 0; i < pj->size(); ++i) {
+      const JsonIn e = pj->at(i);
+      e.expect_object({"line", "stage", "text"});
+      LogPlanExpect p;
+      p.line = e.at("line").u32_in(1, UINT32_MAX);
+      const JsonIn st = e.at("stage");
+      p.stage = st.u32_in(0, UINT32_MAX);
+      if (p.stage >= s.stages.size() || s.stages[p.stage].op != StageOp::load) {
+        st.fail(fmt::format("{} is not a load stage of the pipeline (it has {} stages)", p.stage, s.stages.size()));
+      }
+      const JsonIn t = e.at("text");
+      p.text = t.str();
+      if (!parse_plan_line(p.text, t.path())) t.fail("not a ComfyUI plan line (\"loaded completely; ...\", \"loaded partially; ...\" or \"Model X prepared for dynamic VRAM loading. ...\")");
+      f.plans.push_back(std::move(p));
+    }
+  }
+  if (auto oj = j.opt("oom")) {
+    oj->expect_object({"line", "stage", "activity", "text"});
+    LogOomExpect o;
+    o.line = oj->at("line").u32_in(1, UINT32_MAX);
+    if (auto st = oj->opt("stage")) {
+      o.stage = st->u32_in(0, UINT32_MAX);
+      if (*o.stage >= s.stages.size()) st->fail(fmt::format("{} is not a stage of the pipeline (it has {} stages)", *o.stage, s.stages.size()));
+    }
+    if (auto a = oj->opt("activity")) {
+      o.activity = a->str();
+      if (o.activity != "weight-cast" && o.activity != "load" && o.activity != "compute") {
+        a->fail(fmt::format("\"{}\" is not weight-cast, load or compute", o.activity));
+      }
+    }
+    const JsonIn t = oj->at("text");
+    o.text = t.str();
+    if (!parse_oom_text(o.text, t.path())) t.fail("not PyTorch's out-of-memory message (\"CUDA out of memory. Tried to allocate ...\" or \"Allocation on device N would exceed allowed memory\")");
+    f.oom = std::move(o);
+  }
+  return f;
+}
+
+nlohmann::ordered_json from_log_json(const FromLog& f) {
+  nlohmann::ordered_json j;
+  j["file"] = f.file;
+  j["digest"] = fmt::format("fnv1a64:{:016x}", f.digest);
+  if (!f.plans.empty()) {
+    nlohmann::ordered_json plans = nlohmann::ordered_json::array();
+    for (const LogPlanExpect& p : f.plans) plans.push_back({{"line", p.line}, {"stage", p.stage}, {"text", p.text}});
+    j["plans"] = std::move(plans);
+  }
+  if (f.oom) {
+    nlohmann::ordered_json o;
+    o["line"] = f.oom->line;
+    if (f.oom->stage) o["stage"] = *f.oom->stage;
+    if (!f.oom->activity.empty()) o["activity"] = f.oom->activity;
+    o["text"] = f.oom->text;
+    j["oom"] = std::move(o);
+  }
+  return j;
+}
+
+}  // namespace
+
 Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir) {
   const JsonIn j(doc, path);
   j.expect_object({"schema", "name", "seed", "device", "allocator", "policy", "models", "workload", "knee_of", "offload_streams",
-                   "pipeline", "activations"});
+                   "pipeline", "activations", "from_log"});
   if (auto v = j.opt("schema")) {
     if (v->str() != kScenarioSchema) v->fail(fmt::format("unsupported schema \"{}\" (this build reads {})", v->str(), kScenarioSchema));
   }
@@ -1050,6 +1130,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
   if (auto v = j.opt("pipeline")) s.stages = parse_pipeline(*v, s.models);
   else s.stages = default_stages(s.models.size());
   if (auto v = j.opt("activations")) s.activations = parse_activation_spec(*v, base_dir);
+  if (auto v = j.opt("from_log")) s.from_log = parse_from_log(*v, s);
   validate_scenario(s);
   return s;
 }
@@ -1269,6 +1350,7 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   for (const Stage& st : s.stages) pipe.push_back({{"op", stage_op_name(st.op)}, {"model", s.models[st.model].id}});
   j["pipeline"] = std::move(pipe);
   if (nlohmann::json a = activation_spec_json(s.activations); !a.is_null()) j["activations"] = std::move(a);
+  if (s.from_log) j["from_log"] = from_log_json(*s.from_log);
   return j.dump(indent);
 }
 
@@ -1444,6 +1526,8 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
   h.text(a.profile_origin);
   h.word(a.fallback_to_model);
   h.word(a.cap_at_budget);
+  h.word(s.from_log.has_value());
+  if (s.from_log) h.text(from_log_json(*s.from_log).dump());  // rare and small: its text is its fingerprint
   return h.done();
 }
 

@@ -89,7 +89,7 @@ struct AllocatorConfig {
 
 enum class PredictorKind : std::uint8_t { comfy, exact };
 // The dated ComfyUI states vramfuzz emulates: three of the classic accounting, two of dynamic
-// VRAM (comfy-aimdo), the default since ComfyUI 0.15 (2026-02-26). README "Presets" maps
+// VRAM (comfy-aimdo), the default since ComfyUI 0.16 (PR #12658, 2026-02-28). README "Presets" maps
 // releases to them.
 enum class Preset : std::uint8_t { oct2025, nov2025, dec2025, feb2026, sep2026 };
 std::string_view preset_name(Preset p);
@@ -161,7 +161,7 @@ struct ComfyConstants {
 };
 
 // The constants of a dated preset (oct2025 = ComfyUI a125cd84; nov2025 = after #10733 and
-// #10953; dec2025 = after #11096, #11171, #11173, #11144; feb2026 = ComfyUI 0.15 with
+// #10953; dec2025 = after #11096, #11171, #11173, #11144; feb2026 = ComfyUI 0.16 with
 // comfy-aimdo 0.2.2; sep2026 = ComfyUI 0.31-0.38 with comfy-aimdo 0.4.10-0.5.5).
 ComfyConstants preset_constants(Preset p);
 
@@ -232,6 +232,34 @@ struct Stage {
   std::uint32_t model = 0;  // index into Scenario::models
 };
 
+// The ComfyUI console log a scenario was reconstructed from (`vramfuzz from-log`,
+// harness/from_log.h). `run` compares the plan with the log's plan lines and the run's OOM with
+// the log's; a shrunk repro keeps only where it came from (file, digest, the OOM's line and text):
+// its plan is no longer the log's.
+struct LogPlanExpect {
+  std::uint32_t line = 0;   // the log line of the plan line
+  std::uint32_t stage = 0;  // the load stage it belongs to
+  std::string text;         // "loaded partially; 10795.05 MB usable, ..." as the log has it
+};
+struct LogOomExpect {
+  std::uint32_t line = 0;
+  std::optional<std::uint32_t> stage;  // the stage the traceback puts it in (unset: unknown)
+  std::string activity;                // "weight-cast", "load", "compute" or "" (unknown)
+  std::string text;                    // PyTorch's message
+};
+struct FromLog {
+  std::string file;            // the log's file name as given to from-log ("-": stdin)
+  std::uint64_t digest = 0;    // FNV-1a 64 of its bytes
+  std::vector<LogPlanExpect> plans;
+  std::optional<LogOomExpect> oom;
+  // Where it came from, without what only the reconstructed case can be compared with.
+  FromLog origin_only() const {
+    FromLog o{file, digest, {}, oom};
+    if (o.oom) o.oom->stage.reset();
+    return o;
+  }
+};
+
 struct Scenario {
   std::string name;  // optional label
   DeviceSpec device;
@@ -248,6 +276,7 @@ struct Scenario {
   std::vector<Stage> stages;
   ActivationSpec activations;  // what sizes each forward's activations (harness/activation_source.h)
   std::uint64_t seed = 0;  // seeds allocator-side nondeterminism (async opportunistic reuse)
+  std::optional<FromLog> from_log;  // the ComfyUI log it was reconstructed from
 
   // NUM_STREAMS as the runtime uses it (scenario value, else the policy's).
   std::uint32_t streams() const { return offload_streams ? *offload_streams : policy.constants.num_streams; }

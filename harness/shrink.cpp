@@ -1193,6 +1193,13 @@ class Shrinker {
 
 }  // namespace
 
-ShrinkResult shrink(const Scenario& s, Backend& backend, const ShrinkOptions& opt) { return Shrinker(backend, opt).run(s); }
+ShrinkResult shrink(const Scenario& s, Backend& backend, const ShrinkOptions& opt) {
+  if (!s.from_log) return Shrinker(backend, opt).run(s);
+  // A case from a ComfyUI log: its repro keeps where it came from, not the log's plan lines,
+  // which a smaller case no longer has.
+  Scenario t = s;
+  t.from_log = s.from_log->origin_only();
+  return Shrinker(backend, opt).run(t);
+}
 
 }  // namespace vf

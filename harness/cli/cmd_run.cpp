@@ -9,6 +9,7 @@
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/cuda/backend.h"
+#include "harness/from_log.h"
 
 namespace vf::cli {
 namespace {
@@ -73,6 +74,21 @@ int do_run(const RunFlags& f) {
                          v.message.empty() ? "" : " - " + v.message)
                  .c_str(),
              stdout);
+  if (s.from_log) {
+    // A scenario from-log reconstructed: what the log says happened against what the run did.
+    const FromLog& fl = *s.from_log;
+    if (fl.plans.empty() && (!fl.oom || !fl.oom->stage)) {
+      std::fputs(fmt::format("from log {} (fnv1a64:{:016x}){}: shrunk or edited since, nothing to compare\n", fl.file, fl.digest,
+                             fl.oom ? fmt::format(", OOM at its line {}", fl.oom->line) : "")
+                     .c_str(),
+                 stdout);
+    } else {
+      const LogComparison c = compare_with_log(s, r);
+      std::fputs(fmt::format("against the log {}:\n", fl.file).c_str(), stdout);
+      for (const std::string& l : c.lines) std::fputs(fmt::format("  {}\n", l).c_str(), stdout);
+      std::fputs(fmt::format("against the log: {}\n", c.summary).c_str(), stdout);
+    }
+  }
   if (!f.json_out.empty()) {
     // The file embeds the scenario with every flag applied, so it is its own replay: naming the
     // input file instead would drop flags like --policy / --reserve from the repro.

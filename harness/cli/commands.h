@@ -37,6 +37,8 @@ extern const CLI::Validator kPositiveCount;
 
 void add_run(CLI::App& app, Action& action);
 void add_plan(CLI::App& app, Action& action);
+// `from-log`: a ComfyUI console log to a scenario, run and compared with the log (cmd_from_log.cpp).
+void add_from_log(CLI::App& app, Action& action);
 void add_fuzz(CLI::App& app, Action& action);
 void add_models(CLI::App& app, Action& action);
 void add_shrink(CLI::App& app, Action& action);

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   vf::cli::Action action;
   vf::cli::add_run(app, action);
   vf::cli::add_plan(app, action);
+  vf::cli::add_from_log(app, action);
   vf::cli::add_fuzz(app, action);
   vf::cli::add_shrink(app, action);
   vf::cli::add_replay(app, action);

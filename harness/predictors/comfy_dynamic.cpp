@@ -1,5 +1,5 @@
 // ComfyUI's dynamic VRAM predictor (ModelPatcherDynamic, comfy/model_patcher.py; the default since
-// ComfyUI 0.15): staging, not placement (reference/comfyui-dynamic-vram.md §2.1-2.2).
+// ComfyUI 0.16): staging, not placement (reference/comfyui-dynamic-vram.md §2.1-2.2).
 //
 // load() sorts the modules ascending on (offload cost >= 64 KiB, -offload cost): the modules
 // whose cost is under 64 KiB first, then the rest by descending cost (the #11171 cost: storage

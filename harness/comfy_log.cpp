@@ -1,0 +1,806 @@
+#include "harness/comfy_log.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cctype>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+
+namespace vf {
+namespace {
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && (is_space(s.back()) || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// A cursor over one line's text: each step either consumes what it expects or fails, naming
+// what it expected; `where` + the failure is the error of a cut-off or malformed line.
+class Scan {
+ public:
+  explicit Scan(std::string_view s) : s_(s) {}
+  bool lit(std::string_view w) {
+    if (s_.substr(pos_, w.size()) != w) {
+      // What is left is the start of what was expected: the line was cut off there.
+      if (pos_ < s_.size() && w.substr(0, s_.size() - pos_) == s_.substr(pos_)) {
+        if (expected_.empty()) expected_ = fmt::format("the line ends inside \"{}\" (column {})", w, s_.size() + 1);
+        return false;
+      }
+      return fail(fmt::format("\"{}\"", w));
+    }
+    pos_ += w.size();
+    return true;
+  }
+  bool opt_lit(std::string_view w) {
+    if (s_.substr(pos_, w.size()) != w) return false;
+    pos_ += w.size();
+    return true;
+  }
+  void skip_spaces() {
+    while (pos_ < s_.size() && is_space(s_[pos_])) ++pos_;
+  }
+  bool uint(std::uint64_t& v) {
+    const char* b = s_.data() + pos_;
+    const char* e = s_.data() + s_.size();
+    auto [p, ec] = std::from_chars(b, e, v);
+    if (ec != std::errc() || p == b) return fail("a whole number");
+    pos_ += static_cast<std::size_t>(p - b);
+    return true;
+  }
+  // A non-negative decimal number as Python prints it ("10795.05", "0.00", "17180").
+  bool number(double& v) {
+    const std::size_t start = pos_;
+    while (pos_ < s_.size() && is_digit(s_[pos_])) ++pos_;
+    if (pos_ < s_.size() && s_[pos_] == '.') {
+      ++pos_;
+      while (pos_ < s_.size() && is_digit(s_[pos_])) ++pos_;
+    }
+    // Python's repr of a large float: "9.5367431640625e+25" (ComfyUI's "no limit" usable).
+    if (pos_ > start && pos_ + 1 < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      std::size_t e = pos_ + 1;
+      if (e < s_.size() && (s_[e] == '+' || s_[e] == '-')) ++e;
+      if (e < s_.size() && is_digit(s_[e])) {
+        while (e < s_.size() && is_digit(s_[e])) ++e;
+        pos_ = e;
+      }
+    }
+    if (pos_ == start || s_[start] == '.') {
+      pos_ = start;
+      return fail("a number");
+    }
+    auto [p, ec] = std::from_chars(s_.data() + start, s_.data() + pos_, v);
+    if (ec != std::errc() || !std::isfinite(v)) {
+      pos_ = start;
+      return fail("a number");
+    }
+    return true;
+  }
+  // Up to (not including) the next space or the end.
+  std::string_view word() {
+    const std::size_t start = pos_;
+    while (pos_ < s_.size() && !is_space(s_[pos_])) ++pos_;
+    return s_.substr(start, pos_ - start);
+  }
+  std::string_view rest() const { return s_.substr(pos_); }
+  bool at_end() const { return pos_ >= s_.size(); }
+  const std::string& expected() const { return expected_; }
+
+ private:
+  bool fail(std::string what) {
+    if (expected_.empty()) {
+      expected_ = pos_ >= s_.size() ? fmt::format("the line ends where {} was expected", what)
+                                    : fmt::format("expected {} at column {}, found \"{}\"", what, pos_ + 1,
+                                                  s_.substr(pos_, std::min<std::size_t>(24, s_.size() - pos_)));
+    }
+    return false;
+  }
+  std::string_view s_;
+  std::size_t pos_ = 0;
+  std::string expected_;
+};
+
+[[noreturn]] void malformed(const std::string& where, std::string_view form, const Scan& sc) {
+  throw InputError(where, fmt::format("a {} line that is cut off or malformed: {}", form, sc.expected()));
+}
+
+}  // namespace
+
+std::string_view plan_kind_name(LogPlanLine::Kind k) {
+  switch (k) {
+    case LogPlanLine::Kind::complete: return "loaded completely";
+    case LogPlanLine::Kind::partial: return "loaded partially";
+    case LogPlanLine::Kind::dynamic: return "prepared for dynamic VRAM loading";
+  }
+  return "?";
+}
+
+std::optional<LogPlanLine> parse_plan_line(std::string_view text, const std::string& where) {
+  text = trim(text);
+  LogPlanLine p;
+  p.text = std::string(text);
+  Scan sc(text);
+  // Three eras of ModelPatcher.load's line (docs/from-log.md): up to Oct 2025 "loaded completely
+  // U L True" / "loaded partially U L N" (raw floats, no offloaded figure); then "loaded
+  // completely; U MB usable, L MB loaded, full load: True" / "loaded partially; U MB usable, L MB
+  // loaded, O MB offloaded[, B MB buffer reserved], lowvram patches: N"; the newest leaves out
+  // "U MB usable," when the budget is unlimited.
+  const bool complete = sc.opt_lit("loaded completely");
+  const bool partial = !complete && sc.opt_lit("loaded partially");
+  if (complete || partial) {
+    const std::string_view form = complete ? "\"loaded completely\"" : "\"loaded partially\"";
+    p.kind = complete ? LogPlanLine::Kind::complete : LogPlanLine::Kind::partial;
+    if (!sc.opt_lit(";")) {
+      // The oldest form: space-separated figures.
+      if (!sc.opt_lit(" ")) return std::nullopt;  // "loaded completelyX": not this line
+      p.old_form = true;
+      double u = 0, l = 0;
+      if (!sc.number(u) || !sc.lit(" ") || !sc.number(l) || !sc.lit(" ")) malformed(where, form, sc);
+      if (u < 1e24) p.usable = u;  // 1e32 bytes (9.5e25 MB): no limit
+      p.loaded = l;
+      if (complete) {
+        const std::string_view v = sc.word();
+        if (v == "True") p.full_load = true;
+        else if (v == "False") p.full_load = false;
+        else {
+          Scan bad(v);
+          bad.lit("True");
+          malformed(where, form, bad);
+        }
+      } else {
+        std::uint64_t n = 0;
+        if (!sc.uint(n)) malformed(where, form, sc);
+        p.lowvram_patches = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
+      }
+      return p;
+    }
+    sc.skip_spaces();
+    double a = 0;
+    if (!sc.number(a)) malformed(where, form, sc);
+    if (sc.opt_lit(" MB usable,")) {
+      p.usable = a;
+      sc.skip_spaces();
+      if (!sc.number(p.loaded)) malformed(where, form, sc);
+    } else {
+      p.loaded = a;
+    }
+    if (!sc.lit(" MB loaded")) malformed(where, form, sc);
+    if (complete) {
+      if (sc.opt_lit(", full load: ")) {
+        const std::string_view v = sc.word();
+        if (v == "True") p.full_load = true;
+        else if (v == "False") p.full_load = false;
+        else {
+          Scan bad(v);
+          bad.lit("True");
+          malformed(where, form, bad);
+        }
+      }
+      return p;
+    }
+    double off = 0;
+    if (!sc.lit(", ") || !sc.number(off) || !sc.lit(" MB offloaded, ")) malformed(where, form, sc);
+    p.offloaded = off;
+    if (!sc.opt_lit("lowvram patches: ")) {
+      double b = 0;
+      if (!sc.number(b) || !sc.lit(" MB buffer reserved, ") || !sc.lit("lowvram patches: ")) malformed(where, form, sc);
+      p.buffer = b;
+    }
+    std::uint64_t n = 0;
+    if (!sc.uint(n)) malformed(where, form, sc);
+    p.lowvram_patches = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
+    return p;
+  }
+  if (sc.opt_lit("Model ")) {
+    // "Model CLASS prepared for dynamic VRAM loading. N MB Staged. P patches attached.
+    //  Force pre-loaded K weights: S KB."
+    const std::string_view cls = sc.word();
+    if (!sc.opt_lit(" prepared for dynamic VRAM loading.")) return std::nullopt;
+    p.kind = LogPlanLine::Kind::dynamic;
+    p.model_class = std::string(cls);
+    sc.skip_spaces();
+    std::uint64_t n = 0;
+    if (!sc.uint(p.staged_mb) || !sc.lit("MB Staged.")) malformed(where, "\"prepared for dynamic VRAM loading\"", sc);
+    sc.skip_spaces();
+    if (!sc.at_end()) {
+      // Early dynamic builds end after "Staged."
+      if (!sc.uint(n) || !sc.lit(" patches attached.")) malformed(where, "\"prepared for dynamic VRAM loading\"", sc);
+      p.patches = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
+    }
+    sc.skip_spaces();
+    if (sc.opt_lit("Force pre-loaded ")) {
+      if (!sc.uint(n) || !sc.lit(" weights: ") || !sc.uint(p.forced_kb) || !sc.lit(" KB.")) {
+        malformed(where, "\"prepared for dynamic VRAM loading\"", sc);
+      }
+      p.forced = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
+    }
+    return p;
+  }
+  return std::nullopt;
+}
+
+std::optional<LogSizeText> parse_torch_size(std::string_view text) {
+  // PyTorch's format_size: "N bytes" below 1 KiB, else two decimals of KiB / MiB / GiB.
+  Scan sc(trim(text));
+  double v = 0;
+  if (!sc.number(v)) return std::nullopt;
+  sc.skip_spaces();
+  std::string_view unit = sc.word();
+  while (!unit.empty() && (unit.back() == '.' || unit.back() == ',' || unit.back() == ';' || unit.back() == ')')) unit.remove_suffix(1);
+  double scale = 0;
+  if (unit == "bytes" || unit == "B") scale = 1;
+  else if (unit == "KiB") scale = static_cast<double>(KiB);
+  else if (unit == "MiB") scale = static_cast<double>(MiB);
+  else if (unit == "GiB") scale = static_cast<double>(GiB);
+  else if (unit == "TiB") scale = static_cast<double>(GiB) * 1024.0;
+  else return std::nullopt;
+  const double bytes = v * scale;
+  if (!(bytes < 1e18)) return std::nullopt;
+  LogSizeText out;
+  out.bytes = static_cast<Bytes>(std::llround(bytes));
+  // Two decimals printed: the value is known to half of 0.01 of its unit.
+  out.precision = scale == 1 ? 0 : static_cast<Bytes>(scale * 0.005);
+  return out;
+}
+
+namespace {
+
+// The size that follows `key` in `text` ("Tried to allocate " -> "640.00 MiB"); the size text
+// runs to the unit.
+std::optional<LogSizeText> size_after(std::string_view text, std::string_view key) {
+  const std::size_t at = text.find(key);
+  if (at == std::string_view::npos) return std::nullopt;
+  return parse_torch_size(text.substr(at + key.size()));
+}
+
+void parse_native(std::string_view text, LogOom& o, const std::string& where) {
+  auto cut = [&](std::string_view missing) {
+    throw InputError(where, fmt::format("PyTorch's out-of-memory message is cut off or malformed: no {} in \"{}\"", missing,
+                                        text.substr(0, std::min<std::size_t>(160, text.size()))));
+  };
+  o.backend = "native";
+  const auto req = size_after(text, "Tried to allocate ");
+  if (!req) cut("\"Tried to allocate SIZE\"");
+  o.requested = req->bytes;
+  o.precision = req->precision;
+  // PyTorch 2.1 spelled it "total capacty of".
+  const std::string_view cap = text.find("total capacty of ") != std::string_view::npos ? "total capacty of " : "total capacity of ";
+  if (text.find(cap) != std::string_view::npos) {
+    // PyTorch >= 2.1: "GPU 0 has a total capacity of Y of which Z is free. [Process P has W
+    // memory in use. ]Including non-PyTorch memory, this process has W memory in use. Of the
+    // allocated memory V is allocated by PyTorch, [...] and U is reserved by PyTorch but
+    // unallocated."
+    const auto total = size_after(text, cap);
+    const auto free = size_after(text, " of which ");
+    if (!total) cut("\"total capacity of SIZE\"");
+    if (!free || text.find(" is free") == std::string_view::npos) cut("\"of which SIZE is free\"");
+    o.total = total->bytes;
+    o.free = free->bytes;
+    if (auto w = size_after(text, "this process has ")) o.process_used = w->bytes;
+    if (auto v = size_after(text, "Of the allocated memory ")) o.allocated = v->bytes;
+    const std::size_t unalloc = text.find(" is reserved by PyTorch but unallocated");
+    if (unalloc != std::string_view::npos) {
+      const std::size_t and_at = text.rfind("and ", unalloc);
+      if (and_at != std::string_view::npos) {
+        if (auto u = parse_torch_size(text.substr(and_at + 4, unalloc - and_at - 4))) o.reserved_unallocated = u->bytes;
+      }
+    }
+    for (std::size_t at = text.find("Process "); at != std::string_view::npos; at = text.find("Process ", at + 8)) {
+      const std::size_t has = text.find(" has ", at);
+      if (has == std::string_view::npos || has - at > 24) continue;
+      if (auto w = parse_torch_size(text.substr(has + 5))) o.other_processes.push_back(w->bytes);
+    }
+    return;
+  }
+  if (text.find("(GPU ") != std::string_view::npos) {
+    // PyTorch < 2.1: "(GPU 0; Y total capacity; V already allocated; Z free; R reserved in total
+    // by PyTorch)".
+    const std::size_t open = text.find("(GPU ");
+    const std::size_t close = text.find(')', open);
+    if (close == std::string_view::npos) cut("closing \")\" after \"(GPU N; ...\"");
+    const std::string_view inner = text.substr(open, close - open);
+    std::size_t pos = 0;
+    while (pos < inner.size()) {
+      std::size_t semi = inner.find(';', pos);
+      if (semi == std::string_view::npos) semi = inner.size();
+      const std::string_view part = trim(inner.substr(pos, semi - pos));
+      pos = semi + 1;
+      auto sz = parse_torch_size(part);
+      if (!sz) continue;
+      if (part.find("total capacity") != std::string_view::npos) o.total = sz->bytes;
+      else if (part.find("already allocated") != std::string_view::npos) o.allocated = sz->bytes;
+      else if (part.find("free") != std::string_view::npos) o.free = sz->bytes;
+    }
+    if (!o.total) cut("\"Y total capacity\"");
+    if (!o.free) cut("\"Z free\"");
+    return;
+  }
+  cut("device figures (\"GPU N has a total capacity of ...\")");
+}
+
+void parse_async(std::string_view text, LogOom& o, const std::string& where) {
+  // "Allocation on device N would exceed allowed memory. (out of memory)" then
+  // "Currently allocated     : V", "Requested               : X", "Device limit            : Y",
+  // "Free (according to CUDA): Z", "PyTorch limit (set by user-supplied memory fraction)" + ": L".
+  o.backend = "cudaMallocAsync";
+  auto field = [&](std::string_view key) -> std::optional<LogSizeText> {
+    const std::size_t at = text.find(key);
+    if (at == std::string_view::npos) return std::nullopt;
+    const std::size_t colon = text.find(':', at + key.size());
+    if (colon == std::string_view::npos) return std::nullopt;
+    return parse_torch_size(text.substr(colon + 1));
+  };
+  const auto req = field("Requested");
+  const auto limit = field("Device limit");
+  const auto free = field("Free (according to CUDA)");
+  if (!req || !limit || !free) {
+    throw InputError(where, fmt::format("the cudaMallocAsync out-of-memory message is cut off: it needs its \"Requested\", "
+                                        "\"Device limit\" and \"Free (according to CUDA)\" lines ({} missing)",
+                                        !req ? "Requested" : !limit ? "Device limit" : "Free (according to CUDA)"));
+  }
+  o.requested = req->bytes;
+  o.precision = req->precision;
+  o.total = limit->bytes;
+  o.free = free->bytes;
+  if (auto a = field("Currently allocated")) o.allocated = a->bytes;
+}
+
+constexpr std::string_view kNativeOom = "CUDA out of memory.";
+constexpr std::string_view kHipOom = "HIP out of memory.";
+// The driver's own error (an allocation outside PyTorch's allocator, e.g. under comfy-aimdo's
+// hooks): no sizes.
+constexpr std::string_view kDriverOom = "CUDA error: out of memory";
+constexpr std::string_view kAsyncOom = "would exceed allowed memory. (out of memory)";
+
+}  // namespace
+
+std::optional<LogOom> parse_oom_text(std::string_view text, const std::string& where) {
+  LogOom o;
+  o.text = std::string(trim(text));
+  if (text.find(kAsyncOom) != std::string_view::npos) {
+    parse_async(text, o, where);
+    return o;
+  }
+  if (text.find(kNativeOom) != std::string_view::npos || text.find(kHipOom) != std::string_view::npos) {
+    parse_native(text, o, where);
+    return o;
+  }
+  if (text.find(kDriverOom) != std::string_view::npos) {
+    o.backend = "driver";
+    return o;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// One physical line split at '\r' (progress bars redraw with it) and cleaned of ANSI escapes.
+// Bytes that cannot be in a text log are an error naming the line and byte offset.
+std::string clean_segment(std::string_view seg, std::size_t offset, std::uint32_t line, const std::string& origin) {
+  std::string out;
+  out.reserve(seg.size());
+  for (std::size_t i = 0; i < seg.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(seg[i]);
+    if (c == 0x1b) {
+      // CSI: ESC [ parameters... final byte 0x40-0x7e; OSC: ESC ] ... BEL or ESC \; others: 2 bytes.
+      if (i + 1 < seg.size() && seg[i + 1] == '[') {
+        i += 2;
+        while (i < seg.size() && !(seg[i] >= 0x40 && seg[i] <= 0x7e)) ++i;
+      } else if (i + 1 < seg.size() && seg[i + 1] == ']') {
+        i += 2;
+        while (i < seg.size() && seg[i] != '\a' && !(seg[i] == 0x1b && i + 1 < seg.size() && seg[i + 1] == '\\')) ++i;
+        if (i < seg.size() && seg[i] == 0x1b) ++i;
+      } else {
+        ++i;
+      }
+      continue;
+    }
+    if (c == '\t' || c == '\b' || c == '\f' || c == '\v') {
+      out.push_back(' ');
+      continue;
+    }
+    if (c < 0x20 || c == 0x7f) {
+      throw InputError(fmt::format("{}:line {}", origin, line),
+                       fmt::format("byte 0x{:02x} at offset {} is not text: is this a ComfyUI console log?", c, offset + i));
+    }
+    out.push_back(static_cast<char>(c));
+  }
+  return out;
+}
+
+std::string torch_dtype(std::string_view s) {
+  s = trim(s);
+  if (s.substr(0, 6) == "torch.") s.remove_prefix(6);
+  return std::string(s);
+}
+
+struct Reader {
+  ComfyLog log;
+  const std::string& origin;
+  std::vector<std::size_t> pending;  // loads waiting for their plan line, in request order
+  std::vector<std::string> frames;   // the current traceback's frames
+  bool in_traceback = false;
+  // Loader lines seen since the last request: they describe the next model requested.
+  LogLoad next;
+  // The cudaMallocAsync message spans lines: collected until its last field.
+  std::string async_block;
+  std::uint32_t async_line = 0;
+
+  explicit Reader(const std::string& o) : origin(o) {}
+
+  std::string where(std::uint32_t line) const { return fmt::format("{}:line {}", origin, line); }
+
+  void add_oom(LogOom o) {
+    // The message appears before the traceback ("!!! Exception during processing !!! ...") and
+    // again at its end ("torch.OutOfMemoryError: ..."): one OOM, which gets the frames.
+    for (LogOom& seen : log.ooms) {
+      if (seen.text == o.text) {
+        if (seen.frames.empty() && in_traceback) seen.frames = frames;
+        in_traceback = false;
+        return;
+      }
+    }
+    if (in_traceback) o.frames = frames;
+    in_traceback = false;
+    log.ooms.push_back(std::move(o));
+  }
+
+  void finish_async() {
+    if (async_block.empty()) return;
+    std::string block;
+    block.swap(async_block);
+    auto o = parse_oom_text(block, where(async_line));
+    if (o) {
+      o->line = async_line;
+      add_oom(std::move(*o));
+    }
+  }
+
+  void segment(std::string_view s, std::uint32_t line) {
+    if (log.windows_line == 0) {
+      for (std::size_t k = s.find(":\\"); k != std::string_view::npos; k = s.find(":\\", k + 1)) {
+        const char d = k > 0 ? s[k - 1] : ' ';
+        if (((d >= 'A' && d <= 'Z') || (d >= 'a' && d <= 'z')) && (k < 2 || !std::isalnum(static_cast<unsigned char>(s[k - 2])))) {
+          log.windows_line = line;
+          break;
+        }
+      }
+    }
+    if (!async_block.empty()) {
+      // The async message's following lines: "Key : value" (and the memory fraction's
+      // continuation ": value").
+      const std::string_view t = trim(s);
+      const bool field = t.substr(0, 13) == "PyTorch limit" || t.front() == ':' ||
+                         (t.find(':') != std::string_view::npos &&
+                          (t.substr(0, 19) == "Currently allocated" || t.substr(0, 9) == "Requested" ||
+                           t.substr(0, 12) == "Device limit" || t.substr(0, 4) == "Free"));
+      if (field) {
+        async_block += "\n";
+        async_block += t;
+        return;
+      }
+      finish_async();
+    }
+    std::size_t at = 0;
+    if ((at = s.find(kAsyncOom)) != std::string_view::npos) {
+      const std::size_t start = s.find("Allocation on device");
+      async_block = std::string(trim(s.substr(start == std::string_view::npos ? at : start)));
+      async_line = line;
+      return;
+    }
+    for (std::string_view key : {kNativeOom, kHipOom}) {
+      if ((at = s.find(key)) != std::string_view::npos && s.find("Tried to allocate", at) != std::string_view::npos) {
+        auto o = parse_oom_text(s.substr(at), where(line));
+        o->line = line;
+        add_oom(std::move(*o));
+        return;
+      }
+    }
+    if ((at = s.find(kDriverOom)) != std::string_view::npos) {
+      auto o = parse_oom_text(s.substr(at), where(line));
+      o->line = line;
+      add_oom(std::move(*o));
+      return;
+    }
+    if (s.find("comfy-aimdo inited for GPU") != std::string_view::npos) {
+      // aimdo's own stderr line: dynamic VRAM is on unless ComfyUI says otherwise later.
+      if (!log.dynamic_vram) {
+        log.dynamic_vram = true;
+        log.dynamic_vram_line = line;
+      }
+      return;
+    }
+    if (s.find("Falling back to legacy ModelPatcher") != std::string_view::npos ||
+        s.find("Dynamic vram disabled with argument") != std::string_view::npos) {
+      log.dynamic_vram = false;
+      log.dynamic_vram_line = line;
+      return;
+    }
+    if (s.find("Traceback (most recent call last):") != std::string_view::npos) {
+      in_traceback = true;
+      frames.clear();
+      return;
+    }
+    if (in_traceback) {
+      const std::string_view t = trim(s);
+      if (t.substr(0, 6) == "File \"") {
+        // File "D:\ComfyUI\comfy\ops.py", line 120, in cast_bias_weight
+        const std::size_t q = t.find('"', 6);
+        const std::size_t in = t.rfind(", in ");
+        if (q != std::string_view::npos && in != std::string_view::npos && in > q) {
+          std::string path(t.substr(6, q - 6));
+          std::replace(path.begin(), path.end(), '\\', '/');
+          // Keep the path from the package on: ".../ComfyUI/comfy/ops.py" -> "comfy/ops.py".
+          for (std::string_view root : {"/comfy/", "/comfy_extras/", "/custom_nodes/", "/torch/", "/site-packages/"}) {
+            const std::size_t r = path.rfind(root);
+            if (r != std::string::npos) {
+              path = path.substr(r + 1);
+              break;
+            }
+          }
+          if (path.rfind("site-packages/", 0) == 0) path = path.substr(14);
+          frames.push_back(path + ":" + std::string(trim(t.substr(in + 5))));
+        }
+      }
+      // Source lines and the exception line follow; the OOM line ends the traceback above.
+    }
+    if ((at = s.find("Total VRAM ")) != std::string_view::npos) {
+      Scan sc(s.substr(at));
+      std::uint64_t vram = 0;
+      if (!sc.lit("Total VRAM ") || !sc.uint(vram) || !sc.lit(" MB, total RAM ") || !sc.uint(log.total_ram_mb)) {
+        malformed(where(line), "\"Total VRAM\"", sc);
+      }
+      log.total_vram_mb = vram;
+      log.total_vram_line = line;
+      return;
+    }
+    if ((at = s.find("pytorch version: ")) != std::string_view::npos) {
+      Scan sc(s.substr(at + 17));
+      log.torch_version = std::string(sc.word());
+      return;
+    }
+    if ((at = s.find("Set vram state to: ")) != std::string_view::npos) {
+      Scan sc(s.substr(at + 19));
+      log.vram_state = std::string(sc.word());
+      return;
+    }
+    if ((at = s.find("Device: ")) != std::string_view::npos && s.find("cuda", at) != std::string_view::npos) {
+      const std::string_view rest = trim(s.substr(at + 8));
+      const std::size_t sep = rest.rfind(" : ");
+      log.device = std::string(trim(sep == std::string_view::npos ? rest : rest.substr(0, sep)));
+      if (sep != std::string_view::npos) log.backend = std::string(trim(rest.substr(sep + 3)));
+      log.device_line = line;
+      return;
+    }
+    if ((at = s.find("ComfyUI version: ")) != std::string_view::npos) {
+      Scan sc(s.substr(at + 17));
+      log.comfy_version = std::string(sc.word());
+      if (!log.comfy_version.empty() && log.comfy_version.front() == 'v') log.comfy_version.erase(0, 1);
+      log.comfy_version_line = line;
+      return;
+    }
+    if ((at = s.find("Using async weight offloading with ")) != std::string_view::npos) {
+      Scan sc(s.substr(at + 35));
+      std::uint64_t n = 0;
+      if (!sc.uint(n) || !sc.lit(" streams")) malformed(where(line), "\"Using async weight offloading\"", sc);
+      log.async_streams = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
+      log.async_streams_line = line;
+      return;
+    }
+    if ((at = s.find("Enabled pinned memory ")) != std::string_view::npos) {
+      Scan sc(s.substr(at + 22));
+      double mb = 0;
+      if (sc.number(mb)) log.pinned_mb = mb;
+      return;
+    }
+    if (s.find("DynamicVRAM support detected and enabled") != std::string_view::npos) {
+      log.dynamic_vram = true;
+      log.dynamic_vram_line = line;
+      return;
+    }
+    if ((at = s.find("main.py")) != std::string_view::npos && s.find(" --", at) != std::string_view::npos) {
+      log.flags.clear();
+      Scan sc(s.substr(at + 7));
+      for (;;) {
+        sc.skip_spaces();
+        if (sc.at_end()) break;
+        std::string_view w = sc.word();
+        if (w.size() >= 2 && (w.front() == '"' || w.front() == '\'') && w.back() == w.front()) w = w.substr(1, w.size() - 2);
+        log.flags.emplace_back(w);
+      }
+      log.flags_line = line;
+      return;
+    }
+    if (s.find("got prompt") != std::string_view::npos) {
+      ++log.prompts;
+      return;
+    }
+    if (s.find("out of memory error, emptying cache and trying again") != std::string_view::npos) {
+      ++log.oom_retries;
+      return;
+    }
+    if ((at = s.find("model weight dtype ")) != std::string_view::npos) {
+      const std::string_view rest = s.substr(at + 19);
+      const std::size_t comma = rest.find(", manual cast: ");
+      next.weight_dtype = torch_dtype(rest.substr(0, comma));
+      next.manual_cast = comma == std::string_view::npos ? "" : torch_dtype(rest.substr(comma + 15));
+      next.weight_dtype_line = line;
+      return;
+    }
+    if ((at = s.find("CLIP/text encoder model load device: ")) != std::string_view::npos) {
+      const std::size_t d = s.find(", dtype: ", at);
+      if (d != std::string_view::npos) {
+        next.te_dtype = torch_dtype(s.substr(d + 9));
+        next.te_dtype_line = line;
+      }
+      return;
+    }
+    if ((at = s.find("VAE load device: ")) != std::string_view::npos) {
+      const std::size_t d = s.find(", dtype: ", at);
+      if (d != std::string_view::npos) {
+        next.vae_dtype = torch_dtype(s.substr(d + 9));
+        next.vae_dtype_line = line;
+      }
+      return;
+    }
+    if (s.find("Using scaled fp8: ") != std::string_view::npos) {
+      next.scaled_fp8_line = line;
+      return;
+    }
+    if ((at = s.find("gguf qtypes: ")) != std::string_view::npos || (at = s.find("GGUF qtypes: ")) != std::string_view::npos) {
+      // "gguf qtypes: F32 (471), Q8_0 (304)": the qtype with the most tensors other than F32/F16.
+      std::string best;
+      std::uint64_t best_n = 0;
+      std::string_view rest = s.substr(at + 13);
+      while (!rest.empty()) {
+        const std::size_t comma = rest.find(',');
+        const std::string_view item = trim(rest.substr(0, comma));
+        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+        const std::size_t open = item.find(" (");
+        if (open == std::string_view::npos) continue;
+        std::uint64_t n = 0;
+        const std::string_view num = item.substr(open + 2);
+        std::from_chars(num.data(), num.data() + num.size(), n);
+        const std::string_view q = item.substr(0, open);
+        if (q == "F32" || q == "F16" || q == "BF16") continue;
+        if (n > best_n) {
+          best_n = n;
+          best = std::string(q);
+        }
+      }
+      next.gguf_qtype = best;
+      next.gguf_line = line;
+      return;
+    }
+    if ((at = s.find("Requested to load ")) != std::string_view::npos) {
+      Scan sc(s.substr(at + 18));
+      LogLoad l = next;
+      next = LogLoad{};
+      l.line = line;
+      l.model_class = std::string(sc.word());
+      l.prompt = log.prompts;
+      pending.push_back(log.loads.size());
+      log.loads.push_back(std::move(l));
+      return;
+    }
+    for (std::string_view key : {"loaded completely", "loaded partially"}) {
+      // The line's own forms only: "KEY;" or "KEY <number>" (a custom node's "model loaded
+      // completely in 3 s" is not one).
+      if ((at = s.find(key)) == std::string_view::npos) continue;
+      const std::string_view after = s.substr(at + key.size());
+      if (!(after.substr(0, 1) == ";" || (after.size() >= 2 && after[0] == ' ' && is_digit(after[1])))) continue;
+      auto p = parse_plan_line(s.substr(at), where(line));
+      if (!p) continue;
+      p->line = line;
+      attach_plan(std::move(*p), line);
+      return;
+    }
+    if ((at = s.find(" prepared for dynamic VRAM loading.")) != std::string_view::npos) {
+      const std::size_t m = s.rfind("Model ", at);
+      if (m != std::string_view::npos) {
+        auto p = parse_plan_line(s.substr(m), where(line));
+        if (p) {
+          p->line = line;
+          log.dynamic_vram = log.dynamic_vram.value_or(true);
+          attach_plan(std::move(*p), line);
+        }
+      }
+      return;
+    }
+    // A progress bar: " 45%|████▌     | 9/20 [00:12<00:15,  1.37s/it]".
+    if ((at = s.find("%|")) != std::string_view::npos) {
+      const std::size_t bar_end = s.find("| ", at + 2);
+      if (bar_end != std::string_view::npos) {
+        Scan sc(s.substr(bar_end + 2));
+        std::uint64_t done = 0, total = 0;
+        if (sc.uint(done) && sc.lit("/") && sc.uint(total) && total > 0 && log.ooms.empty()) {
+          log.steps = static_cast<std::uint32_t>(std::min<std::uint64_t>(total, UINT32_MAX));
+          log.steps_line = line;
+        }
+      }
+    }
+  }
+
+  void attach_plan(LogPlanLine p, std::uint32_t line) {
+    // Plan lines come in the order the requests were made; a dynamic line names its class.
+    std::size_t pick = SIZE_MAX;
+    for (std::size_t k = 0; k < pending.size(); ++k) {
+      if (p.kind != LogPlanLine::Kind::dynamic || log.loads[pending[k]].model_class == p.model_class) {
+        pick = k;
+        break;
+      }
+    }
+    if (pick == SIZE_MAX) {
+      // No "Requested to load" for it (a log that starts mid-way): a load of its own.
+      LogLoad l = next;
+      next = LogLoad{};
+      l.line = line;
+      l.model_class = p.model_class;
+      l.prompt = log.prompts;
+      l.plan = std::move(p);
+      log.loads.push_back(std::move(l));
+      return;
+    }
+    log.loads[pending[pick]].plan = std::move(p);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(pick));
+  }
+};
+
+}  // namespace
+
+ComfyLog read_comfy_log(std::string_view text, const std::string& origin) {
+  Reader r(origin);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ull;
+  }
+  r.log.digest = h;
+  std::size_t pos = 0;
+  std::uint32_t line = 0;
+  while (pos < text.size()) {
+    std::size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    ++line;
+    const std::string_view raw = text.substr(pos, nl - pos);
+    std::size_t seg_start = 0;
+    while (seg_start <= raw.size()) {
+      std::size_t cr = raw.find('\r', seg_start);
+      if (cr == std::string_view::npos) cr = raw.size();
+      const std::string seg = clean_segment(raw.substr(seg_start, cr - seg_start), pos + seg_start, line, origin);
+      if (!trim(seg).empty()) r.segment(seg, line);
+      seg_start = cr + 1;
+    }
+    pos = nl + 1;
+  }
+  r.finish_async();
+  r.log.lines = line;
+  const ComfyLog& l = r.log;
+  if (!l.total_vram_mb && l.device.empty() && l.loads.empty() && l.ooms.empty() && l.comfy_version.empty()) {
+    throw InputError(origin, fmt::format("none of its {} lines is a ComfyUI line this reader knows (\"Total VRAM\", \"Device:\", "
+                                         "\"Requested to load\", \"loaded partially\", \"prepared for dynamic VRAM loading\", "
+                                         "PyTorch's \"CUDA out of memory\"): is this a ComfyUI console log?",
+                                         line));
+  }
+  return std::move(r.log);
+}
+
+std::optional<std::string> log_flag(const ComfyLog& log, std::string_view flag) {
+  for (std::size_t i = 0; i < log.flags.size(); ++i) {
+    const std::string& f = log.flags[i];
+    if (f == flag) {
+      if (i + 1 < log.flags.size() && log.flags[i + 1].rfind("--", 0) != 0) return log.flags[i + 1];
+      return std::string();
+    }
+    if (f.size() > flag.size() && f.compare(0, flag.size(), flag) == 0 && f[flag.size()] == '=') return f.substr(flag.size() + 1);
+  }
+  return std::nullopt;
+}
+
+}  // namespace vf
