@@ -620,6 +620,7 @@ struct Builder {
     }
     const LogOom* oo = oom();
     std::optional<Bytes> oom_others;
+    bool oom_bound = false;  // the cudaMallocAsync estimate: an upper bound
     if (oo && !oo->other_processes.empty()) {
       Bytes sum = 0;
       for (Bytes b : oo->other_processes) sum += b;
@@ -631,6 +632,7 @@ struct Builder {
       // The async message has no per-process figures: what is neither free, nor PyTorch's, nor
       // the context (the pool's reserved-but-unused bytes included: an upper bound).
       oom_others = *oo->total - *oo->free - *oo->allocated - s.device.context_overhead;
+      oom_bound = true;
     }
     if (first) {
       const double target = *parse_plan_line(first->text, "from_log")->usable;
@@ -697,8 +699,8 @@ struct Builder {
       s.device.used_by_others = lo;
       std::string cross;
       if (oom_others) {
-        cross = fmt::format("; PyTorch's OOM message (line {}) puts others at {} (to its 10 MiB precision, at the OOM)", oo->line,
-                            format_mib(*oom_others));
+        cross = fmt::format("; PyTorch's OOM message (line {}) puts others at {}{} (to its 10 MiB precision, at the OOM)", oo->line,
+                            oom_bound ? "at most " : "", format_mib(*oom_others));
       }
       if (std::abs(got - target) > 0.0051) {
         r.notes.push_back(fmt::format("line {}: no amount of other memory gives exactly {:.2f} MB usable (nearest {:.2f}): a figure of the plan "
