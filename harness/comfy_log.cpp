@@ -239,6 +239,7 @@ std::optional<LogSizeText> parse_torch_size(std::string_view text) {
   else if (unit == "MiB") scale = static_cast<double>(MiB);
   else if (unit == "GiB") scale = static_cast<double>(GiB);
   else if (unit == "TiB") scale = static_cast<double>(GiB) * 1024.0;
+  else if (unit == "PiB") scale = static_cast<double>(GiB) * 1024.0 * 1024.0;
   else return std::nullopt;
   const double bytes = v * scale;
   if (!(bytes < 1e18)) return std::nullopt;
@@ -431,6 +432,8 @@ struct Reader {
   // The cudaMallocAsync message spans lines: collected until its last field.
   std::string async_block;
   std::uint32_t async_line = 0;
+  bool in_summary = false;  // inside the memory summary's table
+  using LogMemorySummary = ComfyLog::MemorySummary;
 
   explicit Reader(const std::string& o) : origin(o) {}
 
@@ -549,6 +552,44 @@ struct Reader {
         }
       }
       // Source lines and the exception line follow; the OOM line ends the traceback above.
+    }
+    if (s.find("Memory summary: ") != std::string_view::npos) {
+      if (!log.memory_summary) {
+        log.memory_summary.emplace();
+        log.memory_summary->line = line;
+        in_summary = true;
+      }
+      return;
+    }
+    if (in_summary) {
+      // "| Allocated memory      |  11068 MiB |  11527 MiB |  22890 MiB |  11822 MiB |": the
+      // metric's own row (its "from large pool" rows follow); sizes are torch's _format_size.
+      const std::string_view t = trim(s);
+      if (t.empty() || t.front() != '|') {
+        in_summary = false;
+      } else {
+        std::vector<std::string_view> cols;
+        std::size_t p = 1;
+        while (p < t.size()) {
+          const std::size_t bar = t.find('|', p);
+          if (bar == std::string_view::npos) break;
+          cols.push_back(trim(t.substr(p, bar - p)));
+          p = bar + 1;
+        }
+        if (cols.size() >= 3 && (cols[0] == "Allocated memory" || cols[0] == "GPU reserved memory")) {
+          auto cur = parse_torch_size(cols[1]);
+          auto peak = parse_torch_size(cols[2]);
+          LogMemorySummary& m = *log.memory_summary;
+          if (cols[0] == "Allocated memory") {
+            if (cur) m.allocated_cur = cur->bytes;
+            if (peak) m.allocated_peak = peak->bytes;
+          } else {
+            if (cur) m.reserved_cur = cur->bytes;
+            if (peak) m.reserved_peak = peak->bytes;
+          }
+        }
+        return;
+      }
     }
     if ((at = s.find("Total VRAM ")) != std::string_view::npos) {
       Scan sc(s.substr(at));

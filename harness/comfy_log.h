@@ -126,6 +126,13 @@ struct ComfyLog {
   std::uint32_t steps = 0;             // the last progress bar's total before the OOM (0: none)
   std::uint32_t steps_line = 0;
   std::vector<LogOom> ooms;            // every distinct OOM message, in order
+  // The PyTorch memory summary newer ComfyUI prints after an OOM ("Memory summary: |===..."):
+  // the "Allocated memory" and "GPU reserved memory" rows' current and peak (whole units).
+  struct MemorySummary {
+    std::uint32_t line = 0;
+    std::optional<Bytes> allocated_cur, allocated_peak, reserved_cur, reserved_peak;
+  };
+  std::optional<MemorySummary> memory_summary;  // the first one
   std::uint32_t oom_retries = 0;       // "out of memory error, emptying cache and trying again"
 };
 

@@ -833,6 +833,11 @@ struct Builder {
       e.activity = place.activity;
       e.text = oo->text;
       s.from_log->oom = std::move(e);
+      if (log.memory_summary && (log.memory_summary->reserved_peak || log.memory_summary->allocated_peak)) {
+        s.from_log->summary_line = log.memory_summary->line;
+        s.from_log->summary_reserved_peak = log.memory_summary->reserved_peak;
+        s.from_log->summary_allocated_peak = log.memory_summary->allocated_peak;
+      }
       const Stage& st = s.stages[*oom_stage];
       fact("OOM", fmt::format("{} requested in stage {} ({} {}){}", format_mib(oo->requested), *oom_stage, stage_op_name(st.op),
                               s.models[st.model].id, place.activity.empty() ? "" : ", " + place.activity),
@@ -980,6 +985,14 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
                                              s.models[s.stages[*f.oom->stage].model].id,
                                              f.oom->activity.empty() ? "" : ", " + f.oom->activity)
                                : "");
+  std::string summary_line;
+  if (f.summary_line != 0) {
+    // torch.cuda.memory_summary's peaks (whole units, floored) beside the run's.
+    summary_line = fmt::format("the log's memory summary (line {}): reserved peak {}, allocated peak {}; the run's: {}, {}", f.summary_line,
+                               f.summary_reserved_peak ? format_mib(*f.summary_reserved_peak) : "?",
+                               f.summary_allocated_peak ? format_mib(*f.summary_allocated_peak) : "?", format_mib(r.exec.reserved_peak),
+                               format_mib(r.exec.allocated_peak));
+  }
   if (!r.exec.oom) {
     c.status = LogComparison::Status::no_oom;
     // What the run would need: the least free memory it had in the OOM's stage against what the
@@ -1001,6 +1014,7 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
                           format_mib(peak), format_mib(sat_sub(tightest, log_free)));
     }
     c.lines.push_back(log_side + "; the run does not OOM" + need);
+    if (!summary_line.empty()) c.lines.push_back(summary_line);
     c.summary = fmt::format("{}, no OOM on {}: the run stays within the card where the log ran out",
                             f.plans.empty() ? "no plan line to compare" : "plan matches", r.exec.backend);
     return c;
@@ -1017,6 +1031,7 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
   const bool same_size = diff <= lo->precision;
   c.lines.push_back(log_side);
   c.lines.push_back(run_side);
+  if (!summary_line.empty()) c.lines.push_back(summary_line);
   if (same_stage && same_act) {
     c.status = LogComparison::Status::reproduced;
     c.summary = fmt::format("reproduced: the run OOMs in the log's stage{}, {}", f.oom->activity.empty() ? "" : " and activity",

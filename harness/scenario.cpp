@@ -1025,7 +1025,7 @@ namespace {
 // plan line and the OOM are kept as the log printed them and read with the log reader's own
 // parsers, so a file cannot hold figures that disagree with its text.
 FromLog parse_from_log(const JsonIn& j, const Scenario& s) {
-  j.expect_object({"file", "digest", "plans", "oom"});
+  j.expect_object({"file", "digest", "plans", "oom", "memory_summary"});
   FromLog f;
   f.file = j.at("file").str();
   const JsonIn d = j.at("digest");
@@ -1073,6 +1073,12 @@ FromLog parse_from_log(const JsonIn& j, const Scenario& s) {
     if (!parse_oom_text(o.text, t.path())) t.fail("not PyTorch's out-of-memory message (\"CUDA out of memory. Tried to allocate ...\" or \"Allocation on device N would exceed allowed memory\")");
     f.oom = std::move(o);
   }
+  if (auto mj = j.opt("memory_summary")) {
+    mj->expect_object({"line", "reserved_peak", "allocated_peak"});
+    f.summary_line = mj->at("line").u32_in(1, UINT32_MAX);
+    if (auto v = mj->opt("reserved_peak")) f.summary_reserved_peak = v->bytes();
+    if (auto v = mj->opt("allocated_peak")) f.summary_allocated_peak = v->bytes();
+  }
   return f;
 }
 
@@ -1092,6 +1098,13 @@ nlohmann::ordered_json from_log_json(const FromLog& f) {
     if (!f.oom->activity.empty()) o["activity"] = f.oom->activity;
     o["text"] = f.oom->text;
     j["oom"] = std::move(o);
+  }
+  if (f.summary_line != 0) {
+    nlohmann::ordered_json m;
+    m["line"] = f.summary_line;
+    if (f.summary_reserved_peak) m["reserved_peak"] = *f.summary_reserved_peak;
+    if (f.summary_allocated_peak) m["allocated_peak"] = *f.summary_allocated_peak;
+    j["memory_summary"] = std::move(m);
   }
   return j;
 }

@@ -252,9 +252,15 @@ struct FromLog {
   std::uint64_t digest = 0;    // FNV-1a 64 of its bytes
   std::vector<LogPlanExpect> plans;
   std::optional<LogOomExpect> oom;
+  // PyTorch's memory summary after the OOM: the reserved and allocated peaks (whole units).
+  std::uint32_t summary_line = 0;
+  std::optional<Bytes> summary_reserved_peak, summary_allocated_peak;
   // Where it came from, without what only the reconstructed case can be compared with.
   FromLog origin_only() const {
-    FromLog o{file, digest, {}, oom};
+    FromLog o;
+    o.file = file;
+    o.digest = digest;
+    o.oom = oom;
     if (o.oom) o.oom->stage.reset();
     return o;
   }

@@ -284,6 +284,14 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 640.00 MiB. GPU 0 
 Memory summary: |===========================================================================|
 |                  PyTorch CUDA memory summary, device ID 0                 |
 |            CUDA OOMs: 1            |        cudaMalloc retries: 1         |
+|===========================================================================|
+|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |
+|---------------------------------------------------------------------------|
+| Allocated memory      |  11068 MiB |  11069 MiB |  22890 MiB |  11822 MiB |
+|       from large pool |  11000 MiB |  11001 MiB |  22000 MiB |  11000 MiB |
+|---------------------------------------------------------------------------|
+| GPU reserved memory   |  11300 MiB |  11300 MiB |  11300 MiB |      0 B   |
+|===========================================================================|
 Got an OOM, unloading all loaded models.
 )";
 
@@ -304,7 +312,16 @@ TEST(FromLog, ADynamicVramLogWithAnOomInAConversion) {
   EXPECT_EQ(s.from_log->oom->activity, "weight-cast");
   // Staging matches; aimdo makes room by evicting pages where the real run failed.
   EXPECT_EQ(r.cmp.status, LogComparison::Status::no_oom) << r.cmp.summary;
-  EXPECT_NE(r.cmp.lines.back().find("comfy-aimdo evicts weight pages"), std::string::npos) << r.cmp.lines.back();
+  ASSERT_EQ(r.cmp.lines.size(), 3u);
+  EXPECT_NE(r.cmp.lines[1].find("comfy-aimdo evicts weight pages"), std::string::npos) << r.cmp.lines[1];
+  // PyTorch's memory summary, printed after the OOM, beside the run's peaks.
+  ASSERT_TRUE(r.log.memory_summary);
+  EXPECT_EQ(*r.log.memory_summary->reserved_peak, 11300 * MiB);
+  EXPECT_EQ(*r.log.memory_summary->allocated_cur, 11068 * MiB);
+  EXPECT_EQ(r.rec.scenario.from_log->summary_line, 22u);
+  EXPECT_NE(r.cmp.lines[2].find("the log's memory summary (line 22): reserved peak 11300.00 MiB, allocated peak 11069.00 MiB; the run's: "),
+            std::string::npos)
+      << r.cmp.lines[2];
 }
 
 // Windows portable, coloured log levels, CRLF, a progress bar redrawn with '\r', the traceback's
@@ -569,6 +586,40 @@ TEST_F(FromLogCli, AShrunkReproSaysWhichLogItCameFromAndHowToRunItInComfyUi) {
   const test::Proc rr = run({"run", "repro/repro.json"});
   EXPECT_NE(rr.out.find("from log comfy.log (fnv1a64:"), std::string::npos) << rr.out;
   EXPECT_NE(rr.out.find("shrunk or edited since, nothing to compare"), std::string::npos) << rr.out;
+}
+
+TEST_F(FromLogCli, AModelFileStandsForAClassTheCatalogDoesNotHave) {
+  // Wan's umt5 text encoder is not in the catalog: --model WanTEModel=FILE gives it (here the
+  // inline model JSON `models import --out` writes: 24 x 80 MiB bf16 weights = 1920 MiB).
+  write("umt5.json", R"({"kind": "text_encoder", "family": "t5", "modules": [{"name": "blk", "repeat": 24,
+      "tensors": [{"name": "weight", "shape": [10240, 4096], "dtype": "bf16"}]}]})");
+  const std::string log = R"(Total VRAM 24576 MB, total RAM 65436 MB
+Device: cuda:0 NVIDIA GeForce RTX 4090 : cudaMallocAsync
+ComfyUI version: 0.4.0
+got prompt
+CLIP/text encoder model load device: cuda:0, offload device: cpu, current: cpu, dtype: torch.float16
+Requested to load WanTEModel
+loaded completely; 22331.05 MB usable, 1920.00 MB loaded, full load: True
+Prompt executed in 3.02 seconds
+)";
+  FromLogOptions o;
+  o.models = {{"WanTEModel", (dir_ / "umt5.json").string()}};
+  const Rebuilt r = rebuild(log, o);
+  ASSERT_EQ(r.rec.scenario.models.size(), 1u);
+  EXPECT_EQ(r.rec.scenario.models[0].id, "te");
+  EXPECT_EQ(r.rec.scenario.models[0].spec->bytes, 1920 * MiB);
+  EXPECT_EQ(r.rec.scenario.models[0].compute, Dtype::fp16);
+  EXPECT_EQ(fact(r.rec, "model te")->sure, Sureness::given);
+  EXPECT_EQ(r.cmp.status, LogComparison::Status::plan_matches) << r.cmp.summary << "\n" << format_facts(r.rec);
+  // A --model no load asks for is an error, not silently unused.
+  o.models.push_back({"QwenImage", (dir_ / "umt5.json").string()});
+  EXPECT_THROW(rebuild(log, o), InputError);
+  // Through the CLI, a missing file names the flag.
+  write("wan.log", log);
+  const test::Proc p = run({"from-log", "wan.log", "--model", "WanTEModel=missing.safetensors", "--no-run"});
+  test::expect_clean(p);
+  EXPECT_EQ(p.exit_code, 2) << test::describe(p);
+  EXPECT_NE(p.err.find("--model missing.safetensors"), std::string::npos) << p.err;
 }
 
 TEST(FromLog, ReproduceInComfyUiNamesTheFlagsTheCaseNeeds) {
