@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cctype>
+#include <deque>
+#include <unordered_map>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -13,6 +15,7 @@ namespace vf {
 namespace {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
+constexpr std::uint64_t kMaxLogVramMb = std::uint64_t{1} << 30;  // 1 PiB in MiB
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n'; }
 
 std::string_view trim(std::string_view s) {
@@ -30,7 +33,10 @@ class Scan {
     if (s_.substr(pos_, w.size()) != w) {
       // What is left is the start of what was expected: the line was cut off there.
       if (pos_ < s_.size() && w.substr(0, s_.size() - pos_) == s_.substr(pos_)) {
-        if (expected_.empty()) expected_ = fmt::format("the line ends inside \"{}\" (column {})", w, s_.size() + 1);
+        if (expected_.empty()) {
+          expected_ = fmt::format("the line ends inside \"{}\" (column {})", w, s_.size() + 1);
+          cut_ = true;
+        }
         return false;
       }
       return fail(fmt::format("\"{}\"", w));
@@ -91,10 +97,13 @@ class Scan {
   std::string_view rest() const { return s_.substr(pos_); }
   bool at_end() const { return pos_ >= s_.size(); }
   const std::string& expected() const { return expected_; }
+  // The first failure was at the end of the text: the line was cut off, not someone else's.
+  bool cut() const { return cut_; }
 
  private:
   bool fail(std::string what) {
     if (expected_.empty()) {
+      cut_ = pos_ >= s_.size();
       expected_ = pos_ >= s_.size() ? fmt::format("the line ends where {} was expected", what)
                                     : fmt::format("expected {} at column {}, found \"{}\"", what, pos_ + 1,
                                                   s_.substr(pos_, std::min<std::size_t>(24, s_.size() - pos_)));
@@ -104,10 +113,18 @@ class Scan {
   std::string_view s_;
   std::size_t pos_ = 0;
   std::string expected_;
+  bool cut_ = false;
 };
 
+// A known form's words followed by something else: another program's line that happens to say
+// "loaded completely" or "Total VRAM" (a custom node's), not ComfyUI's; it is skipped.
+struct NotThisForm {};
+
+// A known form that stops before its end is a cut-off log: an error naming the line. One that
+// goes on differently is someone else's line (NotThisForm).
 [[noreturn]] void malformed(const std::string& where, std::string_view form, const Scan& sc) {
-  throw InputError(where, fmt::format("a {} line that is cut off or malformed: {}", form, sc.expected()));
+  if (!sc.cut()) throw NotThisForm{};
+  throw InputError(where, fmt::format("a {} line that is cut off: {}", form, sc.expected()));
 }
 
 }  // namespace
@@ -121,7 +138,20 @@ std::string_view plan_kind_name(LogPlanLine::Kind k) {
   return "?";
 }
 
+namespace {
+std::optional<LogPlanLine> plan_line(std::string_view text, const std::string& where);
+}  // namespace
+
 std::optional<LogPlanLine> parse_plan_line(std::string_view text, const std::string& where) {
+  try {
+    return plan_line(text, where);
+  } catch (const NotThisForm&) {
+    return std::nullopt;
+  }
+}
+
+namespace {
+std::optional<LogPlanLine> plan_line(std::string_view text, const std::string& where) {
   text = trim(text);
   LogPlanLine p;
   p.text = std::string(text);
@@ -212,6 +242,7 @@ std::optional<LogPlanLine> parse_plan_line(std::string_view text, const std::str
       // Early dynamic builds end after "Staged."
       if (!sc.uint(n) || !sc.lit(" patches attached.")) malformed(where, "\"prepared for dynamic VRAM loading\"", sc);
       p.patches = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
+      p.patches_given = true;
     }
     sc.skip_spaces();
     if (sc.opt_lit("Force pre-loaded ")) {
@@ -224,6 +255,8 @@ std::optional<LogPlanLine> parse_plan_line(std::string_view text, const std::str
   }
   return std::nullopt;
 }
+
+}  // namespace
 
 std::optional<LogSizeText> parse_torch_size(std::string_view text) {
   // PyTorch's format_size: "N bytes" below 1 KiB, else two decimals of KiB / MiB / GiB.
@@ -421,36 +454,114 @@ std::string torch_dtype(std::string_view s) {
   return std::string(s);
 }
 
+// How a ComfyUI class name reads: its model kind, for giving it the loader lines of its kind.
+enum class ClassKind : std::uint8_t { diffusion, text_encoder, vae };
+ClassKind class_kind(std::string_view cls) {
+  for (std::string_view k : {"TEModel", "ClipModel", "T5Model", "ClipModel_", "Hydit"}) {
+    if (cls.find(k) != std::string_view::npos) return ClassKind::text_encoder;
+  }
+  for (std::string_view k : {"VAE", "Autoencod", "TAESD", "StageA", "Tokenizer", "DCAE"}) {
+    if (cls.find(k) != std::string_view::npos) return ClassKind::vae;
+  }
+  return ClassKind::diffusion;
+}
+
+// At most this many loads: a console log of one session has tens; more is not a log to rebuild
+// one case from (and each costs memory).
+constexpr std::size_t kMaxLogLoads = 100000;
+
 struct Reader {
   ComfyLog log;
   const std::string& origin;
-  std::vector<std::size_t> pending;  // loads waiting for their plan line, in request order
+  // Loads waiting for their plan line: classic lines take the oldest (in request order), a
+  // dynamic line the oldest of its class. Attached ones are skipped lazily.
+  std::deque<std::size_t> pending;
+  std::unordered_map<std::string, std::deque<std::size_t>> pending_by_class;
   std::vector<std::string> frames;   // the current traceback's frames
   bool in_traceback = false;
-  // Loader lines seen since the last request: they describe the next model requested.
-  LogLoad next;
+  // Loader lines seen before a request, by the kind of model they describe: ComfyUI's loader
+  // nodes all run before the first sampler, so each request takes the oldest of its kind.
+  struct Info {
+    std::string weight_dtype, manual_cast, te_dtype, vae_dtype, gguf_qtype;
+    std::uint32_t weight_dtype_line = 0, te_dtype_line = 0, vae_dtype_line = 0, gguf_line = 0, scaled_fp8_line = 0;
+  };
+  std::deque<Info> info[3];
+  std::uint32_t pending_scaled_fp8 = 0;  // "Using scaled fp8" before its model's dtype line
+  std::string pending_gguf;              // "gguf qtypes" before its model's dtype line
+  std::uint32_t pending_gguf_line = 0;
+  std::unordered_map<std::string, std::size_t> oom_by_text;
   // The cudaMallocAsync message spans lines: collected until its last field.
   std::string async_block;
   std::uint32_t async_line = 0;
   bool in_summary = false;  // inside the memory summary's table
-  using LogMemorySummary = ComfyLog::MemorySummary;
 
   explicit Reader(const std::string& o) : origin(o) {}
 
   std::string where(std::uint32_t line) const { return fmt::format("{}:line {}", origin, line); }
 
+  Info& new_info(ClassKind k) {
+    info[static_cast<int>(k)].emplace_back();
+    Info& i = info[static_cast<int>(k)].back();
+    i.scaled_fp8_line = pending_scaled_fp8;
+    pending_scaled_fp8 = 0;
+    i.gguf_qtype = std::move(pending_gguf);
+    i.gguf_line = pending_gguf_line;
+    pending_gguf.clear();
+    pending_gguf_line = 0;
+    return i;
+  }
+
+  void take_info(LogLoad& l) {
+    const ClassKind k = class_kind(l.model_class);
+    std::deque<Info>& q = info[static_cast<int>(k)];
+    Info i;
+    if (!q.empty()) {
+      i = std::move(q.front());
+      q.pop_front();
+    } else {
+      // A loader that printed no dtype line (a GGUF loader's qtypes, scaled fp8 just before).
+      i.scaled_fp8_line = pending_scaled_fp8;
+      i.gguf_qtype = pending_gguf;
+      i.gguf_line = pending_gguf_line;
+      pending_scaled_fp8 = 0;
+      pending_gguf.clear();
+      pending_gguf_line = 0;
+    }
+    l.weight_dtype = std::move(i.weight_dtype);
+    l.weight_dtype_line = i.weight_dtype_line;
+    l.manual_cast = std::move(i.manual_cast);
+    l.te_dtype = std::move(i.te_dtype);
+    l.te_dtype_line = i.te_dtype_line;
+    l.vae_dtype = std::move(i.vae_dtype);
+    l.vae_dtype_line = i.vae_dtype_line;
+    l.gguf_qtype = std::move(i.gguf_qtype);
+    l.gguf_line = i.gguf_line;
+    l.scaled_fp8_line = i.scaled_fp8_line;
+  }
+
+  std::size_t add_load(LogLoad l, std::uint32_t line) {
+    if (log.loads.size() >= kMaxLogLoads) {
+      throw InputError(where(line), fmt::format("more than {} model loads: not the log of one ComfyUI session (cut it to the run "
+                                                "that failed)",
+                                                kMaxLogLoads));
+    }
+    log.loads.push_back(std::move(l));
+    return log.loads.size() - 1;
+  }
+
   void add_oom(LogOom o) {
     // The message appears before the traceback ("!!! Exception during processing !!! ...") and
-    // again at its end ("torch.OutOfMemoryError: ..."): one OOM, which gets the frames.
-    for (LogOom& seen : log.ooms) {
-      if (seen.text == o.text) {
-        if (seen.frames.empty() && in_traceback) seen.frames = frames;
-        in_traceback = false;
-        return;
-      }
+    // again at its end ("torch.OutOfMemoryError: ..."): one OOM, which gets the frames of the
+    // traceback that ends in it.
+    const auto it = oom_by_text.find(o.text);
+    if (it != oom_by_text.end()) {
+      if (in_traceback) log.ooms[it->second].frames = frames;
+      in_traceback = false;
+      return;
     }
     if (in_traceback) o.frames = frames;
     in_traceback = false;
+    oom_by_text.emplace(o.text, log.ooms.size());
     log.ooms.push_back(std::move(o));
   }
 
@@ -498,11 +609,16 @@ struct Reader {
       return;
     }
     for (std::string_view key : {kNativeOom, kHipOom}) {
-      if ((at = s.find(key)) != std::string_view::npos && s.find("Tried to allocate", at) != std::string_view::npos) {
+      if ((at = s.find(key)) == std::string_view::npos) continue;
+      const std::string_view after = trim(s.substr(at + key.size()));
+      if (s.find("Tried to allocate", at) != std::string_view::npos) {
         auto o = parse_oom_text(s.substr(at), where(line));
         o->line = line;
         add_oom(std::move(*o));
         return;
+      }
+      if (std::string_view("Tried to allocate").substr(0, after.size()) == after) {
+        throw InputError(where(line), "PyTorch's out-of-memory message is cut off before \"Tried to allocate SIZE\"");
       }
     }
     if ((at = s.find(kDriverOom)) != std::string_view::npos) {
@@ -529,6 +645,11 @@ struct Reader {
       in_traceback = true;
       frames.clear();
       return;
+    }
+    if (in_traceback && !s.empty() && s.front() != ' ' && s.front() != '\t') {
+      // Frames and their source lines are indented; the exception line ends the traceback (an
+      // OOM's was handled above). A custom node's import traceback does not place a later OOM.
+      in_traceback = false;
     }
     if (in_traceback) {
       const std::string_view t = trim(s);
@@ -593,11 +714,19 @@ struct Reader {
     }
     if ((at = s.find("Total VRAM ")) != std::string_view::npos) {
       Scan sc(s.substr(at));
-      std::uint64_t vram = 0;
-      if (!sc.lit("Total VRAM ") || !sc.uint(vram) || !sc.lit(" MB, total RAM ") || !sc.uint(log.total_ram_mb)) {
-        malformed(where(line), "\"Total VRAM\"", sc);
+      std::uint64_t vram = 0, ram = 0;
+      try {
+        if (!sc.lit("Total VRAM ") || !sc.uint(vram) || !sc.lit(" MB, total RAM ") || !sc.uint(ram)) {
+          malformed(where(line), "\"Total VRAM\"", sc);
+        }
+      } catch (const NotThisForm&) {
+        return;  // "[Crystools] Total VRAM 24 GB": not ComfyUI's line
+      }
+      if (vram == 0 || vram > (kMaxLogVramMb)) {
+        throw InputError(where(line), fmt::format("\"Total VRAM {} MB\": not a device size (1 MB to 1 PiB)", vram));
       }
       log.total_vram_mb = vram;
+      log.total_ram_mb = ram;
       log.total_vram_line = line;
       return;
     }
@@ -629,7 +758,11 @@ struct Reader {
     if ((at = s.find("Using async weight offloading with ")) != std::string_view::npos) {
       Scan sc(s.substr(at + 35));
       std::uint64_t n = 0;
-      if (!sc.uint(n) || !sc.lit(" streams")) malformed(where(line), "\"Using async weight offloading\"", sc);
+      try {
+        if (!sc.uint(n) || !sc.lit(" streams")) malformed(where(line), "\"Using async weight offloading\"", sc);
+      } catch (const NotThisForm&) {
+        return;
+      }
       log.async_streams = static_cast<std::uint32_t>(std::min<std::uint64_t>(n, UINT32_MAX));
       log.async_streams_line = line;
       return;
@@ -669,29 +802,32 @@ struct Reader {
     if ((at = s.find("model weight dtype ")) != std::string_view::npos) {
       const std::string_view rest = s.substr(at + 19);
       const std::size_t comma = rest.find(", manual cast: ");
-      next.weight_dtype = torch_dtype(rest.substr(0, comma));
-      next.manual_cast = comma == std::string_view::npos ? "" : torch_dtype(rest.substr(comma + 15));
-      next.weight_dtype_line = line;
+      Info& i = new_info(ClassKind::diffusion);
+      i.weight_dtype = torch_dtype(rest.substr(0, comma));
+      i.manual_cast = comma == std::string_view::npos ? "" : torch_dtype(rest.substr(comma + 15));
+      i.weight_dtype_line = line;
       return;
     }
     if ((at = s.find("CLIP/text encoder model load device: ")) != std::string_view::npos) {
       const std::size_t d = s.find(", dtype: ", at);
       if (d != std::string_view::npos) {
-        next.te_dtype = torch_dtype(s.substr(d + 9));
-        next.te_dtype_line = line;
+        Info& i = new_info(ClassKind::text_encoder);
+        i.te_dtype = torch_dtype(s.substr(d + 9));
+        i.te_dtype_line = line;
       }
       return;
     }
     if ((at = s.find("VAE load device: ")) != std::string_view::npos) {
       const std::size_t d = s.find(", dtype: ", at);
       if (d != std::string_view::npos) {
-        next.vae_dtype = torch_dtype(s.substr(d + 9));
-        next.vae_dtype_line = line;
+        Info& i = new_info(ClassKind::vae);
+        i.vae_dtype = torch_dtype(s.substr(d + 9));
+        i.vae_dtype_line = line;
       }
       return;
     }
     if (s.find("Using scaled fp8: ") != std::string_view::npos) {
-      next.scaled_fp8_line = line;
+      pending_scaled_fp8 = line;
       return;
     }
     if ((at = s.find("gguf qtypes: ")) != std::string_view::npos || (at = s.find("GGUF qtypes: ")) != std::string_view::npos) {
@@ -715,19 +851,22 @@ struct Reader {
           best = std::string(q);
         }
       }
-      next.gguf_qtype = best;
-      next.gguf_line = line;
+      pending_gguf = best;
+      pending_gguf_line = line;
       return;
     }
     if ((at = s.find("Requested to load ")) != std::string_view::npos) {
       Scan sc(s.substr(at + 18));
-      LogLoad l = next;
-      next = LogLoad{};
+      LogLoad l;
       l.line = line;
+      l.requested = true;
       l.model_class = std::string(sc.word());
       l.prompt = log.prompts;
-      pending.push_back(log.loads.size());
-      log.loads.push_back(std::move(l));
+      take_info(l);
+      const std::string cls = l.model_class;
+      const std::size_t k = add_load(std::move(l), line);
+      pending.push_back(k);
+      pending_by_class[cls].push_back(k);
       return;
     }
     for (std::string_view key : {"loaded completely", "loaded partially"}) {
@@ -770,30 +909,71 @@ struct Reader {
 
   void attach_plan(LogPlanLine p, std::uint32_t line) {
     // Plan lines come in the order the requests were made; a dynamic line names its class.
-    std::size_t pick = SIZE_MAX;
-    for (std::size_t k = 0; k < pending.size(); ++k) {
-      if (p.kind != LogPlanLine::Kind::dynamic || log.loads[pending[k]].model_class == p.model_class) {
-        pick = k;
-        break;
+    std::optional<std::size_t> pick;
+    if (p.kind == LogPlanLine::Kind::dynamic) {
+      const auto it = pending_by_class.find(p.model_class);
+      if (it != pending_by_class.end()) {
+        while (!it->second.empty() && log.loads[it->second.front()].plan) it->second.pop_front();
+        if (!it->second.empty()) {
+          pick = it->second.front();
+          it->second.pop_front();
+        }
+      }
+    } else {
+      while (!pending.empty() && log.loads[pending.front()].plan) pending.pop_front();
+      if (!pending.empty()) {
+        pick = pending.front();
+        pending.pop_front();
       }
     }
-    if (pick == SIZE_MAX) {
+    if (!pick) {
       // No "Requested to load" for it (a log that starts mid-way): a load of its own.
-      LogLoad l = next;
-      next = LogLoad{};
+      LogLoad l;
       l.line = line;
       l.model_class = p.model_class;
       l.prompt = log.prompts;
+      take_info(l);
       l.plan = std::move(p);
-      log.loads.push_back(std::move(l));
+      add_load(std::move(l), line);
       return;
     }
-    log.loads[pending[pick]].plan = std::move(p);
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(pick));
+    log.loads[*pick].plan = std::move(p);
   }
 };
 
+// Text for JSON: bytes that are not UTF-8 (a cp1252 Windows path) become U+FFFD.
+std::string utf8_clean(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (ok && n == 2 && c < 0xc2) ok = false;  // overlong
+    if (ok && n == 3) {
+      const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 >= 0xa0)) ok = false;  // overlong, surrogates
+    }
+    if (ok && n == 4) {
+      const unsigned char c1 = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xf0 && c1 < 0x90) || c > 0xf4 || (c == 0xf4 && c1 >= 0x90)) ok = false;
+    }
+    if (ok) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string log_text_clean(std::string_view s) { return utf8_clean(s); }
 
 ComfyLog read_comfy_log(std::string_view text, const std::string& origin) {
   Reader r(origin);
@@ -805,8 +985,10 @@ ComfyLog read_comfy_log(std::string_view text, const std::string& origin) {
   r.log.digest = h;
   std::size_t pos = 0;
   std::uint32_t line = 0;
+  // Classic Mac line ends (no '\n' at all): '\r' ends lines instead of redrawing them.
+  const char eol = text.find('\n') == std::string_view::npos && text.find('\r') != std::string_view::npos ? '\r' : '\n';
   while (pos < text.size()) {
-    std::size_t nl = text.find('\n', pos);
+    std::size_t nl = text.find(eol, pos);
     if (nl == std::string_view::npos) nl = text.size();
     ++line;
     const std::string_view raw = text.substr(pos, nl - pos);
@@ -814,7 +996,7 @@ ComfyLog read_comfy_log(std::string_view text, const std::string& origin) {
     while (seg_start <= raw.size()) {
       std::size_t cr = raw.find('\r', seg_start);
       if (cr == std::string_view::npos) cr = raw.size();
-      const std::string seg = clean_segment(raw.substr(seg_start, cr - seg_start), pos + seg_start, line, origin);
+      const std::string seg = utf8_clean(clean_segment(raw.substr(seg_start, cr - seg_start), pos + seg_start, line, origin));
       if (!trim(seg).empty()) r.segment(seg, line);
       seg_start = cr + 1;
     }

@@ -38,6 +38,7 @@ struct LogPlanLine {
   std::string model_class;          // "Model CLASS prepared for ..."
   std::uint64_t staged_mb = 0;      // "N MB Staged" (whole MiB, floored)
   std::uint32_t patches = 0;        // "P patches attached"
+  bool patches_given = false;       // early dynamic builds end after "Staged."
   std::uint32_t forced = 0;         // "Force pre-loaded K weights"
   std::uint64_t forced_kb = 0;      // "... S KB"
 };
@@ -94,6 +95,14 @@ struct LogLoad {
   std::string gguf_qtype;              // the qtype with the most tensors
   std::uint32_t gguf_line = 0;
   std::uint32_t prompt = 0;            // which "got prompt" it belongs to (0: before the first)
+  bool requested = false;              // false: only a plan line shows it (no "Requested to load")
+};
+
+// The PyTorch memory summary newer ComfyUI prints after an OOM ("Memory summary: |===..."): the
+// "Allocated memory" and "GPU reserved memory" rows' current and peak (whole units).
+struct LogMemorySummary {
+  std::uint32_t line = 0;
+  std::optional<Bytes> allocated_cur, allocated_peak, reserved_cur, reserved_peak;
 };
 
 struct ComfyLog {
@@ -126,13 +135,7 @@ struct ComfyLog {
   std::uint32_t steps = 0;             // the last progress bar's total before the OOM (0: none)
   std::uint32_t steps_line = 0;
   std::vector<LogOom> ooms;            // every distinct OOM message, in order
-  // The PyTorch memory summary newer ComfyUI prints after an OOM ("Memory summary: |===..."):
-  // the "Allocated memory" and "GPU reserved memory" rows' current and peak (whole units).
-  struct MemorySummary {
-    std::uint32_t line = 0;
-    std::optional<Bytes> allocated_cur, allocated_peak, reserved_cur, reserved_peak;
-  };
-  std::optional<MemorySummary> memory_summary;  // the first one
+  std::optional<LogMemorySummary> memory_summary;  // the first one
   std::uint32_t oom_retries = 0;       // "out of memory error, emptying cache and trying again"
 };
 
@@ -145,5 +148,9 @@ ComfyLog read_comfy_log(std::string_view text, const std::string& origin);
 std::optional<std::string> log_flag(const ComfyLog& log, std::string_view flag);
 
 std::string_view plan_kind_name(LogPlanLine::Kind k);
+
+// `s` with every byte sequence that is not UTF-8 replaced by U+FFFD (a cp1252 path, a file name):
+// what goes into JSON and reports.
+std::string log_text_clean(std::string_view s);
 
 }  // namespace vf

@@ -1,6 +1,8 @@
 #include "harness/from_log.h"
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 
@@ -146,7 +148,10 @@ std::optional<std::array<int, 3>> parse_version(std::string_view v) {
     std::size_t end = pos;
     while (end < v.size() && v[end] >= '0' && v[end] <= '9') ++end;
     if (end == pos) return k == 0 ? std::nullopt : std::optional(out);
-    out[k++] = std::stoi(std::string(v.substr(pos, end - pos)));
+    int n = 0;
+    const auto [ptr, ec] = std::from_chars(v.data() + pos, v.data() + end, n);
+    if (ec != std::errc() || ptr != v.data() + end) return std::nullopt;  // out of range: not a version
+    out[k++] = n;
     if (end >= v.size() || v[end] != '.') break;
     pos = end + 1;
   }
@@ -189,6 +194,12 @@ VersionPreset dynamic_preset_for(const ComfyLog& log) {
   const std::array<int, 3> first_default{0, 16, 0};
   const std::array<int, 3> after_feb{0, 17, 0};
   const std::array<int, 3> aug{0, 31, 0};
+  if (*v < std::array<int, 3>{0, 12, 0}) {
+    return {Preset::feb2026, Sureness::guessed,
+            fmt::format("ComfyUI {} predates dynamic VRAM (0.12), yet the log shows it: a fork or a mislabelled build; comfy:feb2026 is the "
+                        "oldest dynamic preset",
+                        log.comfy_version)};
+  }
   if (*v < after_feb) {
     return {Preset::feb2026, Sureness::derived,
             fmt::format("ComfyUI {}: dynamic VRAM as first {} (comfy-aimdo 0.2.x)", log.comfy_version,
@@ -455,10 +466,15 @@ struct Builder {
       apply_policy_override(s.policy, "reserve", fmt::format("{}", b), "--os");
       fact("reserve", format_mib(b), o.os ? Sureness::given : Sureness::derived,
            o.os ? "" : line_ref(log.windows_line, "a Windows path: ComfyUI reserves 600 MiB there (700 MiB above 15 GiB)"), "--reserve / --os");
+    } else if (s.policy.dynamic()) {
+      fact("reserve", format_mib(s.policy.constants.reserve), Sureness::assumed,
+           "no --reserve-vram on the logged command line: under dynamic VRAM comfy-aimdo's headroom keeps its 256 MiB and the classic "
+           "reserve (400 MiB, Windows 600 MiB) applies to legacy models only",
+           "--reserve");
     } else {
       fact("reserve", format_mib(s.policy.constants.reserve), Sureness::assumed,
            fmt::format("no --reserve-vram on the logged command line; the preset's {} ({})", format_mib(s.policy.constants.reserve),
-                       o.os ? "--os linux" : "Linux; --os windows for 600 MiB"),
+                       o.os ? "--os linux" : "no Windows path in the log; --os windows for 600 MiB"),
            "--reserve");
     }
     for (const auto& [k, v] : o.overrides) {
@@ -528,7 +544,8 @@ struct Builder {
     }
     const std::optional<double> size = l.plan ? plan_size(*l.plan) : std::nullopt;
     ModelRef m;
-    const std::string id_hint = fmt::format("line {}: Requested to load {}", l.line, l.model_class);
+    const std::string id_hint = l.requested ? fmt::format("line {}: Requested to load {}", l.line, l.model_class)
+                                            : fmt::format("line {}: a plan line with no \"Requested to load\" before it", l.line);
     if (file) {
       used_files[*file] = true;
       m = file_ref(o.models[*file].second, c, "model", catalog);
@@ -537,10 +554,13 @@ struct Builder {
            Sureness::given, id_hint, "--model");
     } else {
       if (!entry) {
+        if (l.model_class.empty()) {
+          throw InputError("--model", fmt::format("{}: the log does not say which model it is; give its checkpoint with --model FILE", id_hint));
+        }
         throw InputError("--model",
-                         fmt::format("line {}: \"Requested to load {}\": no catalog model stands for the class {} (vramfuzz models list); give "
-                                     "its checkpoint with --model {}=FILE (safetensors, index.json, GGUF or a models import JSON)",
-                                     l.line, l.model_class.empty() ? "(unnamed)" : l.model_class, l.model_class, l.model_class));
+                         fmt::format("{}: no catalog model stands for the class {} (vramfuzz models list); give its checkpoint with --model "
+                                     "{}=FILE (safetensors, index.json, GGUF or a models import JSON)",
+                                     id_hint, l.model_class, l.model_class));
       }
       // The catalog model and storage whose plan figure matches the log's best.
       struct Best {
@@ -549,6 +569,10 @@ struct Builder {
         double mib = 0;
         double err = 1e300;
       } best;
+      std::vector<std::string> tied;  // other storages that weigh the same
+      auto storage_text = [](StorageChoice st) {
+        return fmt::format("{}{}", dtype_name(st.dtype), st.scaled && (dtype_info(st.dtype).fp8 || st.dtype == Dtype::int8) ? " scaled" : "");
+      };
       const std::vector<StorageChoice> cands = storage_candidates(l);
       const std::string id = model_id_for(find_catalog_entry(entry->catalog.front())->kind, s.models);
       for (std::string_view name : entry->catalog) {
@@ -564,7 +588,20 @@ struct Builder {
             continue;  // a storage this model cannot take
           }
           const SizeMatch sm = size ? predicted_size(s, cand, *l.plan, *size) : SizeMatch{};
-          if (sm.err < best.err) best = {name, st, sm.mib, sm.err};
+          // A tie (fp16 and bf16 weigh the same): the storage the compute dtype names wins, and
+          // the value is only guessed.
+          const bool tie = std::abs(sm.err - best.err) < 1e-9;
+          if (tie && best.name == name) {
+            if (st.dtype == c && best.st.dtype != c) {
+              tied.push_back(storage_text(best.st));
+              best = {name, st, sm.mib, sm.err};
+            } else {
+              tied.push_back(storage_text(st));
+            }
+          } else if (sm.err < best.err) {
+            best = {name, st, sm.mib, sm.err};
+            tied.clear();
+          }
         }
       }
       if (best.name.empty()) throw InputError("--model", fmt::format("{}: no storage of {} could be built", id_hint, entry->catalog.front()));
@@ -579,9 +616,11 @@ struct Builder {
                                                   l.plan->line, l.model_class, *size, best.name, stored, best.mib, 100.0 * (best.mib - *size) / *size,
                                                   l.model_class));
         }
-        fact(what, fmt::format("catalog:{} stored {}", best.name, stored), rel <= 0.005 ? Sureness::derived : Sureness::guessed,
-             fmt::format("{}; its plan line's {:.2f} MB against {:.2f} MiB ({:+.2f}%){}", id_hint, *size, best.mib,
-                         *size > 0 ? 100.0 * (best.mib - *size) / *size : 0.0, entry->note.empty() ? "" : "; " + std::string(entry->note)),
+        fact(what, fmt::format("catalog:{} stored {}", best.name, stored), rel <= 0.005 && tied.empty() ? Sureness::derived : Sureness::guessed,
+             fmt::format("{}; its plan line's {:.2f} MB against {:.2f} MiB ({:+.2f}%){}{}", id_hint, *size, best.mib,
+                         *size > 0 ? 100.0 * (best.mib - *size) / *size : 0.0,
+                         tied.empty() ? "" : fmt::format("; {} weigh(s) the same (the compute dtype decided)", fmt::join(tied, ", ")),
+                         entry->note.empty() ? "" : "; " + std::string(entry->note)),
              "--model CLASS=FILE");
       } else {
         const bool named = cands.size() <= 2;
@@ -595,7 +634,7 @@ struct Builder {
       }
     }
     fact(fmt::format("model {} compute", m.id), std::string(dtype_name(c)), compute ? Sureness::read : Sureness::assumed,
-         compute ? compute_src : "no manual-cast or dtype line for it: bf16", "(scenario models[].compute)");
+         compute ? compute_src : "no manual-cast or dtype line for it: bf16 (the scenario's models[].compute changes it)", "");
     return m;
   }
 
@@ -603,7 +642,20 @@ struct Builder {
   // line's "usable" figure by running the predictor with others = 0 .. total.
   void others_and_context() {
     Scenario& s = r.scenario;
-    if (o.context) s.device.context_overhead = *o.context;
+    if (o.context) {
+      s.device.context_overhead = *o.context;
+      fact("CUDA context", format_mib(*o.context), Sureness::given, "", "--context");
+    }
+    solve_others();
+    // Said once it is settled (the back-solve can move it, and then says so itself).
+    if (!o.context && s.device.context_overhead == kDefaultContextOverhead) {
+      fact("CUDA context", format_mib(kDefaultContextOverhead), Sureness::assumed, "vramfuzz's default (PyTorch #86509); not in the log",
+           "--context");
+    }
+  }
+
+  void solve_others() {
+    Scenario& s = r.scenario;
     if (o.others) {
       s.device.used_by_others = *o.others;
       fact("used by others", format_mib(*o.others), Sureness::given, "", "--others");
@@ -621,10 +673,18 @@ struct Builder {
     const LogOom* oo = oom();
     std::optional<Bytes> oom_others;
     bool oom_bound = false;  // the cudaMallocAsync estimate: an upper bound
-    if (oo && !oo->other_processes.empty()) {
+    if (oo && !oo->other_processes.empty() && oo->process_used) {
+      // "Process N has X" lines besides "this process has W": the others, named by PyTorch.
       Bytes sum = 0;
       for (Bytes b : oo->other_processes) sum += b;
       oom_others = sum;
+    } else if (oo && !oo->other_processes.empty() && oo->total && oo->free && oo->allocated && oo->reserved_unallocated &&
+               *oo->total >= *oo->free + *oo->allocated + *oo->reserved_unallocated + s.device.context_overhead) {
+      // Process lines without "this process" (PyTorch did not recognise its own PID, e.g. in a
+      // container): one of them is this process; what is neither free nor PyTorch's nor the
+      // context is the others' (an upper bound: this process's other CUDA memory counts in it).
+      oom_others = *oo->total - *oo->free - *oo->allocated - *oo->reserved_unallocated - s.device.context_overhead;
+      oom_bound = true;
     } else if (oo && oo->total && oo->free && oo->process_used && *oo->total >= *oo->free + *oo->process_used) {
       oom_others = *oo->total - *oo->free - *oo->process_used;
     } else if (oo && oo->backend == "cudaMallocAsync" && oo->total && oo->free && oo->allocated &&
@@ -650,12 +710,14 @@ struct Builder {
       // usable falls as others rise: the smallest others whose printed usable is <= the log's.
       Bytes lo = 0, hi = room;
       if (printed(usable_at(0, ctx)) < target) {
-        // More usable than this card gives with nothing else on it: the context is smaller.
+        // More usable than this card gives with nothing else on it: the context is smaller
+        // (unless --context says what it is).
         Bytes clo = 0, chi = ctx;
-        if (printed(usable_at(0, 0)) < target) {
-          r.notes.push_back(fmt::format("line {}: the log's {:.2f} MB usable is more than this device could give ({:.2f} MiB with no context "
-                                        "and nothing else on it): the reserve or the preset differs from the run's",
-                                        first->line, target, usable_at(0, 0)));
+        if (o.context || printed(usable_at(0, 0)) < target) {
+          r.notes.push_back(fmt::format("line {}: the log's {:.2f} MB usable is more than this device could give ({:.2f} MiB with {} and "
+                                        "nothing else on it): the reserve, the preset or the context differs from the run's",
+                                        first->line, target, usable_at(0, o.context ? ctx : 0),
+                                        o.context ? "the given context" : "no context"));
           fact("used by others", "0 MiB", Sureness::assumed, "the usable figure could not be matched", "--others");
           return;
         }
@@ -700,7 +762,7 @@ struct Builder {
       std::string cross;
       if (oom_others) {
         cross = fmt::format("; PyTorch's OOM message (line {}) puts others at {}{} (to its 10 MiB precision, at the OOM)", oo->line,
-                            oom_bound ? "at most " : "", format_mib(*oom_others));
+                            oom_bound ? "no more than " : "", format_mib(*oom_others));
       }
       if (std::abs(got - target) > 0.0051) {
         r.notes.push_back(fmt::format("line {}: no amount of other memory gives exactly {:.2f} MB usable (nearest {:.2f}): a figure of the plan "
@@ -716,7 +778,10 @@ struct Builder {
     if (oom_others) {
       s.device.used_by_others = *oom_others;
       fact("used by others", format_mib(*oom_others), Sureness::derived,
-           line_ref(oo->line, !oo->other_processes.empty() ? "the other processes PyTorch's OOM message lists (2 decimals: within ~10 MiB)"
+           line_ref(oo->line, oom_bound && !oo->other_processes.empty()
+                                  ? "total capacity - free - PyTorch's reserved - the context in the OOM message (its process list does not say "
+                                    "which is this process; an upper bound)"
+                              : !oo->other_processes.empty() ? "the other processes PyTorch's OOM message lists (2 decimals: within ~10 MiB)"
                               : oo->process_used ? "total capacity - free - this process's memory in PyTorch's OOM message (2 decimals: within ~10 MiB)"
                                                  : "device limit - free - currently allocated - the context in the cudaMallocAsync message (an upper "
                                                    "bound: the pool's unused reserve counts in it)"),
@@ -747,16 +812,19 @@ struct Builder {
       fact("steps", std::to_string(*o.steps), Sureness::given, "", "--steps");
     } else if (log.steps) {
       w.steps = std::min<std::uint32_t>(log.steps, 1000);
-      fact("steps", std::to_string(w.steps), Sureness::read, line_ref(log.steps_line, fmt::format("the progress bar's .../{}", log.steps)), "--steps");
+      fact("steps", std::to_string(w.steps), Sureness::guessed,
+           line_ref(log.steps_line, fmt::format("the last progress bar's .../{} before the OOM (a sampler's, or a custom node's){}", log.steps,
+                                                log.steps > 1000 ? "; at most 1000 are modelled" : "")),
+           "--steps");
     }
   }
 
   void run() {
     Scenario& s = r.scenario;
     s.from_log = FromLog{};
-    s.from_log->file = o.file;
+    s.from_log->file = log_text_clean(o.file);
     s.from_log->digest = log.digest;
-    s.name = fmt::format("from {}", std::filesystem::path(o.file).filename().string());
+    s.name = log_text_clean(fmt::format("from {}", std::filesystem::path(o.file).filename().string()));
     device();
     allocator();
     policy();
@@ -790,16 +858,16 @@ struct Builder {
       }
       const auto mi32 = static_cast<std::uint32_t>(mi);
       if (loaded[mi]) {
-        r.notes.push_back(fmt::format("line {}: {} requested again while the scenario keeps it loaded: not a new load (ComfyUI re-plans "
-                                      "a model only when it was unloaded, which the log does not show)",
+        // ComfyUI logs "Requested to load" only for a model that is not loaded: it was unloaded
+        // since (by an eviction the log does not show, or "Got an OOM, unloading all").
+        s.stages.push_back({StageOp::unload, mi32});
+        r.notes.push_back(fmt::format("line {}: {} requested again: ComfyUI had unloaded it (it logs a request only for a model not "
+                                      "loaded), so the pipeline unloads and loads it again",
                                       l.line, l.model_class));
-      } else {
-        s.stages.push_back({StageOp::load, mi32});
-        loaded[mi] = true;
-        if (l.plan) {
-          s.from_log->plans.push_back({l.plan->line, static_cast<std::uint32_t>(s.stages.size() - 1), l.plan->text});
-        }
       }
+      s.stages.push_back({StageOp::load, mi32});
+      loaded[mi] = true;
+      if (l.plan) s.from_log->plans.push_back({l.plan->line, static_cast<std::uint32_t>(s.stages.size() - 1), l.plan->text});
       const bool last = k + 1 == loads.size();
       if (oo && last && !l.plan) {
         // The load never printed its plan line: the OOM is in it.
@@ -839,7 +907,7 @@ struct Builder {
         s.from_log->summary_allocated_peak = log.memory_summary->allocated_peak;
       }
       const Stage& st = s.stages[*oom_stage];
-      fact("OOM", fmt::format("{} requested in stage {} ({} {}){}", format_mib(oo->requested), *oom_stage, stage_op_name(st.op),
+      fact("OOM", fmt::format("{} in stage {} ({} {}){}", oo->backend == "driver" ? "the driver's error (no sizes)" : format_mib(oo->requested) + " requested", *oom_stage, stage_op_name(st.op),
                               s.models[st.model].id, place.activity.empty() ? "" : ", " + place.activity),
            oo->frames.empty() ? Sureness::guessed : Sureness::derived,
            oo->frames.empty() ? line_ref(oo->line, "no traceback: placed after the last load")
@@ -855,8 +923,8 @@ struct Builder {
       if (!used_files[k]) {
         throw InputError("--model", fmt::format("{}{}: no load in the log {}", o.models[k].first.empty() ? "" : o.models[k].first + "=",
                                                 o.models[k].second,
-                                                o.models[k].first.empty() ? "was left without a catalog model to take it"
-                                                                          : "requests the class " + o.models[k].first));
+                                                o.models[k].first.empty() ? "before the OOM was left without a catalog model to take it"
+                                                                          : "before the OOM requests the class " + o.models[k].first));
       }
     }
     workload();
@@ -940,8 +1008,13 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
         diffs.push_back("the log stages it for dynamic VRAM, the run loads it the classic way");
       } else {
         cmp("MB staged", static_cast<double>(lp->staged_mb), static_cast<double>(ours->staging.staged / MiB), 0.5 + to_mib(tolerance));
-        if (lp->patches != ours->staging.patches) diffs.push_back(fmt::format("{} patches here, {} in the log", ours->staging.patches, lp->patches));
-        if (lp->forced != ours->staging.forced) diffs.push_back(fmt::format("{} force-loaded weights here, {} in the log", ours->staging.forced, lp->forced));
+        // Early dynamic builds print neither the patches nor the force-loaded weights.
+        if (lp->patches_given && lp->patches != ours->staging.patches) {
+          diffs.push_back(fmt::format("{} patches here, {} in the log", ours->staging.patches, lp->patches));
+        }
+        if (lp->patches_given && lp->forced != ours->staging.forced) {
+          diffs.push_back(fmt::format("{} force-loaded weights here, {} in the log", ours->staging.forced, lp->forced));
+        }
       }
     } else if (ours->dynamic) {
       diffs.push_back(fmt::format("the log {} it, the run stages it for dynamic VRAM", plan_kind_name(lp->kind)));
@@ -978,8 +1051,10 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
     return c;
   }
   const auto lo = parse_oom_text(f.oom->text, "from_log.oom");
+  const bool sized = lo->backend != "driver";  // "CUDA error: out of memory" gives no sizes
   const std::string log_side =
-      fmt::format("the log's OOM (line {}): {} requested{}{}", f.oom->line, format_mib(lo->requested),
+      fmt::format("the log's OOM (line {}): {}{}{}", f.oom->line,
+                  sized ? format_mib(lo->requested) + " requested" : "the driver's error (no sizes)",
                   lo->free ? fmt::format(" with {} free", format_mib(*lo->free)) : "",
                   f.oom->stage ? fmt::format(" in stage {} ({} {}{})", *f.oom->stage, stage_op_name(s.stages[*f.oom->stage].op),
                                              s.models[s.stages[*f.oom->stage].model].id,
@@ -998,20 +1073,25 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
     // What the run would need: the least free memory it had in the OOM's stage against what the
     // log's request found.
     std::string need;
-    const Bytes tightest = sat_sub(s.device.total, r.exec.device_peak);
+    // The run's device use in the OOM's stage: the allocator's reserved peak there, the context
+    // and the others (under dynamic VRAM, whose weights are not the allocator's: the whole run's
+    // device peak).
+    const bool staged = f.oom->stage && *f.oom->stage < r.exec.stage_reserved_peak.size() && !r.exec.dynamic;
+    const Bytes used = staged ? r.exec.stage_reserved_peak[*f.oom->stage] + s.device.context_overhead + s.device.used_by_others
+                              : r.exec.device_peak;
+    const Bytes tightest = sat_sub(s.device.total, used);
+    need = fmt::format("; the run's device use peaked at {} of {}{} ({} free at its tightest{})", format_mib(used), format_mib(s.device.total),
+                       staged ? fmt::format(" in stage {}", *f.oom->stage) : "", format_mib(tightest),
+                       lo->free ? fmt::format("; the log's request found {} free", format_mib(*lo->free)) : "");
     const Bytes log_free = lo->free.value_or(0);
-    need = fmt::format("; the run's device use peaked at {} of {} ({} free at its tightest; the log's request found {} free)",
-                       format_mib(r.exec.device_peak), format_mib(s.device.total), format_mib(tightest), format_mib(log_free));
     if (r.exec.dynamic) {
       need += "; under dynamic VRAM comfy-aimdo evicts weight pages to make room, so the log's OOM needs memory it cannot evict "
               "(torch's cache, cast buffers, another process) that the run does not hold: more memory used by other processes "
               "(--others), a different allocator (--allocator) or activations larger than modelled (--activations bytes or profile)";
-    } else if (f.oom->stage && *f.oom->stage < r.exec.stage_reserved_peak.size()) {
-      const Bytes peak = r.exec.stage_reserved_peak[*f.oom->stage];
-      need += fmt::format("; in that stage the allocator peaked at {}; to fail as the log did it would hold about {} more there: "
-                          "activations larger than modelled (--activations bytes or profile), or more memory used by other "
-                          "processes (--others)",
-                          format_mib(peak), format_mib(sat_sub(tightest, log_free)));
+    } else if (staged && lo->free) {
+      need += fmt::format("; to fail as the log did it would hold about {} more there: activations larger than modelled "
+                          "(--activations bytes or profile), or more memory used by other processes (--others)",
+                          format_mib(sat_sub(tightest, log_free)));
     }
     c.lines.push_back(log_side + "; the run does not OOM" + need);
     if (!summary_line.empty()) c.lines.push_back(summary_line);
@@ -1028,15 +1108,16 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
   const bool same_stage = !f.oom->stage || *f.oom->stage == st;
   const bool same_act = f.oom->activity.empty() || f.oom->activity == act;
   const Bytes diff = ev.request > lo->requested ? ev.request - lo->requested : lo->requested - ev.request;
-  const bool same_size = diff <= lo->precision;
+  const bool same_size = sized && diff <= lo->precision;
   c.lines.push_back(log_side);
   c.lines.push_back(run_side);
   if (!summary_line.empty()) c.lines.push_back(summary_line);
   if (same_stage && same_act) {
     c.status = LogComparison::Status::reproduced;
     c.summary = fmt::format("reproduced: the run OOMs in the log's stage{}, {}", f.oom->activity.empty() ? "" : " and activity",
-                            same_size ? "with the same request size (to the message's printed precision)"
-                                      : fmt::format("requesting {} where the log's request was {}", format_mib(ev.request), format_mib(lo->requested)));
+                            !sized      ? "requesting " + format_mib(ev.request) + " (the log's message gives no size)"
+                            : same_size ? "with the same request size (to the message's printed precision)"
+                                        : fmt::format("requesting {} where the log's request was {}", format_mib(ev.request), format_mib(lo->requested)));
     return c;
   }
   c.status = LogComparison::Status::oom_elsewhere;

@@ -1048,6 +1048,9 @@ FromLog parse_from_log(const JsonIn& j, const Scenario& s) {
       if (p.stage >= s.stages.size() || s.stages[p.stage].op != StageOp::load) {
         st.fail(fmt::format("{} is not a load stage of the pipeline (it has {} stages)", p.stage, s.stages.size()));
       }
+      for (const LogPlanExpect& q : f.plans) {
+        if (q.stage == p.stage) st.fail(fmt::format("stage {} has a plan line already (from_log.plans lists each load once)", p.stage));
+      }
       const JsonIn t = e.at("text");
       p.text = t.str();
       if (!parse_plan_line(p.text, t.path())) t.fail("not a ComfyUI plan line (\"loaded completely; ...\", \"loaded partially; ...\" or \"Model X prepared for dynamic VRAM loading. ...\")");

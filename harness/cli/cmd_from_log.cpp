@@ -22,7 +22,7 @@ struct FromLogFlags {
   std::vector<std::string> models;  // [CLASS=]FILE
   std::string out;
   std::string vram, others, context, os, tolerance = "0";
-  std::uint32_t width = 0, height = 0, batch = 0, frames = 0, steps = 0;
+  std::optional<std::uint32_t> width, height, batch, frames, steps;
   bool no_run = false;
   PolicyFlags policy;
 };
@@ -41,6 +41,7 @@ std::optional<Bytes> size_flag(const std::string& v, const char* flag) {
 }
 
 int do_from_log(const FromLogFlags& f) {
+  const Bytes tolerance = parse_size(f.tolerance, "--tolerance");  // before anything is written
   const std::string text = read_log(f.file);
   const ComfyLog log = read_comfy_log(text, f.file == "-" ? "stdin" : f.file);
   FromLogOptions o;
@@ -61,10 +62,10 @@ int do_from_log(const FromLogFlags& f) {
     const bool named = eq != std::string::npos && eq > 0 &&
                        m.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") == eq;
     o.models.emplace_back(named ? m.substr(0, eq) : "", named ? m.substr(eq + 1) : m);
+    if (o.models.back().second.empty()) throw InputError("--model " + m, "no file after the class name (--model CLASS=FILE)");
   }
-  auto dim = [](std::uint32_t v, const char* flag, std::uint32_t lo, std::uint32_t hi) -> std::optional<std::uint32_t> {
-    if (v == 0) return std::nullopt;
-    if (v < lo || v > hi) throw InputError(flag, fmt::format("{} is outside {} .. {}", v, lo, hi));
+  auto dim = [](std::optional<std::uint32_t> v, const char* flag, std::uint32_t lo, std::uint32_t hi) -> std::optional<std::uint32_t> {
+    if (v && (*v < lo || *v > hi)) throw InputError(flag, fmt::format("{} is outside {} .. {}", *v, lo, hi));
     return v;
   };
   o.width = dim(f.width, "--width", 16, 16384);
@@ -104,7 +105,7 @@ int do_from_log(const FromLogFlags& f) {
                          v.message.empty() ? "" : " - " + v.message)
                  .c_str(),
              report);
-  const LogComparison c = compare_with_log(r.scenario, res, parse_size(f.tolerance, "--tolerance"));
+  const LogComparison c = compare_with_log(r.scenario, res, tolerance);
   for (const std::string& l : c.lines) std::fputs(fmt::format("  {}\n", l).c_str(), report);
   std::fputs(fmt::format("against the log: {}\n", c.summary).c_str(), report);
   if (!f.out.empty()) {

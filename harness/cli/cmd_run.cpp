@@ -22,6 +22,7 @@ struct RunFlags {
   std::string vram;               // --vram: the emulated card's total (overrides device.total)
   std::string transfer = "copy";  // --transfer copy | skip (cuda)
   bool isolate = false;           // --isolate: the case runs in a child process
+  std::string tolerance = "0";    // --tolerance: plan figures against a from-log scenario's log
   PolicyFlags policy;
 };
 
@@ -83,7 +84,7 @@ int do_run(const RunFlags& f) {
                      .c_str(),
                  stdout);
     } else {
-      const LogComparison c = compare_with_log(s, r);
+      const LogComparison c = compare_with_log(s, r, parse_size(f.tolerance, "--tolerance"));
       std::fputs(fmt::format("against the log {}:\n", fl.file).c_str(), stdout);
       for (const std::string& l : c.lines) std::fputs(fmt::format("  {}\n", l).c_str(), stdout);
       std::fputs(fmt::format("against the log: {}\n", c.summary).c_str(), stdout);
@@ -122,6 +123,8 @@ void add_run(CLI::App& app, Action& action) {
   cmd->add_flag("--isolate", f->isolate, "run the case in a child process (a crash is an error verdict)");
   cmd->add_flag("--trace", f->trace, "print the per-op trace (DEBUG-line style)");
   cmd->add_option("--json", f->json_out, "write the result (scenario, plan, peaks, verdict, trace excerpt) as JSON");
+  cmd->add_option("--tolerance", f->tolerance, "a scenario from from-log: its plan figures match the log's within 2 decimals plus this")
+      ->capture_default_str();
   f->policy.add_to(*cmd, true);
   cmd->callback([f, &action] { action = [f] { return do_run(*f); }; });
 }
