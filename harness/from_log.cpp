@@ -542,7 +542,10 @@ struct Builder {
         }
       }
     }
-    const std::optional<double> size = l.plan ? plan_size(*l.plan) : std::nullopt;
+    // A plain value beside its flag: gcc 12 cannot see through the optional here (maybe-uninitialized).
+    const std::optional<double> size_opt = l.plan ? plan_size(*l.plan) : std::nullopt;
+    const bool has_size = size_opt.has_value();
+    const double size_v = size_opt.value_or(0.0);
     ModelRef m;
     const std::string id_hint = l.requested ? fmt::format("line {}: Requested to load {}", l.line, l.model_class)
                                             : fmt::format("line {}: a plan line with no \"Requested to load\" before it", l.line);
@@ -559,8 +562,9 @@ struct Builder {
         }
         throw InputError("--model",
                          fmt::format("{}: no catalog model stands for the class {} (vramfuzz models list); give its checkpoint with --model "
-                                     "{}=FILE (safetensors, index.json, GGUF or a models import JSON)",
-                                     id_hint, l.model_class, l.model_class));
+                                     "{}=FILE (safetensors, index.json, GGUF or a models import JSON), or --leave-out {} to reconstruct "
+                                     "without it",
+                                     id_hint, l.model_class, l.model_class, l.model_class));
       }
       // The catalog model and storage whose plan figure matches the log's best.
       struct Best {
@@ -579,7 +583,7 @@ struct Builder {
         const CatalogEntry* ce = find_catalog_entry(name);
         std::vector<StorageChoice> try_these = cands;
         // No size to match: the dtype the loader's lines name, else the release dtype.
-        if (!size) try_these = {cands.size() <= 2 ? cands.front() : StorageChoice{ce->native_dtype, false}};
+        if (!has_size) try_these = {cands.size() <= 2 ? cands.front() : StorageChoice{ce->native_dtype, false}};
         for (const StorageChoice& st : try_these) {
           ModelRef cand;
           try {
@@ -587,7 +591,7 @@ struct Builder {
           } catch (const InputError&) {
             continue;  // a storage this model cannot take
           }
-          const SizeMatch sm = size ? predicted_size(s, cand, *l.plan, *size) : SizeMatch{};
+          const SizeMatch sm = has_size ? predicted_size(s, cand, *l.plan, size_v) : SizeMatch{};
           // A tie (fp16 and bf16 weigh the same): the storage the compute dtype names wins, and
           // the value is only guessed.
           const bool tie = std::abs(sm.err - best.err) < 1e-9;
@@ -608,17 +612,17 @@ struct Builder {
       m = catalog_ref(best.name, best.st, c, id, catalog);
       const std::string what = fmt::format("model {}", m.id);
       const std::string stored = fmt::format("{}{}", dtype_name(best.st.dtype), best.st.scaled && (dtype_info(best.st.dtype).fp8 || best.st.dtype == Dtype::int8) ? " scaled" : "");
-      if (size) {
-        const double rel = *size > 0 ? std::abs(best.mib - *size) / *size : 0;
+      if (has_size) {
+        const double sz = size_v;
+        const double rel = sz > 0 ? std::abs(best.mib - sz) / sz : 0;
+        const double pct = sz > 0 ? 100.0 * (best.mib - sz) / sz : 0.0;
         if (rel > 0.03) {
           throw InputError("--model", fmt::format("line {}: {} weighs {:.2f} MB in the log's plan line; the nearest catalog stand-in, {} stored {}, "
-                                                  "weighs {:.2f} MiB ({:+.1f}%): give its checkpoint with --model {}=FILE",
-                                                  l.plan->line, l.model_class, *size, best.name, stored, best.mib, 100.0 * (best.mib - *size) / *size,
-                                                  l.model_class));
+                                                  "weighs {:.2f} MiB ({:+.1f}%): give its checkpoint with --model {}=FILE, or --leave-out {}",
+                                                  l.plan->line, l.model_class, sz, best.name, stored, best.mib, pct, l.model_class, l.model_class));
         }
         fact(what, fmt::format("catalog:{} stored {}", best.name, stored), rel <= 0.005 && tied.empty() ? Sureness::derived : Sureness::guessed,
-             fmt::format("{}; its plan line's {:.2f} MB against {:.2f} MiB ({:+.2f}%){}{}", id_hint, *size, best.mib,
-                         *size > 0 ? 100.0 * (best.mib - *size) / *size : 0.0,
+             fmt::format("{}; its plan line's {:.2f} MB against {:.2f} MiB ({:+.2f}%){}{}", id_hint, sz, best.mib, pct,
                          tied.empty() ? "" : fmt::format("; {} weigh(s) the same (the compute dtype decided)", fmt::join(tied, ", ")),
                          entry->note.empty() ? "" : "; " + std::string(entry->note)),
              "--model CLASS=FILE");
@@ -833,8 +837,24 @@ struct Builder {
     const OomPlace place = oo ? place_oom(*oo) : OomPlace{};
     // The loads before the OOM, in log order; a class is one model.
     std::vector<const LogLoad*> loads;
+    std::vector<bool> left_used(o.leave_out.size(), false);
     for (const LogLoad& l : log.loads) {
-      if (!oo || l.line < oo->line) loads.push_back(&l);
+      if (oo && l.line >= oo->line) continue;
+      const auto lo = std::find(o.leave_out.begin(), o.leave_out.end(), l.model_class);
+      if (lo != o.leave_out.end()) {
+        left_used[static_cast<std::size_t>(lo - o.leave_out.begin())] = true;
+        const std::optional<double> size = l.plan ? plan_size(*l.plan) : std::nullopt;
+        r.notes.push_back(fmt::format("line {}: {} left out (--leave-out){}: the memory it held is not in the scenario, so the plans after it "
+                                      "may see more free memory than ComfyUI did",
+                                      l.line, l.model_class, size ? fmt::format(", {:.2f} MB by its plan line", *size) : ""));
+        continue;
+      }
+      loads.push_back(&l);
+    }
+    for (std::size_t k = 0; k < o.leave_out.size(); ++k) {
+      if (!left_used[k]) {
+        throw InputError("--leave-out " + o.leave_out[k], fmt::format("no load of the class {} before the OOM", o.leave_out[k]));
+      }
     }
     if (loads.empty()) {
       throw InputError(o.file, oo ? fmt::format("no \"Requested to load\" before the OOM at line {}: nothing to reconstruct", oo->line)

@@ -614,7 +614,19 @@ TEST(FromLog, AModelClassTheCatalogCannotStandForAsksForModel) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.path(), "--model");
     EXPECT_NE(std::string(e.what()).find("--model WanTEModel=FILE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--leave-out WanTEModel"), std::string::npos) << e.what();
   }
+  // A ControlNet beside the model: left out on request, and said so.
+  std::string with_cn = kOriginLog;
+  with_cn.insert(with_cn.find("Requested to load Flux2TEModel_"), "Requested to load ControlNet\nloaded completely; 11000.00 MB usable, 1250.00 MB loaded, full load: True\n");
+  FromLogOptions o;
+  o.leave_out = {"ControlNet"};
+  const Rebuilt r = rebuild(with_cn, o);
+  EXPECT_EQ(r.rec.scenario.models.size(), 1u);
+  ASSERT_FALSE(r.rec.notes.empty());
+  EXPECT_NE(r.rec.notes[0].find("ControlNet left out (--leave-out), 1250.00 MB by its plan line"), std::string::npos) << r.rec.notes[0];
+  o.leave_out = {"CLIPVisionModelProjection"};
+  EXPECT_THROW(rebuild(with_cn, o), InputError);  // a class the log does not load
 }
 
 class FromLogCli : public test::TempDirTest {
