@@ -808,21 +808,21 @@ struct Reader {
       i.weight_dtype_line = line;
       return;
     }
-    if ((at = s.find("CLIP/text encoder model load device: ")) != std::string_view::npos) {
-      const std::size_t d = s.find(", dtype: ", at);
-      if (d != std::string_view::npos) {
-        Info& i = new_info(ClassKind::text_encoder);
-        i.te_dtype = torch_dtype(s.substr(d + 9));
-        i.te_dtype_line = line;
-      }
-      return;
-    }
-    if ((at = s.find("VAE load device: ")) != std::string_view::npos) {
-      const std::size_t d = s.find(", dtype: ", at);
-      if (d != std::string_view::npos) {
-        Info& i = new_info(ClassKind::vae);
-        i.vae_dtype = torch_dtype(s.substr(d + 9));
-        i.vae_dtype_line = line;
+    // "CLIP/text encoder model load device: cuda:0, offload device: cpu, current: cpu, dtype:
+    // torch.float16", "VAE load device: cuda:0, offload device: cpu, dtype: torch.bfloat16".
+    struct DtypeLine {
+      std::string_view key;
+      ClassKind kind;
+      std::string Info::*dtype;
+      std::uint32_t Info::*dtype_line;
+    };
+    for (const DtypeLine& k : {DtypeLine{"CLIP/text encoder model load device: ", ClassKind::text_encoder, &Info::te_dtype, &Info::te_dtype_line},
+                               DtypeLine{"VAE load device: ", ClassKind::vae, &Info::vae_dtype, &Info::vae_dtype_line}}) {
+      if ((at = s.find(k.key)) == std::string_view::npos) continue;
+      if (const std::size_t d = s.find(", dtype: ", at); d != std::string_view::npos) {
+        Info& i = new_info(k.kind);
+        i.*k.dtype = torch_dtype(s.substr(d + 9));
+        i.*k.dtype_line = line;
       }
       return;
     }
