@@ -870,6 +870,17 @@ struct Builder {
         s.models.push_back(model_for(l));
         model_class.push_back(l.model_class);
         loaded.push_back(false);
+        // A LoRA shows in the plan line as patches on offloaded ("lowvram patches: N") or staged
+        // ("P patches attached") weights; merged into resident weights it does not show at all.
+        const std::uint32_t patches = !l.plan ? 0 : l.plan->kind == LogPlanLine::Kind::dynamic ? l.plan->patches : l.plan->lowvram_patches;
+        const bool given = std::find(o.lora.begin(), o.lora.end(), l.model_class) != o.lora.end();
+        if (given || patches > 0) {
+          s.models.back().lora = true;
+          fact(fmt::format("model {} lora", s.models.back().id), "a LoRA on every weight", given ? Sureness::given : Sureness::guessed,
+               given ? "" : line_ref(l.plan->line, fmt::format("{} patches in its plan line: a LoRA on some weights (vramfuzz patches every "
+                                                              "weight; the patch counts are compared)", patches)),
+               "--lora CLASS");
+        }
         if (l.plan && l.plan->kind != LogPlanLine::Kind::dynamic && s.policy.dynamic()) {
           s.models.back().legacy = true;
           fact(fmt::format("model {} patcher", s.models.back().id), "legacy", Sureness::read,
@@ -1048,6 +1059,11 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
       if (lp->kind == LogPlanLine::Kind::partial) {
         if (lp->offloaded) cmp("MB offloaded", *lp->offloaded, to_mib(ours->offloaded), tol);
         if (lp->buffer) cmp("MB buffer", *lp->buffer, to_mib(ours->offload_buffer), tol);
+        if (lp->lowvram_patches != ours->lowvram_patches) {
+          diffs.push_back(fmt::format("{} lowvram patches here, {} in the log", ours->lowvram_patches, lp->lowvram_patches));
+        } else {
+          same.push_back("lowvram patches");
+        }
       }
     }
     if (diffs.empty()) {

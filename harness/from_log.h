@@ -41,6 +41,9 @@ struct FromLogOptions {
   // --leave-out CLASS: loads of these classes (a ControlNet, a CLIP vision model, an upscaler
   // vramfuzz has no stand-in for) are left out of the scenario, each said in the notes.
   std::vector<std::string> leave_out;
+  // --lora CLASS: a LoRA patches that class's model (the log shows it only as patch counts of
+  // offloaded or staged weights).
+  std::vector<std::string> lora;
   std::optional<std::string> os;          // --os windows|linux (the reserve differs)
 };
 

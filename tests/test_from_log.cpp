@@ -383,7 +383,8 @@ TEST(FromLog, AWindowsLogWithAnsiColoursAndAProgressBar) {
   // The plan line is the emulation's to the byte; the attention working set on the sim is the
   // structural formula's, which leaves room where the real run had none: no OOM, and the
   // comparison says how much room.
-  EXPECT_EQ(r.cmp.lines.at(0), "line 14 (load dit): matches (MB usable, MB loaded, MB offloaded, MB buffer)");
+  EXPECT_EQ(r.cmp.lines.at(0), "line 14 (load dit): matches (MB usable, MB loaded, MB offloaded, MB buffer, lowvram patches)");
+  EXPECT_FALSE(s.models[0].lora);
   EXPECT_EQ(r.cmp.status, LogComparison::Status::no_oom) << r.cmp.summary;
   EXPECT_NE(r.cmp.lines.at(1).find("activations larger than modelled"), std::string::npos) << r.cmp.lines.at(1);
 }
@@ -428,6 +429,23 @@ constexpr const char* kThreeModelLog =
     "is free. Including non-PyTorch memory, this process has 20.91 GiB memory in use. Of the allocated memory 19.43 GiB is allocated by "
     "PyTorch, and 1.11 GiB is reserved by PyTorch but unallocated.\n"
     "Got an OOM, unloading all loaded models.\n";
+
+TEST(FromLog, LowvramPatchesInThePlanLineMeanALora) {
+  std::string text = windows_log();
+  text.replace(text.find("lowvram patches: 0"), 18, "lowvram patches: 40");
+  const Rebuilt r = rebuild(text);
+  EXPECT_TRUE(r.rec.scenario.models[0].lora);
+  const LogFact* f = fact(r.rec, "model dit lora");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->sure, Sureness::guessed);
+  EXPECT_NE(f->source.find("line 14: 40 patches in its plan line"), std::string::npos) << f->source;
+  // The run patches every weight: its count is compared with the log's and said when it differs.
+  const std::string& line = r.cmp.lines.at(0);
+  const std::string run_count = std::to_string(r.run.plan.loads.at(0).lowvram_patches);
+  if (r.run.plan.loads.at(0).lowvram_patches != 40) {
+    EXPECT_NE(line.find(run_count + " lowvram patches here, 40 in the log"), std::string::npos) << line;
+  }
+}
 
 TEST(FromLog, ThreeModelsGetTheirOwnLoaderLinesAndTheVaeDecodeOomItsTraceback) {
   const Rebuilt r = rebuild(kThreeModelLog);

@@ -21,6 +21,7 @@ struct FromLogFlags {
   std::string file;
   std::vector<std::string> models;  // [CLASS=]FILE
   std::vector<std::string> leave_out;
+  std::vector<std::string> lora;
   std::string out;
   std::string vram, others, context, os, tolerance = "0";
   std::optional<std::uint32_t> width, height, batch, frames, steps;
@@ -70,6 +71,7 @@ int do_from_log(const FromLogFlags& f) {
     return v;
   };
   o.leave_out = f.leave_out;
+  o.lora = f.lora;
   o.width = dim(f.width, "--width", 16, 16384);
   o.height = dim(f.height, "--height", 16, 16384);
   o.batch = dim(f.batch, "--batch", 1, 64);
@@ -129,6 +131,7 @@ void add_from_log(CLI::App& app, Action& action) {
   cmd->add_option("--model", f->models, "[CLASS=]FILE: the model of a class the catalog cannot stand for (safetensors, index.json, GGUF, or "
                                         "a models import JSON); without CLASS= the first such class");
   cmd->add_option("--leave-out", f->leave_out, "CLASS: leave this model class's loads out (a ControlNet, a CLIP vision model, ...)");
+  cmd->add_option("--lora", f->lora, "CLASS: a LoRA patches this model class (the log shows it only as patch counts of offloaded weights)");
   cmd->add_option("--out", f->out, "write the scenario here (default: to stdout, the report to stderr)");
   cmd->add_option("--vram", f->vram, "the card's memory, when the log has no \"Total VRAM\" line");
   cmd->add_option("--others", f->others, "memory other processes held at the start (default: back-solved from the plan line)");
