@@ -455,8 +455,13 @@ std::string torch_dtype(std::string_view s) {
 }
 
 // How a ComfyUI class name reads: its model kind, for giving it the loader lines of its kind.
-enum class ClassKind : std::uint8_t { diffusion, text_encoder, vae };
+enum class ClassKind : std::uint8_t { diffusion, text_encoder, vae, other };
 ClassKind class_kind(std::string_view cls) {
+  // Models beside the main three (a ControlNet, a CLIP vision model, an upscaler) take no loader
+  // lines: theirs are not the ones ComfyUI prints for checkpoints.
+  for (std::string_view k : {"ControlNet", "ControlLora", "CLIPVision", "Adapter", "Upscal", "ESRGAN", "RRDB"}) {
+    if (cls.find(k) != std::string_view::npos) return ClassKind::other;
+  }
   for (std::string_view k : {"TEModel", "ClipModel", "T5Model", "ClipModel_", "Hydit"}) {
     if (cls.find(k) != std::string_view::npos) return ClassKind::text_encoder;
   }
@@ -479,13 +484,15 @@ struct Reader {
   std::unordered_map<std::string, std::deque<std::size_t>> pending_by_class;
   std::vector<std::string> frames;   // the current traceback's frames
   bool in_traceback = false;
+  std::size_t tb_col = 0;  // where "Traceback" started on its line
   // Loader lines seen before a request, by the kind of model they describe: ComfyUI's loader
   // nodes all run before the first sampler, so each request takes the oldest of its kind.
   struct Info {
     std::string weight_dtype, manual_cast, te_dtype, vae_dtype, gguf_qtype;
     std::uint32_t weight_dtype_line = 0, te_dtype_line = 0, vae_dtype_line = 0, gguf_line = 0, scaled_fp8_line = 0;
   };
-  std::deque<Info> info[3];
+  std::deque<Info> info[4];
+  std::unordered_map<std::string, Info> last_info;  // by class: the loader lines its last request took
   std::uint32_t pending_scaled_fp8 = 0;  // "Using scaled fp8" before its model's dtype line
   std::string pending_gguf;              // "gguf qtypes" before its model's dtype line
   std::uint32_t pending_gguf_line = 0;
@@ -513,11 +520,17 @@ struct Reader {
 
   void take_info(LogLoad& l) {
     const ClassKind k = class_kind(l.model_class);
+    if (k == ClassKind::other) return;
     std::deque<Info>& q = info[static_cast<int>(k)];
     Info i;
     if (!q.empty()) {
       i = std::move(q.front());
       q.pop_front();
+      last_info[l.model_class] = i;
+    } else if (const auto seen = last_info.find(l.model_class); seen != last_info.end()) {
+      // Requested again (after a failed or interrupted load, or an unload): the same model file,
+      // whose loader lines came before its first request.
+      i = seen->second;
     } else {
       // A loader that printed no dtype line (a GGUF loader's qtypes, scaled fp8 just before).
       i.scaled_fp8_line = pending_scaled_fp8;
@@ -549,6 +562,15 @@ struct Reader {
     return log.loads.size() - 1;
   }
 
+  // Loads still waiting for a plan line will not get one: a run that failed or was interrupted.
+  void expire_pending() {
+    for (const std::size_t i : pending) {
+      if (!log.loads[i].plan) log.loads[i].abandoned = true;
+    }
+    pending.clear();
+    pending_by_class.clear();
+  }
+
   void add_oom(LogOom o) {
     // The message appears before the traceback ("!!! Exception during processing !!! ...") and
     // again at its end ("torch.OutOfMemoryError: ..."): one OOM, which gets the frames of the
@@ -563,6 +585,7 @@ struct Reader {
     in_traceback = false;
     oom_by_text.emplace(o.text, log.ooms.size());
     log.ooms.push_back(std::move(o));
+    expire_pending();
   }
 
   void finish_async() {
@@ -641,18 +664,20 @@ struct Reader {
       log.dynamic_vram_line = line;
       return;
     }
-    if (s.find("Traceback (most recent call last):") != std::string_view::npos) {
+    if (const std::size_t tb = s.find("Traceback (most recent call last):"); tb != std::string_view::npos) {
       in_traceback = true;
       frames.clear();
+      tb_col = tb;  // a prefix on every line (docker logs -t, journald) shifts the frames as much
       return;
     }
-    if (in_traceback && !s.empty() && s.front() != ' ' && s.front() != '\t') {
+    const std::string_view body = s.size() > tb_col ? s.substr(tb_col) : std::string_view{};
+    if (in_traceback && (body.empty() || (body.front() != ' ' && body.front() != '\t'))) {
       // Frames and their source lines are indented; the exception line ends the traceback (an
       // OOM's was handled above). A custom node's import traceback does not place a later OOM.
       in_traceback = false;
     }
     if (in_traceback) {
-      const std::string_view t = trim(s);
+      const std::string_view t = trim(body);
       if (t.substr(0, 6) == "File \"") {
         // File "D:\ComfyUI\comfy\ops.py", line 120, in cast_bias_weight
         const std::size_t q = t.find('"', 6);
@@ -791,6 +816,10 @@ struct Reader {
       log.flags_line = line;
       return;
     }
+    if (s.find("Processing interrupted") != std::string_view::npos) {
+      expire_pending();
+      return;
+    }
     if (s.find("got prompt") != std::string_view::npos) {
       ++log.prompts;
       return;
@@ -865,8 +894,15 @@ struct Reader {
       take_info(l);
       const std::string cls = l.model_class;
       const std::size_t k = add_load(std::move(l), line);
+      // An older request of the class still waiting never got its plan line (its load failed,
+      // or the prompt ended): this line's plan is the new one's.
+      auto& mine = pending_by_class[cls];
+      for (const std::size_t old : mine) {
+        if (!log.loads[old].plan) log.loads[old].abandoned = true;
+      }
+      mine.clear();
       pending.push_back(k);
-      pending_by_class[cls].push_back(k);
+      mine.push_back(k);
       return;
     }
     for (std::string_view key : {"loaded completely", "loaded partially"}) {
@@ -913,14 +949,14 @@ struct Reader {
     if (p.kind == LogPlanLine::Kind::dynamic) {
       const auto it = pending_by_class.find(p.model_class);
       if (it != pending_by_class.end()) {
-        while (!it->second.empty() && log.loads[it->second.front()].plan) it->second.pop_front();
+        while (!it->second.empty() && (log.loads[it->second.front()].plan || log.loads[it->second.front()].abandoned)) it->second.pop_front();
         if (!it->second.empty()) {
           pick = it->second.front();
           it->second.pop_front();
         }
       }
     } else {
-      while (!pending.empty() && log.loads[pending.front()].plan) pending.pop_front();
+      while (!pending.empty() && (log.loads[pending.front()].plan || log.loads[pending.front()].abandoned)) pending.pop_front();
       if (!pending.empty()) {
         pick = pending.front();
         pending.pop_front();

@@ -96,6 +96,7 @@ struct LogLoad {
   std::uint32_t gguf_line = 0;
   std::uint32_t prompt = 0;            // which "got prompt" it belongs to (0: before the first)
   bool requested = false;              // false: only a plan line shows it (no "Requested to load")
+  bool abandoned = false;              // requested again (or failed) before its plan line came
 };
 
 // The PyTorch memory summary newer ComfyUI prints after an OOM ("Memory summary: |===..."): the

@@ -256,6 +256,10 @@ OomPlace place_oom(const LogOom& o) {
   return p;
 }
 
+// A scenario's limits (scenario.cpp): a log that rebuilds to more is cut by its user.
+constexpr std::size_t kMaxStagesFromLog = 4096;
+constexpr std::size_t kMaxModelsFromLog = 64;
+
 std::string model_id_for(ModelKind k, const std::vector<ModelRef>& taken) {
   const std::string base = k == ModelKind::text_encoder ? "te" : k == ModelKind::vae ? "vae" : "dit";
   std::string id = base;
@@ -387,7 +391,7 @@ struct Builder {
     std::string backend = log.backend;
     std::string source = backend.empty() ? "" : line_ref(log.device_line, "Device: ... : " + backend);
     Sureness sure = Sureness::read;
-    if (backend.empty() && oom()) {
+    if (backend.empty() && oom() && oom()->backend != "driver") {
       backend = oom()->backend;
       source = line_ref(oom()->line, fmt::format("the OOM message is the {} backend's", backend));
       sure = Sureness::derived;
@@ -468,12 +472,14 @@ struct Builder {
            o.os ? "" : line_ref(log.windows_line, "a Windows path: ComfyUI reserves 600 MiB there (700 MiB above 15 GiB)"), "--reserve / --os");
     } else if (s.policy.dynamic()) {
       fact("reserve", format_mib(s.policy.constants.reserve), Sureness::assumed,
-           "no --reserve-vram on the logged command line: under dynamic VRAM comfy-aimdo's headroom keeps its 256 MiB and the classic "
-           "reserve (400 MiB, Windows 600 MiB) applies to legacy models only",
+           std::string(log.flags_line ? "no --reserve-vram on the logged command line" : "the log shows no command line") +
+               ": under dynamic VRAM comfy-aimdo's headroom keeps its 256 MiB and the classic reserve (400 MiB, Windows 600 MiB) "
+               "applies to legacy models only",
            "--reserve");
     } else {
       fact("reserve", format_mib(s.policy.constants.reserve), Sureness::assumed,
-           fmt::format("no --reserve-vram on the logged command line; the preset's {} ({})", format_mib(s.policy.constants.reserve),
+           fmt::format("{}; the preset's {} ({})", log.flags_line ? "no --reserve-vram on the logged command line" : "the log shows no command line",
+                       format_mib(s.policy.constants.reserve),
                        o.os ? "--os linux" : "no Windows path in the log; --os windows for 600 MiB"),
            "--reserve");
     }
@@ -574,8 +580,10 @@ struct Builder {
         double err = 1e300;
       } best;
       std::vector<std::string> tied;  // other storages that weigh the same
+      bool compute_broke_tie = false;
       auto storage_text = [](StorageChoice st) {
-        return fmt::format("{}{}", dtype_name(st.dtype), st.scaled && (dtype_info(st.dtype).fp8 || st.dtype == Dtype::int8) ? " scaled" : "");
+        const bool scalable = dtype_info(st.dtype).fp8 || st.dtype == Dtype::int8;
+        return fmt::format("{}{}", dtype_name(st.dtype), !scalable ? "" : st.scaled ? " scaled" : " unscaled");
       };
       const std::vector<StorageChoice> cands = storage_candidates(l);
       const std::string id = model_id_for(find_catalog_entry(entry->catalog.front())->kind, s.models);
@@ -594,17 +602,20 @@ struct Builder {
           const SizeMatch sm = has_size ? predicted_size(s, cand, *l.plan, size_v) : SizeMatch{};
           // A tie (fp16 and bf16 weigh the same): the storage the compute dtype names wins, and
           // the value is only guessed.
-          const bool tie = std::abs(sm.err - best.err) < 1e-9;
+          // Within the line's printed precision (0.005 MB): scaled and unscaled fp8 print alike.
+          const bool tie = std::abs(sm.err - best.err) <= 0.005 + 1e-9;
           if (tie && best.name == name) {
             if (st.dtype == c && best.st.dtype != c) {
               tied.push_back(storage_text(best.st));
               best = {name, st, sm.mib, sm.err};
+              compute_broke_tie = true;
             } else {
               tied.push_back(storage_text(st));
             }
           } else if (sm.err < best.err) {
             best = {name, st, sm.mib, sm.err};
             tied.clear();
+            compute_broke_tie = false;
           }
         }
       }
@@ -623,7 +634,9 @@ struct Builder {
         }
         fact(what, fmt::format("catalog:{} stored {}", best.name, stored), rel <= 0.005 && tied.empty() ? Sureness::derived : Sureness::guessed,
              fmt::format("{}; its plan line's {:.2f} MB against {:.2f} MiB ({:+.2f}%){}{}", id_hint, sz, best.mib, pct,
-                         tied.empty() ? "" : fmt::format("; {} weigh(s) the same (the compute dtype decided)", fmt::join(tied, ", ")),
+                         tied.empty() ? ""
+                                      : fmt::format("; {} weigh(s) the same ({})", fmt::join(tied, ", "),
+                                                    compute_broke_tie ? "the compute dtype decided" : "the first tried was taken"),
                          entry->note.empty() ? "" : "; " + std::string(entry->note)),
              "--model CLASS=FILE");
       } else {
@@ -661,6 +674,10 @@ struct Builder {
   void solve_others() {
     Scenario& s = r.scenario;
     if (o.others) {
+      if (*o.others >= sat_sub(s.device.total, s.device.context_overhead)) {
+        throw InputError("--others", fmt::format("{} leaves nothing of the {} card beside the {} context", format_mib(*o.others),
+                                                 format_mib(s.device.total), format_mib(s.device.context_overhead)));
+      }
       s.device.used_by_others = *o.others;
       fact("used by others", format_mib(*o.others), Sureness::given, "", "--others");
       return;
@@ -732,6 +749,10 @@ struct Builder {
         }
         s.device.context_overhead = clo;
         s.device.used_by_others = 0;
+        fact("used by others", "0.00 MiB", Sureness::derived,
+             fmt::format("line {}: even the default context leaves less than the log's usable figure: nothing else was on the card",
+                         first->line),
+             "--others");
         fact("CUDA context", format_mib(clo), Sureness::derived,
              fmt::format("line {}: {:.2f} MB usable is more than the default context ({}) leaves: context back-solved, nothing used by others",
                          first->line, target, format_mib(ctx)),
@@ -820,6 +841,19 @@ struct Builder {
            line_ref(log.steps_line, fmt::format("the last progress bar's .../{} before the OOM (a sampler's, or a custom node's){}", log.steps,
                                                 log.steps > 1000 ? "; at most 1000 are modelled" : "")),
            "--steps");
+    } else {
+      fact("steps", "1", Sureness::assumed, "no progress bar before the OOM", "--steps");
+    }
+    bool diffusion = false;
+    for (const ModelRef& m : r.scenario.models) diffusion = diffusion || m.spec->kind == ModelKind::diffusion;
+    if (o.cfg) {
+      w.cfg = *o.cfg;
+      fact("cfg", fmt::format("{}", *o.cfg), Sureness::given, "", "--cfg");
+    } else if (diffusion) {
+      // ComfyUI does not log the CFG scale; above 1 the sampler runs cond and uncond, which the
+      // classic estimate doubles (cfg_mult): a plan line of a diffusion model that differs may
+      // need --cfg.
+      fact("cfg", "1", Sureness::assumed, "ComfyUI does not log it (above 1 the classic estimate doubles the batch)", "--cfg");
     }
   }
 
@@ -838,10 +872,19 @@ struct Builder {
     // The loads before the OOM, in log order; a class is one model.
     std::vector<const LogLoad*> loads;
     std::vector<bool> left_used(o.leave_out.size(), false);
+    const LogLoad* last_before = nullptr;
+    for (const LogLoad& l : log.loads) {
+      if (!oo || l.line < oo->line) last_before = &l;
+    }
     for (const LogLoad& l : log.loads) {
       if (oo && l.line >= oo->line) continue;
       const auto lo = std::find(o.leave_out.begin(), o.leave_out.end(), l.model_class);
       if (lo != o.leave_out.end()) {
+        if (oo && &l == last_before && !l.plan && (oo->frames.empty() || place.in_load)) {
+          throw InputError("--leave-out " + *lo, fmt::format("the OOM at line {} is in the load of {} (line {}): it cannot be left out; give "
+                                                             "it with --model {}=FILE",
+                                                             oo->line, l.model_class, l.line, l.model_class));
+        }
         left_used[static_cast<std::size_t>(lo - o.leave_out.begin())] = true;
         const std::optional<double> size = l.plan ? plan_size(*l.plan) : std::nullopt;
         r.notes.push_back(fmt::format("line {}: {} left out (--leave-out){}: the memory it held is not in the scenario, so the plans after it "
@@ -862,10 +905,33 @@ struct Builder {
     }
     std::vector<bool> loaded;
     std::optional<std::uint32_t> oom_stage;
+    std::optional<ModelKind> ambiguous_kind;  // the traceback's kind, when two models of it were loaded
     for (std::size_t k = 0; k < loads.size(); ++k) {
       const LogLoad& l = *loads[k];
+      const bool last = k + 1 == loads.size();
+      // The load the OOM is in: the last one, without a plan line, unless the traceback says the
+      // OOM came later (in a forward).
+      const bool oom_here = oo && last && !l.plan && (oo->frames.empty() || place.in_load);
+      if (l.abandoned && !oom_here) {
+        r.notes.push_back(fmt::format("line {}: {} requested but its load never printed a plan line (the prompt failed or was "
+                                      "interrupted, or it was requested again first): left out",
+                                      l.line, l.model_class.empty() ? "a model" : l.model_class));
+        continue;
+      }
       std::size_t mi = 0;
       while (mi < model_class.size() && model_class[mi] != l.model_class) ++mi;
+      if (!l.requested && mi == model_class.size() && l.plan && l.plan->kind != LogPlanLine::Kind::dynamic && !s.models.empty()) {
+        // A classic plan line with no request: ComfyUI re-planning a model it already has (it
+        // logs no request then); which one the line does not say.
+        r.notes.push_back(fmt::format("line {}: a plan line without a request (ComfyUI loading more of a model it already has): not "
+                                      "compared",
+                                      l.plan->line));
+        continue;
+      }
+      if (!l.requested && mi < model_class.size() && loaded[mi]) {
+        r.notes.push_back(fmt::format("line {}: {} staged again without a request: not a new load, not compared", l.line, l.model_class));
+        continue;
+      }
       if (mi == model_class.size()) {
         s.models.push_back(model_for(l));
         model_class.push_back(l.model_class);
@@ -899,18 +965,26 @@ struct Builder {
       s.stages.push_back({StageOp::load, mi32});
       loaded[mi] = true;
       if (l.plan) s.from_log->plans.push_back({l.plan->line, static_cast<std::uint32_t>(s.stages.size() - 1), l.plan->text});
-      const bool last = k + 1 == loads.size();
-      if (oo && last && !l.plan) {
+      if (oom_here) {
         // The load never printed its plan line: the OOM is in it.
         oom_stage = static_cast<std::uint32_t>(s.stages.size() - 1);
         break;
       }
       s.stages.push_back({StageOp::forward, mi32});
+      if (s.stages.size() > kMaxStagesFromLog || s.models.size() > kMaxModelsFromLog) {
+        throw InputError(fmt::format("{}:line {}", o.file, l.line),
+                         fmt::format("the log reconstructs to more than {} stages or {} models (a scenario's limits): cut it to the prompts "
+                                     "before the OOM",
+                                     kMaxStagesFromLog, kMaxModelsFromLog));
+      }
     }
     if (oo && !oom_stage) {
       // In a forward: the traceback's model kind, else the last model loaded.
       std::optional<std::uint32_t> at;
       if (place.kind) {
+        std::size_t of_kind = 0;
+        for (const ModelRef& m : s.models) of_kind += m.spec->kind == *place.kind ? 1 : 0;
+        if (of_kind > 1) ambiguous_kind = place.kind;
         for (std::size_t i = s.stages.size(); i-- > 0;) {
           if (s.stages[i].op == StageOp::forward && s.models[s.stages[i].model].spec->kind == *place.kind) {
             at = static_cast<std::uint32_t>(i);
@@ -940,9 +1014,13 @@ struct Builder {
       const Stage& st = s.stages[*oom_stage];
       fact("OOM", fmt::format("{} in stage {} ({} {}){}", oo->backend == "driver" ? "the driver's error (no sizes)" : format_mib(oo->requested) + " requested", *oom_stage, stage_op_name(st.op),
                               s.models[st.model].id, place.activity.empty() ? "" : ", " + place.activity),
-           oo->frames.empty() ? Sureness::guessed : Sureness::derived,
-           oo->frames.empty() ? line_ref(oo->line, "no traceback: placed after the last load")
-                              : line_ref(oo->line, fmt::format("traceback ends in {}", oo->frames.back())),
+           oo->frames.empty() || ambiguous_kind ? Sureness::guessed : Sureness::derived,
+           oo->frames.empty() ? line_ref(oo->line, st.op == StageOp::load ? "no traceback: in the last load, which printed no plan line"
+                                                                          : "no traceback: in the forward of the last model loaded")
+                              : line_ref(oo->line, fmt::format("traceback ends in {}{}", oo->frames.back(),
+                                                               ambiguous_kind ? fmt::format("; it names a {} and two were loaded: the later one",
+                                                                                            kind_name(*ambiguous_kind))
+                                                                              : "")),
            "");
       if (log.ooms.size() > 1) {
         r.notes.push_back(fmt::format("{} more OOM message(s) after line {} (ComfyUI's retries and the unload after an OOM): only the first is "
@@ -1046,6 +1124,8 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
         if (lp->patches_given && lp->forced != ours->staging.forced) {
           diffs.push_back(fmt::format("{} force-loaded weights here, {} in the log", ours->staging.forced, lp->forced));
         }
+        if (lp->patches_given && lp->patches == ours->staging.patches) same.push_back("patches");
+        if (lp->patches_given && lp->forced == ours->staging.forced) same.push_back("force-loaded weights");
       }
     } else if (ours->dynamic) {
       diffs.push_back(fmt::format("the log {} it, the run stages it for dynamic VRAM", plan_kind_name(lp->kind)));
@@ -1124,10 +1204,15 @@ LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tol
       need += "; under dynamic VRAM comfy-aimdo evicts weight pages to make room, so the log's OOM needs memory it cannot evict "
               "(torch's cache, cast buffers, another process) that the run does not hold: more memory used by other processes "
               "(--others), a different allocator (--allocator) or activations larger than modelled (--activations bytes or profile)";
+    } else if (staged && lo->free && tightest <= log_free) {
+      need += "; the run was as tight as the log or tighter and did not fail: not a shortage of free memory, but how the allocator "
+              "could use it (fragmentation, another stream's cache: --allocator, --option)";
     } else if (staged && lo->free) {
-      need += fmt::format("; to fail as the log did it would hold about {} more there: activations larger than modelled "
-                          "(--activations bytes or profile), or more memory used by other processes (--others)",
-                          format_mib(sat_sub(tightest, log_free)));
+      const bool load_stage = s.stages[*f.oom->stage].op == StageOp::load;
+      need += fmt::format("; to fail as the log did it would hold about {} more there: {}", format_mib(sat_sub(tightest, log_free)),
+                          load_stage ? "more memory used by other processes (--others), or weights the catalog model lacks (--model)"
+                                     : "activations larger than modelled (--activations bytes or profile), or more memory used by "
+                                       "other processes (--others)");
     }
     c.lines.push_back(log_side + "; the run does not OOM" + need);
     if (!summary_line.empty()) c.lines.push_back(summary_line);
@@ -1215,12 +1300,22 @@ std::string comfyui_reproduction(const Scenario& s, Bytes reserve) {
     if (k == "max_split_size_mb" || k == "garbage_collection_threshold" || k == "roundup_power2_divisions") env.push_back(fmt::format("PYTORCH_CUDA_ALLOC_CONF={}:{}", k, v));
     else notes.push_back(fmt::format("allocator option {}={} has no ComfyUI flag", k, v));
   }
+  // The look-ahead buffer without the upcast term: ComfyUI's master of 2025-12-04 to 12-08, not
+  // a release (it says 0.3.76).
+  const bool dec04 = !dyn && pol.preset == Preset::dec2025 && !pol.constants.dequant_term;
   for (const auto& [k, v] : pol.overrides) {
-    if (k == "reserve" || k == "vram_headroom" || k == "num_streams") continue;
+    if (k == "reserve" || k == "vram_headroom" || k == "num_streams" || (dec04 && k == "dequant_term")) continue;
     notes.push_back(fmt::format("the policy override {}={} is a change to ComfyUI's code, not a flag", k, v));
   }
   std::string md = "## Reproduce in ComfyUI\n\n";
-  md += fmt::format("On a GPU, with {}:\n\n```\n{}{}python main.py{}{}\n```\n\n", preset_releases(pol.preset), fmt::join(env, " "),
+  if (dec04) {
+    std::erase(flags, std::string("--disable-dynamic-vram"));
+    std::erase_if(notes, [](const std::string& n) { return n.find("--disable-dynamic-vram") != std::string::npos; });
+  }
+  md += fmt::format("On a GPU, with {}:\n\n```\n{}{}python main.py{}{}\n```\n\n",
+                    dec04 ? std::string_view("ComfyUI's master between PR #11096 and #11171 (2025-12-04 to 12-08; it says 0.3.76)")
+                          : preset_releases(pol.preset),
+                    fmt::join(env, " "),
                     env.empty() ? "" : " ", flags.empty() ? "" : " ", fmt::join(flags, " "));
   // The card: a larger one behaves like this device when the difference is taken first.
   const Bytes want_free = sat_sub(s.device.total, s.device.used_by_others);
@@ -1247,6 +1342,11 @@ std::string comfyui_reproduction(const Scenario& s, Bytes reserve) {
     steps.push_back(fmt::format("{} with `{}` ({}, compute {}{})", node, m.id, what, dtype_name(m.compute), m.lora ? ", a LoRA on every weight" : ""));
   }
   md += steps.empty() ? "load the models only" : fmt::format("{}", fmt::join(steps, ", then "));
+  if (s.from_log) {
+    notes.push_back(fmt::format("this case was shrunk from one `vramfuzz from-log` rebuilt from `{}`: in ComfyUI, run that workflow with its "
+                                "real models (the scenario from-log wrote), not this smaller one",
+                                s.from_log->file));
+  }
   md += fmt::format(", at {}{}.\n\n", workload_label(s.workload), s.workload.cfg > 1 ? fmt::format(", cfg {}", s.workload.cfg) : "");
   for (const std::string& n : notes) md += "- " + n + "\n";
   if (!notes.empty()) md += "\n";

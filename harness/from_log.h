@@ -38,6 +38,7 @@ struct FromLogOptions {
   // stand for, in log order.
   std::vector<std::pair<std::string, std::string>> models;
   std::optional<std::uint32_t> width, height, batch, frames, steps;  // --width ... --steps
+  std::optional<double> cfg;                                         // --cfg
   // --leave-out CLASS: loads of these classes (a ControlNet, a CLIP vision model, an upscaler
   // vramfuzz has no stand-in for) are left out of the scenario, each said in the notes.
   std::vector<std::string> leave_out;

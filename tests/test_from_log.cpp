@@ -523,6 +523,107 @@ TEST(FromLog, OtherProgramsLinesAreSkippedCutOffOnesAreErrors) {
   EXPECT_NO_THROW(rebuild(text));
 }
 
+// The head of a FLUX.1 log on a 12 GiB card; each test below adds what happened next.
+constexpr const char* kFluxHead = R"(Total VRAM 12288 MB, total RAM 32000 MB
+Device: cuda:0 NVIDIA GeForce RTX 3060 : cudaMallocAsync
+Using async weight offloading with 2 streams
+ComfyUI version: 0.4.0
+got prompt
+model weight dtype torch.float8_e4m3fn, manual cast: torch.bfloat16
+)";
+constexpr const char* kFluxPlan =
+    "loaded partially; 10598.44 MB usable, 10463.29 MB loaded, 889.72 MB offloaded, 135.05 MB buffer reserved, lowvram patches: 0\n";
+constexpr const char* kAttentionOom =
+    "!!! Exception during processing !!! CUDA out of memory. Tried to allocate 1.25 GiB. GPU 0 has a total capacity of 12.00 GiB of "
+    "which 402.25 MiB is free. Including non-PyTorch memory, this process has 11.33 GiB memory in use. Of the allocated memory 10.81 GiB "
+    "is allocated by PyTorch, and 232.00 MiB is reserved by PyTorch but unallocated.\n";
+
+TEST(FromLog, ALoadThatFailedOrWasInterruptedDoesNotTakeALaterPlanLine) {
+  // Prompt 1's load OOMs (no plan line); prompt 2 requests the model again and plans it. The
+  // OOM reconstructed is the first, in the load; the later plan line is the second request's.
+  const std::string retry = std::string(kFluxHead) + "Requested to load Flux\n" +
+                            "!!! Exception during processing !!! Allocation on device 0 would exceed allowed memory. (out of memory)\n"
+                            "Currently allocated     : 10.21 GiB\nRequested               : 36.00 MiB\nDevice limit            : 12.00 GiB\n"
+                            "Free (according to CUDA): 12.00 MiB\n"
+                            "Got an OOM, unloading all loaded models.\ngot prompt\nRequested to load Flux\n" + kFluxPlan;
+  const Rebuilt a = rebuild(retry);
+  ASSERT_EQ(a.rec.scenario.stages.size(), 1u);
+  EXPECT_EQ(a.rec.scenario.stages[0].op, StageOp::load);
+  EXPECT_TRUE(a.rec.scenario.from_log->plans.empty());
+  EXPECT_EQ(a.log.loads.at(0).plan.has_value(), false);
+  ASSERT_TRUE(a.log.loads.at(1).plan.has_value());
+  // Interrupted, then requested again: the first is left out, the second keeps the dtype line.
+  const std::string interrupted = std::string(kFluxHead) + "Requested to load Flux\nProcessing interrupted\ngot prompt\nRequested to load Flux\n" +
+                                  kFluxPlan + kAttentionOom + "Traceback (most recent call last):\n"
+                                  "  File \"/srv/ComfyUI/comfy/samplers.py\", line 1053, in sample\n"
+                                  "  File \"/srv/ComfyUI/comfy/ldm/modules/attention.py\", line 530, in attention_pytorch\n";
+  const Rebuilt b = rebuild(interrupted);
+  ASSERT_EQ(b.rec.scenario.stages.size(), 2u) << format_facts(b.rec);
+  EXPECT_EQ(b.rec.scenario.models[0].compute, Dtype::bf16);
+  EXPECT_EQ(fact(b.rec, "model dit compute")->sure, Sureness::read);
+  EXPECT_EQ(*b.rec.scenario.from_log->oom->stage, 1u);
+  ASSERT_FALSE(b.rec.notes.empty());
+  EXPECT_NE(b.rec.notes[0].find("line 7: Flux requested but its load never printed a plan line"), std::string::npos) << b.rec.notes[0];
+}
+
+TEST(FromLog, APlanLineWithoutARequestIsAReplanNotAModel) {
+  const std::string text = std::string(kFluxHead) + "Requested to load Flux\n" + kFluxPlan + kFluxPlan + kAttentionOom;
+  const Rebuilt r = rebuild(text);
+  EXPECT_EQ(r.rec.scenario.models.size(), 1u);
+  EXPECT_EQ(r.rec.scenario.from_log->plans.size(), 1u);
+  bool noted = false;
+  for (const std::string& n : r.rec.notes) noted = noted || n.find("line 9: a plan line without a request") != std::string::npos;
+  EXPECT_TRUE(noted) << format_facts(r.rec);
+}
+
+TEST(FromLog, APrefixOnEveryLineKeepsTheTraceback) {
+  // docker logs -t: a timestamp before every line, frames included.
+  std::string text;
+  const std::string body = std::string(kFluxHead) + "Requested to load Flux\n" + kFluxPlan + kAttentionOom +
+                           "Traceback (most recent call last):\n  File \"/srv/ComfyUI/comfy/ops.py\", line 98, in cast_bias_weight\n";
+  std::size_t pos = 0;
+  while (pos < body.size()) {
+    const std::size_t nl = body.find('\n', pos);
+    text += "2026-12-02T05:00:00.123456789Z " + body.substr(pos, nl - pos) + "\n";
+    pos = nl + 1;
+  }
+  text += "2026-12-02T05:00:00.123456789Z torch.OutOfMemoryError: " + std::string(kAttentionOom).substr(36);
+  const Rebuilt r = rebuild(text);
+  ASSERT_EQ(r.log.ooms.size(), 1u);
+  ASSERT_EQ(r.log.ooms[0].frames.size(), 1u);
+  EXPECT_EQ(r.log.ooms[0].frames[0], "comfy/ops.py:cast_bias_weight");
+  EXPECT_EQ(r.rec.scenario.from_log->oom->activity, "weight-cast");
+}
+
+TEST(FromLog, AClipVisionModelTakesNoneOfTheCheckpointsLoaderLines) {
+  const std::string text = std::string(kFluxHead) + "Requested to load CLIPVisionModelProjection\n"
+                           "loaded completely; 11000.00 MB usable, 1208.10 MB loaded, full load: True\nRequested to load Flux\n" +
+                           kFluxPlan;
+  FromLogOptions o;
+  o.leave_out = {"CLIPVisionModelProjection"};
+  const Rebuilt r = rebuild(text, o);
+  ASSERT_EQ(r.rec.scenario.models.size(), 1u);
+  EXPECT_EQ(r.rec.scenario.models[0].compute, Dtype::bf16);
+  EXPECT_EQ(fact(r.rec, "model dit compute")->sure, Sureness::read);  // Flux keeps its "model weight dtype" line
+}
+
+TEST(FromLog, ADriverOomSaysNothingOfTheAllocatorAndTheCfgIsSaid) {
+  const std::string text = std::string(kFluxHead).replace(std::string(kFluxHead).find("Device:"), 56, "") + "Requested to load Flux\n" +
+                           kFluxPlan + "torch.AcceleratorError: CUDA error: out of memory\n";
+  const Rebuilt r = rebuild(text);
+  const LogFact* a = fact(r.rec, "allocator");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->sure, Sureness::assumed);
+  EXPECT_EQ(r.rec.scenario.allocator.mode, AllocatorMode::async);  // ComfyUI's default, not "the driver's backend"
+  const LogFact* cfg = fact(r.rec, "cfg");
+  ASSERT_NE(cfg, nullptr);
+  EXPECT_EQ(cfg->sure, Sureness::assumed);
+  EXPECT_EQ(cfg->flag, "--cfg");
+  FromLogOptions o;
+  o.cfg = 3.5;
+  EXPECT_EQ(rebuild(text, o).rec.scenario.workload.cfg, 3.5);
+}
+
 TEST(FromLog, TheReaderTakesEveryFormOfThePlanLine) {
   auto p = [](std::string_view t) { return parse_plan_line(t, "t"); };
   auto old = p("loaded partially 10795.05078125 10795.05078125 7");

@@ -25,6 +25,7 @@ struct FromLogFlags {
   std::string out;
   std::string vram, others, context, os, tolerance = "0";
   std::optional<std::uint32_t> width, height, batch, frames, steps;
+  std::optional<double> cfg;
   bool no_run = false;
   PolicyFlags policy;
 };
@@ -77,6 +78,13 @@ int do_from_log(const FromLogFlags& f) {
   o.batch = dim(f.batch, "--batch", 1, 64);
   o.frames = dim(f.frames, "--frames", 1, 1024);
   o.steps = dim(f.steps, "--steps", 1, 1000);
+  if (f.cfg) {
+    if (!(*f.cfg >= 1.0 && *f.cfg <= 100.0)) throw InputError("--cfg", fmt::format("{} is outside 1 .. 100", *f.cfg));
+    o.cfg = f.cfg;
+  }
+  if (o.others && o.vram && *o.others >= *o.vram) {
+    throw InputError("--others", fmt::format("{} is the whole card (--vram) or more", format_mib(*o.others)));
+  }
   Catalog catalog;
   Reconstruction r = reconstruct_from_log(log, o, catalog);
   // --option and --activations: what the log cannot say (allocator options, activation sizes).
@@ -112,7 +120,7 @@ int do_from_log(const FromLogFlags& f) {
   const LogComparison c = compare_with_log(r.scenario, res, tolerance);
   for (const std::string& l : c.lines) std::fputs(fmt::format("  {}\n", l).c_str(), report);
   std::fputs(fmt::format("against the log: {}\n", c.summary).c_str(), report);
-  if (!f.out.empty()) {
+  if (!f.out.empty() && v.finding()) {
     std::fputs(fmt::format("next: vramfuzz run {0} (the same comparison), vramfuzz run {0} --json finding.json && vramfuzz shrink "
                            "finding.json --out repro/\n",
                            f.out)
@@ -142,6 +150,7 @@ void add_from_log(CLI::App& app, Action& action) {
   cmd->add_option("--batch", f->batch, "workload batch")->transform(kNonNegative);
   cmd->add_option("--frames", f->frames, "video frames")->transform(kNonNegative);
   cmd->add_option("--steps", f->steps, "sampling steps (default: the progress bar's)")->transform(kNonNegative);
+  cmd->add_option("--cfg", f->cfg, "the CFG scale (ComfyUI does not log it; above 1 the classic estimate doubles the batch)");
   cmd->add_option("--tolerance", f->tolerance, "plan figures match within the log's 2 decimals plus this (e.g. 1MiB)")->capture_default_str();
   cmd->add_flag("--no-run", f->no_run, "only write the scenario");
   f->policy.add_to(*cmd, true);
