@@ -151,6 +151,16 @@ std::optional<LogPlanLine> parse_plan_line(std::string_view text, const std::str
 }
 
 namespace {
+// "full load: True|False"'s word; anything else is someone else's line, or (a prefix of True or
+// False) a cut-off one.
+bool full_load_word(std::string_view v, const std::string& where, std::string_view form) {
+  if (v == "True") return true;
+  if (v == "False") return false;
+  Scan bad(v);
+  bad.lit(!v.empty() && v.front() == 'F' ? "False" : "True");
+  malformed(where, form, bad);
+}
+
 std::optional<LogPlanLine> plan_line(std::string_view text, const std::string& where) {
   text = trim(text);
   LogPlanLine p;
@@ -175,14 +185,7 @@ std::optional<LogPlanLine> plan_line(std::string_view text, const std::string& w
       if (u < 1e24) p.usable = u;  // 1e32 bytes (9.5e25 MB): no limit
       p.loaded = l;
       if (complete) {
-        const std::string_view v = sc.word();
-        if (v == "True") p.full_load = true;
-        else if (v == "False") p.full_load = false;
-        else {
-          Scan bad(v);
-          bad.lit("True");
-          malformed(where, form, bad);
-        }
+        p.full_load = full_load_word(sc.word(), where, form);
       } else {
         std::uint64_t n = 0;
         if (!sc.uint(n)) malformed(where, form, sc);
@@ -203,14 +206,7 @@ std::optional<LogPlanLine> plan_line(std::string_view text, const std::string& w
     if (!sc.lit(" MB loaded")) malformed(where, form, sc);
     if (complete) {
       if (sc.opt_lit(", full load: ")) {
-        const std::string_view v = sc.word();
-        if (v == "True") p.full_load = true;
-        else if (v == "False") p.full_load = false;
-        else {
-          Scan bad(v);
-          bad.lit("True");
-          malformed(where, form, bad);
-        }
+        p.full_load = full_load_word(sc.word(), where, form);
       }
       return p;
     }
