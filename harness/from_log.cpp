@@ -978,6 +978,11 @@ struct Builder {
                                      kMaxStagesFromLog, kMaxModelsFromLog));
       }
     }
+    if (s.stages.empty()) {
+      throw InputError(o.file, fmt::format("no load {}printed its plan line or failed where the OOM is: nothing to reconstruct (the notes "
+                                           "above say what was left out)",
+                                           oo ? "before the OOM " : ""));
+    }
     if (oo && !oom_stage) {
       // In a forward: the traceback's model kind, else the last model loaded.
       std::optional<std::uint32_t> at;

@@ -566,6 +566,15 @@ TEST(FromLog, ALoadThatFailedOrWasInterruptedDoesNotTakeALaterPlanLine) {
   EXPECT_NE(b.rec.notes[0].find("line 7: Flux requested but its load never printed a plan line"), std::string::npos) << b.rec.notes[0];
 }
 
+TEST(FromLog, AnOomAfterOnlyAnInterruptedLoadIsAnErrorNotACrash) {
+  // The only load was interrupted; the OOM's traceback says it came in a forward.
+  const std::string text = std::string(kFluxHead) + "Requested to load Flux\nProcessing interrupted\n" +
+                           "Traceback (most recent call last):\n  File \"/srv/ComfyUI/comfy/samplers.py\", line 1053, in sample\n" +
+                           "torch.OutOfMemoryError: " + std::string(kAttentionOom).substr(36);
+  EXPECT_EQ(read_comfy_log(text, "t.log").ooms.at(0).frames.size(), 1u);
+  EXPECT_THROW(rebuild(text), InputError);
+}
+
 TEST(FromLog, APlanLineWithoutARequestIsAReplanNotAModel) {
   const std::string text = std::string(kFluxHead) + "Requested to load Flux\n" + kFluxPlan + kFluxPlan + kAttentionOom;
   const Rebuilt r = rebuild(text);
