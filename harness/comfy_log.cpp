@@ -483,10 +483,7 @@ struct Reader {
   std::size_t tb_col = 0;  // where "Traceback" started on its line
   // Loader lines seen before a request, by the kind of model they describe: ComfyUI's loader
   // nodes all run before the first sampler, so each request takes the oldest of its kind.
-  struct Info {
-    std::string weight_dtype, manual_cast, te_dtype, vae_dtype, gguf_qtype;
-    std::uint32_t weight_dtype_line = 0, te_dtype_line = 0, vae_dtype_line = 0, gguf_line = 0, scaled_fp8_line = 0;
-  };
+  using Info = LogLoaderLines;
   std::deque<Info> info[4];
   std::unordered_map<std::string, Info> last_info;  // by class: the loader lines its last request took
   std::uint32_t pending_scaled_fp8 = 0;  // "Using scaled fp8" before its model's dtype line
@@ -502,15 +499,20 @@ struct Reader {
 
   std::string where(std::uint32_t line) const { return fmt::format("{}:line {}", origin, line); }
 
-  Info& new_info(ClassKind k) {
-    info[static_cast<int>(k)].emplace_back();
-    Info& i = info[static_cast<int>(k)].back();
+  // "Using scaled fp8" and "gguf qtypes" come before their model's dtype line (or request): the
+  // next of those takes them.
+  void take_pending(Info& i) {
     i.scaled_fp8_line = pending_scaled_fp8;
-    pending_scaled_fp8 = 0;
     i.gguf_qtype = std::move(pending_gguf);
     i.gguf_line = pending_gguf_line;
+    pending_scaled_fp8 = 0;
     pending_gguf.clear();
     pending_gguf_line = 0;
+  }
+
+  Info& new_info(ClassKind k) {
+    Info& i = info[static_cast<int>(k)].emplace_back();
+    take_pending(i);
     return i;
   }
 
@@ -529,23 +531,9 @@ struct Reader {
       i = seen->second;
     } else {
       // A loader that printed no dtype line (a GGUF loader's qtypes, scaled fp8 just before).
-      i.scaled_fp8_line = pending_scaled_fp8;
-      i.gguf_qtype = pending_gguf;
-      i.gguf_line = pending_gguf_line;
-      pending_scaled_fp8 = 0;
-      pending_gguf.clear();
-      pending_gguf_line = 0;
+      take_pending(i);
     }
-    l.weight_dtype = std::move(i.weight_dtype);
-    l.weight_dtype_line = i.weight_dtype_line;
-    l.manual_cast = std::move(i.manual_cast);
-    l.te_dtype = std::move(i.te_dtype);
-    l.te_dtype_line = i.te_dtype_line;
-    l.vae_dtype = std::move(i.vae_dtype);
-    l.vae_dtype_line = i.vae_dtype_line;
-    l.gguf_qtype = std::move(i.gguf_qtype);
-    l.gguf_line = i.gguf_line;
-    l.scaled_fp8_line = i.scaled_fp8_line;
+    static_cast<LogLoaderLines&>(l) = std::move(i);
   }
 
   std::size_t add_load(LogLoad l, std::uint32_t line) {
@@ -747,18 +735,7 @@ struct Reader {
         throw InputError(where(line), fmt::format("\"Total VRAM {} MB\": not a device size (1 MB to 1 PiB)", vram));
       }
       log.total_vram_mb = vram;
-      log.total_ram_mb = ram;
       log.total_vram_line = line;
-      return;
-    }
-    if ((at = s.find("pytorch version: ")) != std::string_view::npos) {
-      Scan sc(s.substr(at + 17));
-      log.torch_version = std::string(sc.word());
-      return;
-    }
-    if ((at = s.find("Set vram state to: ")) != std::string_view::npos) {
-      Scan sc(s.substr(at + 19));
-      log.vram_state = std::string(sc.word());
       return;
     }
     if ((at = s.find("Device: ")) != std::string_view::npos && s.find("cuda", at) != std::string_view::npos) {
@@ -788,12 +765,6 @@ struct Reader {
       log.async_streams_line = line;
       return;
     }
-    if ((at = s.find("Enabled pinned memory ")) != std::string_view::npos) {
-      Scan sc(s.substr(at + 22));
-      double mb = 0;
-      if (sc.number(mb)) log.pinned_mb = mb;
-      return;
-    }
     if (s.find("DynamicVRAM support detected and enabled") != std::string_view::npos) {
       log.dynamic_vram = true;
       log.dynamic_vram_line = line;
@@ -814,14 +785,6 @@ struct Reader {
     }
     if (s.find("Processing interrupted") != std::string_view::npos) {
       expire_pending();
-      return;
-    }
-    if (s.find("got prompt") != std::string_view::npos) {
-      ++log.prompts;
-      return;
-    }
-    if (s.find("out of memory error, emptying cache and trying again") != std::string_view::npos) {
-      ++log.oom_retries;
       return;
     }
     if ((at = s.find("model weight dtype ")) != std::string_view::npos) {
@@ -886,7 +849,6 @@ struct Reader {
       l.line = line;
       l.requested = true;
       l.model_class = std::string(sc.word());
-      l.prompt = log.prompts;
       take_info(l);
       const std::string cls = l.model_class;
       const std::size_t k = add_load(std::move(l), line);
@@ -963,7 +925,6 @@ struct Reader {
       LogLoad l;
       l.line = line;
       l.model_class = p.model_class;
-      l.prompt = log.prompts;
       take_info(l);
       l.plan = std::move(p);
       add_load(std::move(l), line);

@@ -76,14 +76,10 @@ struct LogSizeText {
 // "640.00 MiB", "11.76 GiB", "512 bytes", "1.5 KiB": PyTorch's format_size. nullopt otherwise.
 std::optional<LogSizeText> parse_torch_size(std::string_view text);
 
-struct LogLoad {
-  std::uint32_t line = 0;              // "Requested to load CLASS"
-  std::string model_class;
-  std::optional<LogPlanLine> plan;     // absent when the load did not finish (an OOM in it)
-  // What the loader said about the model just before the request (the nearest line of each
-  // kind since the previous load): "model weight dtype X, manual cast: Y",
-  // "CLIP/text encoder model load device: ..., dtype: Z", "VAE load device: ..., dtype: Z",
-  // "gguf qtypes: Q8_0 (304), F32 (471)".
+// What the loader said about a model before it was requested: "model weight dtype X, manual
+// cast: Y", "CLIP/text encoder model load device: ..., dtype: Z", "VAE load device: ..., dtype:
+// Z", "Using scaled fp8: ...", "gguf qtypes: Q8_0 (304), F32 (471)" (each line 0: not seen).
+struct LogLoaderLines {
   std::string weight_dtype;            // torch dtype name without "torch.", e.g. "float8_e4m3fn"
   std::uint32_t weight_dtype_line = 0;
   std::string manual_cast;             // "bfloat16", "None" or empty
@@ -91,10 +87,15 @@ struct LogLoad {
   std::uint32_t te_dtype_line = 0;
   std::string vae_dtype;
   std::uint32_t vae_dtype_line = 0;
-  std::uint32_t scaled_fp8_line = 0;   // "Using scaled fp8: ..." (its weights are scaled fp8)
+  std::uint32_t scaled_fp8_line = 0;   // its weights are scaled fp8
   std::string gguf_qtype;              // the qtype with the most tensors
   std::uint32_t gguf_line = 0;
-  std::uint32_t prompt = 0;            // which "got prompt" it belongs to (0: before the first)
+};
+
+struct LogLoad : LogLoaderLines {
+  std::uint32_t line = 0;              // "Requested to load CLASS"
+  std::string model_class;
+  std::optional<LogPlanLine> plan;     // absent when the load did not finish (an OOM in it)
   bool requested = false;              // false: only a plan line shows it (no "Requested to load")
   bool abandoned = false;              // requested again (or failed) before its plan line came
 };
@@ -111,18 +112,14 @@ struct ComfyLog {
   std::uint64_t digest = 0;            // FNV-1a 64 of the raw bytes: which log a repro came from
   // Startup.
   std::optional<std::uint64_t> total_vram_mb;  // "Total VRAM N MB, total RAM M MB"
-  std::uint64_t total_ram_mb = 0;
   std::uint32_t total_vram_line = 0;
   std::string device;                  // "cuda:0 NVIDIA GeForce RTX 3060"
   std::string backend;                 // "native" / "cudaMallocAsync" (Device line)
   std::uint32_t device_line = 0;
-  std::string vram_state;              // "NORMAL_VRAM"
   std::string comfy_version;           // "0.3.73"
   std::uint32_t comfy_version_line = 0;
-  std::string torch_version;           // "2.8.0+cu128"
   std::optional<std::uint32_t> async_streams;  // "Using async weight offloading with N streams"
   std::uint32_t async_streams_line = 0;
-  std::optional<double> pinned_mb;     // "Enabled pinned memory N"
   std::optional<bool> dynamic_vram;    // enabled / disabled message
   std::uint32_t dynamic_vram_line = 0;
   // Windows drive paths ("D:\ComfyUI\...") in some line: ComfyUI's Windows reserve applies.
@@ -132,12 +129,10 @@ struct ComfyLog {
   std::uint32_t flags_line = 0;
   // What happened.
   std::vector<LogLoad> loads;
-  std::uint32_t prompts = 0;           // "got prompt" lines
   std::uint32_t steps = 0;             // the last progress bar's total before the OOM (0: none)
   std::uint32_t steps_line = 0;
   std::vector<LogOom> ooms;            // every distinct OOM message, in order
   std::optional<LogMemorySummary> memory_summary;  // the first one
-  std::uint32_t oom_retries = 0;       // "out of memory error, emptying cache and trying again"
 };
 
 // Reads a whole log. `origin` names it in errors ("comfy.log:line 12: ..."). InputError when the

@@ -86,7 +86,6 @@ std::optional<Dtype> torch_to_dtype(std::string_view name) {
   if (name == "int8") return Dtype::int8;
   return std::nullopt;
 }
-bool is_compute_dtype(Dtype d) { return d == Dtype::fp32 || d == Dtype::fp16 || d == Dtype::bf16; }
 
 // The storage choices a size match tries, when the log does not say the storage dtype.
 std::vector<StorageChoice> storage_candidates(const LogLoad& l) {
@@ -106,7 +105,7 @@ std::vector<StorageChoice> storage_candidates(const LogLoad& l) {
       return out;
     }
   }
-  if (auto d = torch_to_dtype(l.weight_dtype); d && !is_compute_dtype(*d)) {
+  if (auto d = torch_to_dtype(l.weight_dtype); d && !dtype_info(*d).compute) {
     add(*d);
     return out;
   }
@@ -255,10 +254,6 @@ OomPlace place_oom(const LogOom& o) {
   if (p.activity.empty()) p.activity = "compute";
   return p;
 }
-
-// A scenario's limits (scenario.cpp): a log that rebuilds to more is cut by its user.
-constexpr std::size_t kMaxStagesFromLog = 4096;
-constexpr std::size_t kMaxModelsFromLog = 64;
 
 std::string model_id_for(ModelKind k, const std::vector<ModelRef>& taken) {
   const std::string base = k == ModelKind::text_encoder ? "te" : k == ModelKind::vae ? "vae" : "dit";
@@ -427,7 +422,7 @@ struct Builder {
   void policy() {
     Scenario& s = r.scenario;
     bool dynamic = log.dynamic_vram.value_or(false);
-    bool classic_lines = false, buffer_field = true;
+    bool buffer_field = true;
     std::uint32_t evidence = log.dynamic_vram_line;
     for (const LogLoad& l : log.loads) {
       if (!l.plan) continue;
@@ -435,7 +430,6 @@ struct Builder {
         dynamic = true;
         if (evidence == 0) evidence = l.plan->line;
       } else {
-        classic_lines = true;
         if (l.plan->old_form || (l.plan->kind == LogPlanLine::Kind::partial && !l.plan->buffer)) buffer_field = false;
       }
     }
@@ -450,18 +444,12 @@ struct Builder {
       if (log.comfy_version_line) src = fmt::format("line {}: ComfyUI version {}; {}", log.comfy_version_line, log.comfy_version, src);
       fact("policy", s.policy.label(), vp.sure, src, "--policy");
     }
-    (void)classic_lines;
     // --reserve-vram (GiB) is the classic reserve and, under comfy:sep2026, aimdo's headroom.
     const bool reserve_given = std::any_of(o.overrides.begin(), o.overrides.end(), [](const auto& kv) { return kv.first == "reserve"; });
     if (reserve_given) {
       // --reserve below.
     } else if (auto rv = log_flag(log, "--reserve-vram"); rv && !rv->empty()) {
-      char* end = nullptr;
-      const double g = std::strtod(rv->c_str(), &end);
-      if (end == rv->c_str() || *end != '\0' || !(g >= 0) || g > 1024) {
-        throw InputError(fmt::format("{}:line {}", o.file, log.flags_line), fmt::format("--reserve-vram \"{}\" is not a number of GiB", *rv));
-      }
-      const Bytes b = static_cast<Bytes>(std::llround(g * static_cast<double>(GiB)));
+      const Bytes b = gib_flag("--reserve-vram", *rv);
       apply_policy_override(s.policy, "reserve", fmt::format("{}", b), "--reserve-vram");
       fact("reserve", format_mib(b), Sureness::read, line_ref(log.flags_line, fmt::format("--reserve-vram {}", *rv)), "--reserve");
     } else if (const bool win = o.os ? *o.os == "windows" : log.windows_line != 0; win && !s.policy.dynamic()) {
@@ -488,15 +476,20 @@ struct Builder {
       fact(k == "reserve" ? "reserve" : fmt::format("policy {}", k), v, Sureness::given, "", k == "reserve" ? "--reserve" : "--set");
     }
     if (auto vh = log_flag(log, "--vram-headroom"); vh && !vh->empty() && s.policy.dynamic()) {
-      char* end = nullptr;
-      const double g = std::strtod(vh->c_str(), &end);
-      if (end == vh->c_str() || *end != '\0' || !(g >= 0) || g > 1024) {
-        throw InputError(fmt::format("{}:line {}", o.file, log.flags_line), fmt::format("--vram-headroom \"{}\" is not a number of GiB", *vh));
-      }
-      const Bytes b = static_cast<Bytes>(std::llround(g * static_cast<double>(GiB)));
+      const Bytes b = gib_flag("--vram-headroom", *vh);
       apply_policy_override(s.policy, "vram_headroom", fmt::format("{}", b), "--vram-headroom");
       fact("vram headroom", format_mib(b), Sureness::read, line_ref(log.flags_line, "--vram-headroom " + *vh), "--set vram_headroom=");
     }
+  }
+
+  // A ComfyUI flag's value in GiB on the logged command line ("--reserve-vram 2.5"), as bytes.
+  Bytes gib_flag(std::string_view flag, const std::string& value) const {
+    char* end = nullptr;
+    const double g = std::strtod(value.c_str(), &end);
+    if (end == value.c_str() || *end != '\0' || !(g >= 0) || g > 1024) {
+      throw InputError(fmt::format("{}:line {}", o.file, log.flags_line), fmt::format("{} \"{}\" is not a number of GiB", flag, value));
+    }
+    return static_cast<Bytes>(std::llround(g * static_cast<double>(GiB)));
   }
 
   void streams() {
@@ -520,16 +513,16 @@ struct Builder {
     // The compute dtype: the loader's manual cast, the text encoder's or VAE's dtype.
     std::optional<Dtype> compute;
     std::string compute_src;
-    if (auto d = torch_to_dtype(l.manual_cast); d && is_compute_dtype(*d)) {
+    if (auto d = torch_to_dtype(l.manual_cast); d && dtype_info(*d).compute) {
       compute = d;
       compute_src = line_ref(l.weight_dtype_line, "manual cast: " + l.manual_cast);
-    } else if (auto d2 = torch_to_dtype(l.weight_dtype); d2 && is_compute_dtype(*d2) && l.manual_cast == "None") {
+    } else if (auto d2 = torch_to_dtype(l.weight_dtype); d2 && dtype_info(*d2).compute && l.manual_cast == "None") {
       compute = d2;
       compute_src = line_ref(l.weight_dtype_line, "model weight dtype " + l.weight_dtype + ", manual cast: None");
-    } else if (auto d3 = torch_to_dtype(l.te_dtype); d3 && is_compute_dtype(*d3)) {
+    } else if (auto d3 = torch_to_dtype(l.te_dtype); d3 && dtype_info(*d3).compute) {
       compute = d3;
       compute_src = line_ref(l.te_dtype_line, "text encoder dtype: " + l.te_dtype);
-    } else if (auto d4 = torch_to_dtype(l.vae_dtype); d4 && is_compute_dtype(*d4)) {
+    } else if (auto d4 = torch_to_dtype(l.vae_dtype); d4 && dtype_info(*d4).compute) {
       compute = d4;
       compute_src = line_ref(l.vae_dtype_line, "VAE dtype: " + l.vae_dtype);
     }
@@ -682,14 +675,15 @@ struct Builder {
       fact("used by others", format_mib(*o.others), Sureness::given, "", "--others");
       return;
     }
+    // Only the first load's plan line sees the device as the process started.
     const LogPlanExpect* first = nullptr;
-    for (const LogPlanExpect& p : s.from_log->plans) {
-      const auto pl = parse_plan_line(p.text, "from_log");
+    double target = 0;  // its "U MB usable"
+    if (!s.from_log->plans.empty()) {
+      const auto pl = parse_plan_line(s.from_log->plans.front().text, "from_log");
       if (pl && pl->usable && pl->kind != LogPlanLine::Kind::dynamic) {
-        first = &p;
-        break;
+        first = &s.from_log->plans.front();
+        target = *pl->usable;
       }
-      break;  // only the first load sees the device as the process started
     }
     const LogOom* oo = oom();
     std::optional<Bytes> oom_others;
@@ -716,7 +710,6 @@ struct Builder {
       oom_bound = true;
     }
     if (first) {
-      const double target = *parse_plan_line(first->text, "from_log")->usable;
       Scenario probe = s;
       probe.stages.resize(first->stage + 1);
       probe.from_log.reset();
@@ -836,10 +829,10 @@ struct Builder {
       w.steps = *o.steps;
       fact("steps", std::to_string(*o.steps), Sureness::given, "", "--steps");
     } else if (log.steps) {
-      w.steps = std::min<std::uint32_t>(log.steps, 1000);
+      w.steps = std::min(log.steps, kMaxSteps);
       fact("steps", std::to_string(w.steps), Sureness::guessed,
            line_ref(log.steps_line, fmt::format("the last progress bar's .../{} before the OOM (a sampler's, or a custom node's){}", log.steps,
-                                                log.steps > 1000 ? "; at most 1000 are modelled" : "")),
+                                                log.steps > kMaxSteps ? fmt::format("; at most {} are modelled", kMaxSteps) : "")),
            "--steps");
     } else {
       fact("steps", "1", Sureness::assumed, "no progress bar before the OOM", "--steps");
@@ -971,11 +964,11 @@ struct Builder {
         break;
       }
       s.stages.push_back({StageOp::forward, mi32});
-      if (s.stages.size() > kMaxStagesFromLog || s.models.size() > kMaxModelsFromLog) {
+      if (s.stages.size() > kMaxStages || s.models.size() > kMaxModels) {
         throw InputError(fmt::format("{}:line {}", o.file, l.line),
                          fmt::format("the log reconstructs to more than {} stages or {} models (a scenario's limits): cut it to the prompts "
                                      "before the OOM",
-                                     kMaxStagesFromLog, kMaxModelsFromLog));
+                                     kMaxStages, kMaxModels));
       }
     }
     if (s.stages.empty()) {
@@ -1091,6 +1084,12 @@ std::string sim_activity(const Scenario& s, const CaseResult& r, std::uint32_t o
 }
 
 }  // namespace
+
+std::string format_comparison(const LogComparison& c) {
+  std::string out;
+  for (const std::string& l : c.lines) out += fmt::format("  {}\n", l);
+  return out + fmt::format("against the log: {}\n", c.summary);
+}
 
 LogComparison compare_with_log(const Scenario& s, const CaseResult& r, Bytes tolerance) {
   LogComparison c;

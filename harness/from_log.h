@@ -93,6 +93,8 @@ struct LogComparison {
   std::string summary;              // one line: the status and its reason
 };
 std::string_view comparison_status_name(LogComparison::Status s);
+// For people: each line indented by two spaces, then "against the log: SUMMARY".
+std::string format_comparison(const LogComparison& c);
 
 // Compares `r` (a run of `s`) with s.from_log. Tolerances: the plan's MB figures to the log's
 // two printed decimals (0.005 MiB) plus `tolerance`; staged MB to the whole MiB. The OOM: the

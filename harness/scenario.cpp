@@ -344,15 +344,10 @@ namespace {
 // Size limits that keep every later sum far from 2^64 while admitting any real device or model
 // (the device's, kMaxDeviceBytes, is in scenario.h: the CLI's --vram applies it too).
 inline constexpr Bytes kMaxModelBytes = Bytes{1} << 48;   // 256 TiB
-inline constexpr std::uint32_t kMaxImageSide = 16384;
-inline constexpr std::uint32_t kMinImageSide = 16;  // one 2x2 patch of an 8x-downsampled latent
-inline constexpr std::uint32_t kMaxBatch = 64;
-inline constexpr std::uint32_t kMaxFrames = 1024;
 inline constexpr std::uint32_t kMaxTextTokens = 1u << 16;
 inline constexpr std::size_t kMaxTensorRank = 8;
 inline constexpr std::size_t kMaxModulesPerModel = 1u << 20;
 inline constexpr std::uint64_t kMaxTensorsPerModel = 1u << 22;  // 4,194,304
-inline constexpr std::uint32_t kMaxSteps = 1000;
 inline constexpr std::size_t kMaxOthersEvents = 1024;
 inline constexpr double kMaxEventMs = 86400000.0;  // a day of modelled time
 
@@ -840,7 +835,7 @@ std::vector<Stage> parse_pipeline(const JsonIn& j, const std::vector<ModelRef>& 
   std::vector<bool> loaded(models.size(), false);
   const std::size_t n = j.size();
   if (n == 0) j.fail("the pipeline needs at least one stage");
-  if (n > 4096) j.fail("more than 4096 stages");
+  if (n > kMaxStages) j.fail(fmt::format("more than {} stages", kMaxStages));
   for (std::size_t i = 0; i < n; ++i) {
     const JsonIn s = j.at(i);
     s.expect_object({"op", "model"});
@@ -1130,7 +1125,7 @@ Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const s
   else s.policy = parse_policy("comfy:dec2025", "policy");
   const JsonIn mj = j.at("models");
   if (mj.size() == 0) mj.fail("a scenario needs at least one model");
-  if (mj.size() > 64) mj.fail("more than 64 models");
+  if (mj.size() > kMaxModels) mj.fail(fmt::format("more than {} models", kMaxModels));
   for (std::size_t i = 0; i < mj.size(); ++i) {
     s.models.push_back(parse_model(mj.at(i), catalog, base_dir));
     for (std::size_t k = 0; k < i; ++k) {

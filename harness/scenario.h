@@ -291,6 +291,15 @@ struct Scenario {
 };
 
 inline constexpr std::uint32_t kMaxOffloadStreams = 8;
+// A scenario's limits, checked when it is read (and by whoever builds one from other input:
+// `from-log`'s flags and reconstruction).
+inline constexpr std::uint32_t kMinImageSide = 16;  // one 2x2 patch of an 8x-downsampled latent
+inline constexpr std::uint32_t kMaxImageSide = 16384;
+inline constexpr std::uint32_t kMaxBatch = 64;
+inline constexpr std::uint32_t kMaxFrames = 1024;
+inline constexpr std::uint32_t kMaxSteps = 1000;
+inline constexpr std::size_t kMaxModels = 64;
+inline constexpr std::size_t kMaxStages = 4096;
 
 // JSON in / out. `load_scenario_*` validate everything and throw InputError with the field path.
 Scenario load_scenario_file(const std::string& path, Catalog& catalog);

@@ -73,11 +73,11 @@ int do_from_log(const FromLogFlags& f) {
   };
   o.leave_out = f.leave_out;
   o.lora = f.lora;
-  o.width = dim(f.width, "--width", 16, 16384);
-  o.height = dim(f.height, "--height", 16, 16384);
-  o.batch = dim(f.batch, "--batch", 1, 64);
-  o.frames = dim(f.frames, "--frames", 1, 1024);
-  o.steps = dim(f.steps, "--steps", 1, 1000);
+  o.width = dim(f.width, "--width", kMinImageSide, kMaxImageSide);
+  o.height = dim(f.height, "--height", kMinImageSide, kMaxImageSide);
+  o.batch = dim(f.batch, "--batch", 1, kMaxBatch);
+  o.frames = dim(f.frames, "--frames", 1, kMaxFrames);
+  o.steps = dim(f.steps, "--steps", 1, kMaxSteps);
   if (f.cfg) {
     if (!(*f.cfg >= 1.0 && *f.cfg <= 100.0)) throw InputError("--cfg", fmt::format("{} is outside 1 .. 100", *f.cfg));
     o.cfg = f.cfg;
@@ -118,8 +118,7 @@ int do_from_log(const FromLogFlags& f) {
                  .c_str(),
              report);
   const LogComparison c = compare_with_log(r.scenario, res, tolerance);
-  for (const std::string& l : c.lines) std::fputs(fmt::format("  {}\n", l).c_str(), report);
-  std::fputs(fmt::format("against the log: {}\n", c.summary).c_str(), report);
+  std::fputs(format_comparison(c).c_str(), report);
   if (!f.out.empty() && v.finding()) {
     std::fputs(fmt::format("next: vramfuzz run {0} (the same comparison), vramfuzz run {0} --json finding.json && vramfuzz shrink "
                            "finding.json --out repro/\n",

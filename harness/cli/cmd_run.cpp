@@ -86,8 +86,7 @@ int do_run(const RunFlags& f) {
     } else {
       const LogComparison c = compare_with_log(s, r, parse_size(f.tolerance, "--tolerance"));
       std::fputs(fmt::format("against the log {}:\n", fl.file).c_str(), stdout);
-      for (const std::string& l : c.lines) std::fputs(fmt::format("  {}\n", l).c_str(), stdout);
-      std::fputs(fmt::format("against the log: {}\n", c.summary).c_str(), stdout);
+      std::fputs(format_comparison(c).c_str(), stdout);
     }
   }
   if (!f.json_out.empty()) {
