@@ -13,6 +13,7 @@
 #include "harness/case_file.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/predictors/external.h"
 #include "harness/repro.h"
 #include "harness/shrink.h"
 
@@ -157,7 +158,16 @@ void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
 
 CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace) {
   CaseResult r;
-  r.plan = predict(s);
+  try {
+    r.plan = predict(s);
+  } catch (const PredictorError& e) {
+    // An external predictor gave no plan: the case's error (a campaign goes on, the predictor is
+    // restarted), or the end of the campaign once it has been given up.
+    r.verdict.kind = VerdictKind::error;
+    r.verdict.message = e.what();
+    r.exec.fatal = e.fatal();
+    return r;
+  }
   r.program = lower(s, r.plan);
   r.exec = backend.execute(s, r.program, ExecOptions{record_trace});
   r.verdict = judge(s, r.plan, r.program, r.exec);

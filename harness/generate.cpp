@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/predictors/external.h"
 #include "models/activation.h"
 
 namespace vf {
@@ -56,20 +57,6 @@ constexpr std::string_view kPolicies[] = {"comfy:oct2025", "comfy:nov2025", "com
 // PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives. Expandable segments ComfyUI strips.
 constexpr AllocatorMode kDynamicAllocators[] = {AllocatorMode::async, AllocatorMode::async, AllocatorMode::caching,
                                                 AllocatorMode::raw};
-
-// `--policy a,b`: one of the listed policies per case.
-std::vector<std::string> split_list(std::string_view text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::size_t end = comma == std::string_view::npos ? text.size() : comma;
-    out.emplace_back(text.substr(start, end - start));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
 
 template <typename T, std::size_t N>
 const T& pick(Choices& c, const T (&items)[N]) {
@@ -157,16 +144,44 @@ void draw_dynamic(Choices& c, Scenario& s) {
 
 }  // namespace
 
-std::vector<std::string> split_policy_list(std::string_view text) { return split_list(text); }
+std::vector<std::string> split_policy_list(std::string_view text) {
+  // `exec:COMMAND` takes the rest of the list: a command has commas of its own.
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    if (text.substr(start).rfind("exec:", 0) == 0) {
+      out.emplace_back(text.substr(start));
+      break;
+    }
+    const std::size_t comma = text.find(',', start);
+    const std::size_t end = comma == std::string_view::npos ? text.size() : comma;
+    out.emplace_back(text.substr(start, end - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
 
 std::string parse_policy_list(std::string_view text, std::string_view what,
                               const std::vector<std::pair<std::string, std::string>>& overrides) {
   std::string out;
-  for (const std::string& one : split_list(text)) {
+  for (const std::string& one : split_policy_list(text)) {
     if (one.empty()) throw InputError(std::string(what), fmt::format("an empty policy in \"{}\"", text));
     Policy p = parse_policy(one, what);
     for (const auto& [k, v] : overrides) apply_policy_override(p, k, v, "--set");
     out += (out.empty() ? "" : ",") + p.label();
+  }
+  return out;
+}
+
+std::string policy_list_flag(std::string_view labels) {
+  std::string out;
+  for (const std::string& one : split_policy_list(labels)) {
+    std::string text = one;
+    if (one.rfind("exec:", 0) == 0) {
+      if (const std::string cmd = external_command(one.substr(5)); !cmd.empty()) text = "exec:" + cmd;
+    }
+    out += (out.empty() ? "" : ",") + text;
   }
   return out;
 }
@@ -187,7 +202,7 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   // since), comfy:feb2026 only with cudaMallocAsync.
   std::vector<std::string> candidates;
   if (cfg.policy) {
-    candidates = split_list(*cfg.policy);
+    candidates = split_policy_list(*cfg.policy);
   } else {
     for (std::string_view p : kPolicies) candidates.emplace_back(p);
   }

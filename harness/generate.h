@@ -29,12 +29,17 @@ struct GenConfig {
   ActivationSpec activations;
 };
 
-// The policies of a comma-separated list, as written.
+// The policies of a comma-separated list, as written; an `exec:COMMAND` takes the rest of the list
+// (its command may hold commas), so it comes last.
 std::vector<std::string> split_policy_list(std::string_view text);
 // `--policy a,b,...`: each policy checked (InputError naming `what`), the list normalised to their
 // labels joined by commas ("comfy:sep2026,comfy:dec2025"); `overrides` must apply to each one.
 std::string parse_policy_list(std::string_view text, std::string_view what,
                               const std::vector<std::pair<std::string, std::string>>& overrides = {});
+
+// A parse_policy_list result as a --policy flag's value again: each exec:NAME as the exec:COMMAND
+// that started it (the command a re-run needs; a case records only the name).
+std::string policy_list_flag(std::string_view labels);
 
 // Throws only on a bug (the generated scenario is validated before it is returned).
 Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog);

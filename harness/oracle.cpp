@@ -93,9 +93,9 @@ std::string activation_basis(const Scenario& s, const Plan& plan) {
 constexpr double kWasteShare = 0.10;
 
 bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const ExecResult& r, Verdict& v) {
-  // ComfyUI's walk and buffer only: `exact` takes a preset's placement to measure allocator
-  // overhead against, and makes no promise about how much it offloads.
-  if (s.policy.predictor != PredictorKind::comfy) return false;
+  // A planner's walk and buffer (ComfyUI's, or an external one's): `exact` takes a preset's
+  // placement to measure allocator overhead against, and makes no promise about how much it offloads.
+  if (s.policy.predictor == PredictorKind::exact) return false;
   bool found = false;
   for (const StagePlan& sp : plan.stages) {
     if (sp.op != StageOp::forward || !sp.checked || sp.offload_buffer == 0 || sp.stage >= r.stage_reserved_peak.size()) continue;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "harness/overhead.h"
+#include "harness/predictors/external.h"
 #include "harness/predictors/predictors.h"
 #include "models/activation.h"
 
@@ -26,6 +27,7 @@ void size_stage_activation(const Scenario& s, StagePlan& sp) {
 }
 
 Plan predict(const Scenario& s) {
+  if (s.policy.predictor == PredictorKind::external) return predict_external(s);
   Plan plan = plan_comfy_classic(s);
   const bool exact = s.policy.predictor == PredictorKind::exact;
   Bytes limit_need = 0;  // exact with the bound: what the allocator's fraction check can see

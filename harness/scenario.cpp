@@ -17,6 +17,7 @@
 #include "harness/comfy_log.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/predictors/external.h"
 #include "harness/sim/allocator.h"
 #include "models/import.h"
 
@@ -136,6 +137,7 @@ ComfyConstants preset_constants(Preset p) {
 }
 
 std::string Policy::label() const {
+  if (predictor == PredictorKind::external) return "exec:" + external_name;
   return fmt::format("{}:{}", predictor == PredictorKind::comfy ? "comfy" : "exact", preset_name(preset));
 }
 
@@ -194,6 +196,24 @@ Policy parse_policy(std::string_view text, std::string_view what) {
     kind = text.substr(0, colon);
     preset = text.substr(colon + 1);
   }
+  if (kind == "exec") {
+    // The rest is the command (or the name a started predictor said hello with), colons and all.
+    const std::string rest(text.substr(5));
+    const PredictorHello* h = find_external(rest);
+    if (!h) {
+      try {
+        h = &start_external(rest);
+      } catch (const InputError& e) {
+        throw InputError(std::string(what), e.what());
+      }
+    }
+    p.predictor = PredictorKind::external;
+    p.external_name = h->name;
+    p.external_version = h->version;
+    p.preset = h->runtime;
+    p.constants = preset_constants(h->runtime);
+    return p;
+  }
   if (kind == "comfy") {
     p.predictor = PredictorKind::comfy;
   } else if (kind == "exact") {
@@ -203,8 +223,8 @@ Policy parse_policy(std::string_view text, std::string_view what) {
     if (preset.starts_with("comfy:")) preset.remove_prefix(6);
   } else {
     throw InputError(std::string(what), fmt::format("unknown predictor \"{}\" (use comfy:oct2025, comfy:nov2025, comfy:dec2025, "
-                                                    "comfy:feb2026, comfy:sep2026 (= comfy:dynamic), exact, or exact:PRESET such as "
-                                                    "exact:dec2025 or exact:comfy:dec2025)",
+                                                    "comfy:feb2026, comfy:sep2026 (= comfy:dynamic), exact, exact:PRESET such as "
+                                                    "exact:dec2025 or exact:comfy:dec2025, or exec:COMMAND)",
                                                     text));
   }
   const auto pr = parse_preset(preset);
@@ -438,9 +458,30 @@ AllocatorConfig parse_allocator(const JsonIn& j) {
 }
 
 Policy parse_policy_json(const JsonIn& j) {
+  if (j.is_string() && j.str().rfind("exec:", 0) == 0) {
+    j.fail("an external predictor is written as {\"name\": \"exec:NAME\", \"version\": ..., \"runtime\": \"comfy:PRESET\"}");
+  }
   if (j.is_string()) return parse_policy(j.str(), j.path());
-  j.expect_object({"name", "overrides"});
-  Policy p = parse_policy(j.at("name").str(), j.path() + ".name");
+  Policy p;
+  const std::string name = j.at("name").str();
+  if (name.rfind("exec:", 0) == 0) {
+    // A file names its external predictor and never its command: the predictor that runs it is the
+    // one the flags started under this name (harness/predictors/external.h).
+    j.expect_object({"name", "version", "runtime", "overrides"});
+    p.predictor = PredictorKind::external;
+    p.external_name = name.substr(5);
+    if (p.external_name.empty()) j.at("name").fail("exec: needs the predictor's name (exec:NAME)");
+    if (const auto v = j.opt("version")) p.external_version = v->str();
+    const JsonIn rt = j.at("runtime");
+    const std::string r = rt.str();
+    const auto pr = r.rfind("comfy:", 0) == 0 ? parse_preset(std::string_view(r).substr(6)) : std::nullopt;
+    if (!pr) rt.fail(fmt::format("\"{}\": expected a ComfyUI preset (comfy:dec2025, comfy:sep2026, ...)", r));
+    p.preset = *pr;
+    p.constants = preset_constants(*pr);
+  } else {
+    j.expect_object({"name", "overrides"});
+    p = parse_policy(name, j.path() + ".name");
+  }
   if (auto o = j.opt("overrides")) {
     if (!o->is_object()) o->fail("expected an object of constant: value");
     for (auto it = o->raw().begin(); it != o->raw().end(); ++it) {
@@ -1344,7 +1385,14 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   nlohmann::json opts = nlohmann::json::object();
   for (const auto& [k, v] : s.allocator.options) opts[k] = option_value_json(v);
   j["allocator"] = {{"mode", allocator_mode_name(s.allocator.mode)}, {"options", opts}};
-  if (s.policy.overrides.empty()) {
+  if (s.policy.predictor == PredictorKind::external) {
+    nlohmann::json ov = nlohmann::json::object();
+    for (const auto& [k, v] : s.policy.overrides) ov[k] = option_value_json(v);
+    j["policy"] = {{"name", s.policy.label()},
+                   {"version", s.policy.external_version},
+                   {"runtime", fmt::format("comfy:{}", preset_name(s.policy.preset))},
+                   {"overrides", ov}};
+  } else if (s.policy.overrides.empty()) {
     j["policy"] = s.policy.label();
   } else {
     nlohmann::json ov = nlohmann::json::object();
@@ -1472,6 +1520,10 @@ ScenarioFingerprint scenario_fingerprint(const Scenario& s, FingerprintMemo* mem
   h.word(static_cast<std::uint64_t>(s.allocator.mode));
   options_fingerprint(h, s.allocator.options);
   h.text(s.policy.label());
+  if (s.policy.predictor == PredictorKind::external) {
+    h.text(s.policy.external_version);
+    h.word(static_cast<std::uint64_t>(s.policy.preset));
+  }
   options_fingerprint(h, s.policy.overrides);
   h.word(s.models.size());
   for (const ModelRef& m : s.models) {

@@ -87,7 +87,9 @@ struct AllocatorConfig {
   std::vector<std::pair<std::string, std::string>> options;
 };
 
-enum class PredictorKind : std::uint8_t { comfy, exact };
+// external: `exec:COMMAND`, a predictor process (harness/predictors/external.h); `preset` is the
+// runtime its hello names, whose constants the overrides change.
+enum class PredictorKind : std::uint8_t { comfy, exact, external };
 // The dated ComfyUI states vramfuzz emulates: three of the classic accounting, two of dynamic
 // VRAM (comfy-aimdo), the default since ComfyUI 0.16 (PR #12658, 2026-02-28). README "Presets" maps
 // releases to them.
@@ -176,8 +178,12 @@ struct Policy {
   // for the lowered program (harness/overhead.h). Either wins over `reserve`.
   std::optional<Bytes> exact_reserve_only;
   bool exact_reserve_bound = false;
-  std::string label() const;           // "comfy:dec2025", "exact:dec2025"
-  bool dynamic() const { return predictor == PredictorKind::comfy && is_dynamic(preset); }
+  // external: the name and version its hello gave (what a scenario records; never the command).
+  std::string external_name;
+  std::string external_version;
+  std::string label() const;           // "comfy:dec2025", "exact:dec2025", "exec:NAME"
+  // Dynamic VRAM: a dynamic preset, run by ComfyUI's planner or by an external one for that runtime.
+  bool dynamic() const { return predictor != PredictorKind::exact && is_dynamic(preset); }
   // The predictor this policy is, as one string: the label, then every constant whose value
   // differs from the preset's as sorted `key=value` pairs in canonical form (sizes as GiB / MiB /
   // KiB / bytes, whichever is exact; numbers in their shortest form; booleans true/false), e.g.
@@ -189,7 +195,9 @@ struct Policy {
   std::string key() const;
 };
 
-// Parses "comfy:dec2025", "comfy", "exact", "exact:oct2025". Throws InputError(what).
+// Parses "comfy:dec2025", "comfy", "exact", "exact:oct2025", and "exec:COMMAND" (which starts
+// COMMAND, or finds it started, and takes the runtime its hello names; "exec:NAME" finds one
+// started under that name). Throws InputError(what).
 Policy parse_policy(std::string_view text, std::string_view what);
 // Applies one override (`reserve=600MiB`, `account=lookahead`, `dequant_term=false` ...).
 void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what);

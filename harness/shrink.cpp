@@ -169,6 +169,8 @@ class Shrinker {
     if (!within_budget()) return false;
     ++execs_;
     const CaseResult r = run_case(c, backend_, false);
+    // An external predictor given up: no candidate can run any more; the best so far stands.
+    if (r.exec.fatal) exhausted_ = true;
     last_elapsed_us_ = r.exec.dynamic ? r.exec.dynamic->elapsed_us : 0;
     if (r.verdict.signature == sig_ && (class_.empty() || mechanism_class(r.verdict) == class_)) {
       largest_ = std::max(largest_, r.verdict.overshoot);

@@ -103,11 +103,11 @@ int do_calibrate(const CalibrateFlags& f) {
   if (!f.activations.empty()) cfg.gen.activations = parse_activation_flag(f.activations, "--activations");
   if (!f.activations.empty()) cfg.activations = f.activations;
   sets += option_text("--activations", f.activations);
-  cfg.case_options = fmt::format("{}{}{}{}{}", option_text("--policy", *cfg.gen.policy), option_text("--reserve", f.reserve), sets,
+  cfg.case_options = fmt::format("{}{}{}{}{}", option_text("--policy", policy_list_flag(*cfg.gen.policy)), option_text("--reserve", f.reserve), sets,
                                  option_text("--vram", f.vram), option_text("--backend", std::string(backend->name())));
   const CalibrateFlags defaults;
   const std::string command_line = fmt::format(
-      "vramfuzz calibrate{} --allocator {} {} --seed {} --margin {}{}{}{}{}{}{}{}", option_text("--policy", *cfg.gen.policy),
+      "vramfuzz calibrate{} --allocator {} {} --seed {} --margin {}{}{}{}{}{}{}{}", option_text("--policy", policy_list_flag(*cfg.gen.policy)),
       shell_quote(f.allocator), cfg.cases ? fmt::format("--cases {}", cfg.cases) : fmt::format("--time {}s", cfg.seconds), cfg.seed,
       shell_quote(f.margin), option_text("--reserve", f.reserve), sets, option_text("--vram", f.vram),
       option_text("--backend", std::string(backend->name())),

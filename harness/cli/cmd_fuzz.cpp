@@ -57,7 +57,7 @@ struct FuzzFlags {
 // default cannot change). The summary's command and each finding's `found_by` carry it, so either
 // re-run gives the same cases and verdicts (the corpus decides which are known, the exit code).
 std::string case_options(const FuzzFlags& f, const CampaignConfig& cfg, std::string_view backend) {
-  std::string out = option_text("--policy", cfg.gen.policy.value_or(""));
+  std::string out = option_text("--policy", policy_list_flag(cfg.gen.policy.value_or("")));
   out += option_text("--reserve", f.policy.reserve);
   for (const std::string& kv : f.policy.sets) out += option_text("--set", kv);
   out += option_text("--allocator", cfg.gen.allocator ? std::string(allocator_mode_name(*cfg.gen.allocator)) : "");

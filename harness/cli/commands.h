@@ -52,6 +52,8 @@ void add_fuzz_import(CLI::App& app, Action& action);
 // Internal, hidden from --help (cmd_cuda.cpp): the --isolate child and the GPU check.
 void add_exec_case(CLI::App& app, Action& action);
 void add_gpu_check(CLI::App& app, Action& action);
+// `predict-serve`: a built-in predictor over the external-predictor protocol (cmd_predict_serve.cpp).
+void add_predict_serve(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 

@@ -9,6 +9,7 @@
 #include "harness/campaign.h"
 #include "harness/cli/commands.h"
 #include "harness/core/error.h"
+#include "harness/predictors/external.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"vramfuzz: stress-test and OOM fuzzing harness for GPU model loaders"};
@@ -21,6 +22,11 @@ int main(int argc, char** argv) {
   // option a subcommand does not know falls through to this app, which knows only this one (and
   // --version). Subcommands inherit the setting when created, so it comes before the add_* calls.
   app.fallthrough();
+  double predictor_timeout = vf::external_settings().reply_timeout_s;
+  app.add_option("--predictor-timeout", predictor_timeout,
+                 "seconds an external predictor (--policy exec:...) may take per case before the case is an error and the "
+                 "predictor is restarted (default 60)")
+      ->check(CLI::Range(0.001, 86400.0));
 
   vf::cli::Action action;
   vf::cli::add_run(app, action);
@@ -36,6 +42,7 @@ int main(int argc, char** argv) {
   vf::cli::add_fuzz_import(app, action);
   vf::cli::add_exec_case(app, action);
   vf::cli::add_gpu_check(app, action);
+  vf::cli::add_predict_serve(app, action);
   vf::cli::add_models(app, action);
   vf::cli::add_import(*app.get_subcommand("models"), action);
 
@@ -57,6 +64,10 @@ int main(int argc, char** argv) {
   logger->set_pattern("%^[%l]%$ %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
+
+  vf::ExternalSettings settings = vf::external_settings();
+  settings.reply_timeout_s = predictor_timeout;
+  vf::set_external_settings(settings);
 
   try {
     vf::cli::reject_empty_values(app);

@@ -1,0 +1,401 @@
+#include "harness/predictors/external.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "harness/core/json_in.h"
+
+namespace vf {
+
+namespace {
+
+ExternalSettings g_settings;
+
+// The longest line a predictor may write: a plan for a million-module model is tens of MB.
+constexpr std::size_t kMaxLineBytes = std::size_t{1} << 30;
+
+using Clock = std::chrono::steady_clock;
+
+std::string shown(std::string_view s, std::size_t max = 120) {
+  std::string out;
+  for (const char c : s.substr(0, max)) out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+  if (s.size() > max) out += fmt::format("... ({} bytes)", s.size());
+  return out;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("stopped (wait status {})", status);
+}
+
+// One predictor process: its pipes, its pending output, its hello.
+class Process {
+ public:
+  explicit Process(std::string command) : command_(std::move(command)) {}
+  ~Process() { stop(); }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  bool running() const { return pid_ > 0; }
+
+  // Starts it and reads its hello. PredictorError (fatal) on failure.
+  PredictorHello start() {
+    // A predictor that exits while we write must not kill vramfuzz: EPIPE instead of SIGPIPE.
+    static const bool ignored = [] {
+      ::signal(SIGPIPE, SIG_IGN);
+      return true;
+    }();
+    (void)ignored;
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0) throw PredictorError(fmt::format("cannot start the predictor: pipe: {}", std::strerror(errno)), true);
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+      ::close(in[0]);
+      ::close(in[1]);
+      throw PredictorError(fmt::format("cannot start the predictor: pipe: {}", std::strerror(errno)), true);
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int err = errno;
+      for (const int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
+      throw PredictorError(fmt::format("cannot start the predictor: fork: {}", std::strerror(err)), true);
+    }
+    if (pid == 0) {
+      // Only async-signal-safe calls until exec.
+      ::setpgid(0, 0);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::execl("/bin/sh", "sh", "-c", command_.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: whichever runs first
+    ::close(in[0]);
+    ::close(out[1]);
+    pid_ = pid;
+    to_ = in[1];
+    from_ = out[0];
+    ::fcntl(to_, F_SETFL, ::fcntl(to_, F_GETFL) | O_NONBLOCK);
+    ::fcntl(from_, F_SETFL, ::fcntl(from_, F_GETFL) | O_NONBLOCK);
+    buffer_.clear();
+    std::string line;
+    const std::string got = exchange("", line, g_settings.hello_timeout_s);
+    if (!got.empty()) {
+      kill_now();
+      throw PredictorError(fmt::format("predictor `{}` said no hello: {}", shown(command_), got), true);
+    }
+    nlohmann::json doc;
+    try {
+      doc = parse_json_unique(line);
+    } catch (const std::exception& e) {
+      kill_now();
+      throw PredictorError(fmt::format("predictor `{}`: its first line is not JSON ({}): \"{}\"", shown(command_), e.what(), shown(line)), true);
+    }
+    try {
+      return parse_hello(doc, "hello");
+    } catch (const InputError& e) {
+      kill_now();
+      throw PredictorError(fmt::format("predictor `{}`: {}", shown(command_), e.what()), true);
+    }
+  }
+
+  // Writes `request` (may be empty) and reads one line into `line`, within `timeout_s`. Returns
+  // "" on success, else what went wrong (the process is then killed).
+  std::string exchange(const std::string& request, std::string& line, double timeout_s) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    std::size_t written = 0;
+    std::size_t scanned = 0;
+    char chunk[65536];
+    for (;;) {
+      if (const auto nl = buffer_.find('\n', scanned); nl != std::string::npos) {
+        line.assign(buffer_, 0, nl);
+        buffer_.erase(0, nl + 1);
+        if (written < request.size()) {
+          // A reply before the whole request was read: a protocol error on its own.
+          kill_now();
+          return fmt::format("replied before reading the whole request ({} of {} bytes)", written, request.size());
+        }
+        return "";
+      }
+      scanned = buffer_.size();
+      if (buffer_.size() > kMaxLineBytes) {
+        kill_now();
+        return fmt::format("wrote a line longer than {} MiB without a newline", kMaxLineBytes >> 20);
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        kill_now();
+        return fmt::format("no reply within {:g} s (--predictor-timeout)", timeout_s);
+      }
+      const int wait_ms = static_cast<int>(std::min<std::int64_t>(
+          1 + std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count(), 1000));
+      pollfd fds[2];
+      int n = 0;
+      fds[n++] = pollfd{from_, POLLIN, 0};
+      if (written < request.size()) fds[n++] = pollfd{to_, POLLOUT, 0};
+      const int r = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        kill_now();
+        return fmt::format("poll failed: {}", std::strerror(err));
+      }
+      if (n == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
+        const ssize_t w = ::write(to_, request.data() + written, request.size() - written);
+        if (w > 0) {
+          written += static_cast<std::size_t>(w);
+        } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+          // EPIPE: it closed its stdin or exited; its status says which.
+          return died(fmt::format("stopped reading its stdin ({})", std::strerror(errno)));
+        }
+      }
+      if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+        const ssize_t got = ::read(from_, chunk, sizeof chunk);
+        if (got > 0) {
+          buffer_.append(chunk, static_cast<std::size_t>(got));
+        } else if (got == 0) {
+          return died(buffer_.empty() ? "closed its stdout"
+                                      : fmt::format("closed its stdout after \"{}\" without a newline", shown(buffer_)));
+        } else if (errno != EAGAIN && errno != EINTR) {
+          const int err = errno;
+          kill_now();
+          return fmt::format("read failed: {}", std::strerror(err));
+        }
+      }
+    }
+  }
+
+  // Kills the process group at once and reaps it.
+  void kill_now() {
+    if (pid_ <= 0) return;
+    ::kill(-pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    close_fds();
+  }
+
+  // Closes its stdin, gives it a moment to exit on its own, then kills it.
+  void stop() {
+    if (pid_ <= 0) return;
+    if (to_ >= 0) ::close(to_);
+    to_ = -1;
+    const auto until = Clock::now() + std::chrono::milliseconds(2000);
+    int status = 0;
+    while (Clock::now() < until) {
+      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_ || (r < 0 && errno != EINTR)) {
+        ::kill(-pid_, SIGKILL);  // whatever it left behind in its group
+        pid_ = -1;
+        close_fds();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    kill_now();
+  }
+
+ private:
+  // The process is gone (or going): its exit status, reaped within a second, completes `what`.
+  std::string died(const std::string& what) {
+    int status = 0;
+    pid_t r = 0;
+    const auto until = Clock::now() + std::chrono::milliseconds(1000);
+    while ((r = ::waitpid(pid_, &status, WNOHANG)) == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::string msg = what;
+    if (r == pid_) {
+      msg += "; it " + describe_status(status);
+      ::kill(-pid_, SIGKILL);
+      pid_ = -1;
+      close_fds();
+    } else {
+      kill_now();
+    }
+    return msg;
+  }
+
+  void close_fds() {
+    if (to_ >= 0) ::close(to_);
+    if (from_ >= 0) ::close(from_);
+    to_ = from_ = -1;
+    pid_ = -1;
+    buffer_.clear();
+  }
+
+  std::string command_;
+  pid_t pid_ = -1;
+  int to_ = -1;
+  int from_ = -1;
+  std::string buffer_;
+};
+
+struct Predictor {
+  std::string command;
+  PredictorHello hello;
+  std::unique_ptr<Process> process;
+  unsigned failures = 0;  // cases in a row
+  bool given_up = false;
+  std::string last_failure;
+  std::uint64_t next_id = 1;
+};
+
+class Registry {
+ public:
+  ~Registry() { stop_all(); }
+  std::map<std::string, std::unique_ptr<Predictor>> by_command;
+  std::map<std::string, Predictor*> by_name;
+  void stop_all() {
+    for (auto& [cmd, p] : by_command) {
+      if (p->process) p->process->stop();
+    }
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+[[noreturn]] void fail_case(Predictor& p, const std::string& what) {
+  p.last_failure = what;
+  if (++p.failures >= g_settings.max_failures) {
+    p.given_up = true;
+    if (p.process) p.process->kill_now();
+    throw PredictorError(fmt::format("external predictor \"{}\" failed on {} cases in a row, given up; the last: {}", p.hello.name,
+                                     p.failures, what),
+                         true);
+  }
+  throw PredictorError(fmt::format("external predictor \"{}\": {}", p.hello.name, what), false);
+}
+
+}  // namespace
+
+void set_external_settings(const ExternalSettings& s) { g_settings = s; }
+const ExternalSettings& external_settings() { return g_settings; }
+
+const PredictorHello& start_external(const std::string& command) {
+  if (command.empty()) throw InputError("--policy", "exec: needs a command (exec:COMMAND, e.g. exec:\"vramfuzz predict-serve\")");
+  Registry& reg = registry();
+  if (const auto it = reg.by_command.find(command); it != reg.by_command.end()) return it->second->hello;
+  auto p = std::make_unique<Predictor>();
+  p->command = command;
+  p->process = std::make_unique<Process>(command);
+  p->hello = p->process->start();
+  if (const auto it = reg.by_name.find(p->hello.name); it != reg.by_name.end()) {
+    throw InputError("--policy", fmt::format("`{}` and `{}` both say hello as \"{}\": a case names its predictor by that name, so "
+                                             "one campaign cannot hold both",
+                                             shown(it->second->command), shown(command), p->hello.name));
+  }
+  spdlog::info("external predictor \"{}\" {} (runtime comfy:{}) started: {}", p->hello.name, p->hello.version,
+               preset_name(p->hello.runtime), shown(command));
+  Predictor* raw = p.get();
+  reg.by_name[p->hello.name] = raw;
+  reg.by_command[command] = std::move(p);
+  return raw->hello;
+}
+
+const PredictorHello* find_external(const std::string& name) {
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(name);
+  return it == reg.by_name.end() ? nullptr : &it->second->hello;
+}
+
+std::string external_command(const std::string& name) {
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(name);
+  return it == reg.by_name.end() ? std::string() : it->second->command;
+}
+
+Plan predict_external(const Scenario& s) {
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(s.policy.external_name);
+  if (it == reg.by_name.end()) {
+    throw InputError("policy", fmt::format("this case was made with the external predictor \"{}\"{}; vramfuzz never starts a command a "
+                                           "file names: give it with --policy exec:COMMAND (or replay under another --policy)",
+                                           s.policy.external_name,
+                                           s.policy.external_version.empty() ? "" : " " + s.policy.external_version));
+  }
+  Predictor& p = *it->second;
+  if (p.hello.runtime != s.policy.preset) {
+    throw InputError("policy.runtime", fmt::format("the case is for the runtime comfy:{}; the predictor \"{}\" plans for comfy:{}",
+                                                   preset_name(s.policy.preset), p.hello.name, preset_name(p.hello.runtime)));
+  }
+  if (p.given_up) {
+    throw PredictorError(fmt::format("external predictor \"{}\" was given up after {} failed cases in a row; the last: {}", p.hello.name,
+                                     p.failures, p.last_failure),
+                         true);
+  }
+  if (!p.process->running()) {
+    PredictorHello again;
+    try {
+      again = p.process->start();
+    } catch (const PredictorError& e) {
+      fail_case(p, fmt::format("restart failed: {}", e.what()));
+    }
+    if (again.name != p.hello.name || again.runtime != p.hello.runtime) {
+      p.given_up = true;
+      throw PredictorError(fmt::format("external predictor `{}` came back as \"{}\" (runtime comfy:{}) after a restart, not \"{}\" "
+                                       "(comfy:{})",
+                                       shown(p.command), again.name, preset_name(again.runtime), p.hello.name, preset_name(p.hello.runtime)),
+                           true);
+    }
+    spdlog::info("external predictor \"{}\" restarted", p.hello.name);
+  }
+  const std::uint64_t id = p.next_id++;
+  std::string line;
+  if (const std::string err = p.process->exchange(request_line(s, id), line, g_settings.reply_timeout_s); !err.empty()) fail_case(p, err);
+  nlohmann::json doc;
+  try {
+    doc = parse_json_unique(line);
+  } catch (const std::exception& e) {
+    p.process->kill_now();  // its output can no longer be trusted to be in step
+    fail_case(p, fmt::format("its reply is not JSON ({}): \"{}\"", e.what(), shown(line)));
+  }
+  const JsonIn j(doc, "reply");
+  try {
+    if (!j.is_object()) j.fail("expected an object");
+    const std::string type = j.at("type").str();
+    if (type == "error") {
+      j.expect_object({"type", "id", "message"});
+      if (j.at("id").u64() != id) j.at("id").fail(fmt::format("is not the request's id {}", id));
+      // The predictor could not plan this case, and said so: the case's error, not a failure of
+      // the process (it is in step and keeps running).
+      p.failures = 0;
+      throw PredictorError(fmt::format("external predictor \"{}\" could not plan the case: {}", p.hello.name, shown(j.at("message").str(), 2000)),
+                           false);
+    }
+    if (type != "plan") j.at("type").fail(fmt::format("expected \"plan\" or \"error\", got \"{}\"", shown(type, 40)));
+    j.expect_object({"type", "id", "plan", "log"});
+    if (j.at("id").u64() != id) {
+      p.process->kill_now();
+      j.at("id").fail(fmt::format("is not the request's id {}", id));
+    }
+    if (const auto log = j.opt("log")) {
+      log->expect_array();
+      for (std::size_t k = 0; k < log->size(); ++k) spdlog::debug("[{}] {}", p.hello.name, shown(log->at(k).str(), 400));
+    }
+    Plan plan = plan_from_json(j.at("plan"), s);
+    p.failures = 0;
+    return plan;
+  } catch (const InputError& e) {
+    fail_case(p, fmt::format("malformed reply: {}", e.what()));
+  }
+}
+
+void stop_external_predictors() { registry().stop_all(); }
+
+}  // namespace vf

@@ -1,0 +1,68 @@
+// `--policy exec:COMMAND`: a predictor in another process, spoken to over the
+// `vramfuzz.predictor/1` protocol (protocol.h, docs/predictor-protocol.md). The process is started
+// once per command (through /bin/sh -c, in its own process group), says hello, and then answers
+// one request per case; its plan is lowered and executed like a built-in one.
+//
+// Failures are the case's, not the campaign's: a predictor that does not answer within the
+// timeout, exits, or writes a line that is not a reply gives that case an `error` verdict naming
+// what went wrong, and is killed and started again for the next case. One that fails on
+// `max_failures` cases in a row is given up: every later request fails with `fatal` set, which
+// stops a campaign with exit 3 after writing what it found.
+//
+// A file never starts a command: a scenario or repro names its external predictor by the name
+// its hello gave, and only a predictor started from the user's flags (`--policy exec:...`) under
+// that name can run it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "harness/core/error.h"
+#include "harness/predict.h"
+#include "harness/predictors/protocol.h"
+#include "harness/scenario.h"
+
+namespace vf {
+
+// A request that got no plan. `fatal`: the predictor has been given up (or cannot be started at
+// all), so no later case can run either.
+class PredictorError : public InfraError {
+ public:
+  PredictorError(const std::string& message, bool fatal) : InfraError(message), fatal_(fatal) {}
+  bool fatal() const { return fatal_; }
+
+ private:
+  bool fatal_;
+};
+
+struct ExternalSettings {
+  double reply_timeout_s = 60.0;  // per request
+  double hello_timeout_s = 120.0; // from the start to the hello line (imports can be slow)
+  unsigned max_failures = 3;      // failed cases in a row before the predictor is given up
+};
+// For every predictor started after the call (`--predictor-timeout`).
+void set_external_settings(const ExternalSettings& s);
+const ExternalSettings& external_settings();
+
+// Starts the predictor `command` (or finds it, started before) and returns its hello. InputError
+// (exit 2) when the command is empty; PredictorError (fatal) when it cannot be started or its
+// hello is missing or malformed; InputError when another command already said hello under the
+// same name (a scenario could not tell them apart).
+const PredictorHello& start_external(const std::string& command);
+
+// Whether a predictor started from the flags said hello under `name`.
+const PredictorHello* find_external(const std::string& name);
+
+// The command a predictor said hello as `name` was started by ("" if none): what a re-run's
+// --policy needs (exec:COMMAND), where a case records only the name.
+std::string external_command(const std::string& name);
+
+// The plan of the predictor `s.policy` names. PredictorError when it gave none (see above);
+// InputError when no predictor of that name was started from the flags.
+Plan predict_external(const Scenario& s);
+
+// Closes every predictor's stdin and waits briefly for each to exit (then kills it). Called at
+// exit; safe to call more than once.
+void stop_external_predictors();
+
+}  // namespace vf

@@ -1,0 +1,439 @@
+#include "harness/predictors/protocol.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/predictors/predictors.h"
+
+namespace vf {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string_view allocator_backend(AllocatorMode m) {
+  // PyTorch's own name for what torch.cuda.memory reports (PYTORCH_CUDA_ALLOC_CONF=backend:...).
+  return m == AllocatorMode::async ? "cudaMallocAsync" : m == AllocatorMode::raw ? "raw" : "native";
+}
+
+// Modules by name, per model, built once per reply.
+class ModuleNames {
+ public:
+  explicit ModuleNames(const Scenario& s) : s_(s), maps_(s.models.size()) {}
+  std::uint32_t index(std::uint32_t model, const JsonIn& j) {
+    auto& m = maps_[model];
+    const auto& mods = s_.models[model].spec->modules;
+    if (m.empty() && !mods.empty()) {
+      m.reserve(mods.size());
+      for (std::uint32_t i = 0; i < mods.size(); ++i) m.emplace(mods[i].name, i);
+    }
+    const std::string name = j.str();
+    const auto it = m.find(name);
+    if (it == m.end()) {
+      j.fail(fmt::format("unknown module \"{}\" of model \"{}\" (the request's models[{}].modules name every module)",
+                         name.size() > 80 ? name.substr(0, 80) + "..." : name, s_.models[model].id, model));
+    }
+    return it->second;
+  }
+  std::uint32_t model(const JsonIn& j) const {
+    const std::string id = j.str();
+    for (std::uint32_t m = 0; m < s_.models.size(); ++m) {
+      if (s_.models[m].id == id) return m;
+    }
+    j.fail(fmt::format("unknown model \"{}\" (the request's models[].id name them)", id.size() > 80 ? id.substr(0, 80) + "..." : id));
+  }
+
+ private:
+  const Scenario& s_;
+  std::vector<std::unordered_map<std::string, std::uint32_t>> maps_;
+};
+
+ojson names_of(const ModelSpec& spec, const std::vector<std::uint8_t>& flags) {
+  ojson a = ojson::array();
+  for (std::size_t i = 0; i < flags.size() && i < spec.modules.size(); ++i) {
+    if (flags[i]) a.push_back(spec.modules[i].name);
+  }
+  return a;
+}
+
+ojson names_in_order(const ModelSpec& spec, const std::vector<std::uint32_t>& order) {
+  ojson a = ojson::array();
+  for (const std::uint32_t i : order) a.push_back(spec.modules[i].name);
+  return a;
+}
+
+template <class T>
+ojson numbers(const std::vector<T>& v) {
+  ojson a = ojson::array();
+  for (const T& x : v) a.push_back(x);
+  return a;
+}
+
+// A set of module names as per-module flags (a name given twice: an error).
+std::vector<std::uint8_t> read_flags(const JsonIn& j, std::uint32_t model, std::size_t count, ModuleNames& names) {
+  std::vector<std::uint8_t> flags(count, 0);
+  j.expect_array();
+  for (std::size_t k = 0; k < j.size(); ++k) {
+    const JsonIn e = j.at(k);
+    const std::uint32_t i = names.index(model, e);
+    if (flags[i]) e.fail(fmt::format("module \"{}\" given twice", e.str()));
+    flags[i] = 1;
+  }
+  return flags;
+}
+
+std::vector<std::uint32_t> read_order(const JsonIn& j, std::uint32_t model, std::size_t count, ModuleNames& names) {
+  std::vector<std::uint8_t> seen(count, 0);
+  std::vector<std::uint32_t> order;
+  j.expect_array();
+  order.reserve(j.size());
+  for (std::size_t k = 0; k < j.size(); ++k) {
+    const JsonIn e = j.at(k);
+    const std::uint32_t i = names.index(model, e);
+    if (seen[i]) e.fail(fmt::format("module \"{}\" given twice", e.str()));
+    seen[i] = 1;
+    order.push_back(i);
+  }
+  return order;
+}
+
+// Per-module numbers: one per module of the model, in the request's order (or none at all).
+std::vector<Bytes> read_per_module(const JsonIn& j, std::size_t count) {
+  j.expect_array();
+  if (j.size() != count) j.fail(fmt::format("has {} entries; give one per module of the model ({}) or leave it out", j.size(), count));
+  std::vector<Bytes> v(count);
+  for (std::size_t k = 0; k < count; ++k) v[k] = j.at(k).u64();
+  return v;
+}
+
+Bytes opt_u64(const JsonIn& j, std::string_view key, Bytes fallback = 0) {
+  const auto v = j.opt(key);
+  return v ? v->u64() : fallback;
+}
+
+ojson load_json(const Scenario& s, const LoadPlan& lp) {
+  const ModelSpec& spec = *s.models[lp.model].spec;
+  ojson j;
+  j["stage"] = lp.stage;
+  j["model"] = s.models[lp.model].id;
+  j["free_before"] = lp.free_before;
+  j["est_max"] = lp.est_max;
+  j["est_min"] = lp.est_min;
+  j["extra_mem"] = lp.extra_mem;
+  j["min_req"] = lp.min_req;
+  ojson ev = ojson::array();
+  for (const Eviction& e : lp.evictions) {
+    const ModelSpec& es = *s.models[e.model].spec;
+    ev.push_back({{"model", s.models[e.model].id}, {"modules", names_in_order(es, e.modules)}, {"bytes", e.bytes}});
+  }
+  j["evictions"] = std::move(ev);
+  j["usable"] = lp.usable;
+  j["full_load"] = lp.full_load;
+  j["loaded"] = lp.loaded;
+  j["offloaded"] = lp.offloaded;
+  j["uncounted"] = lp.uncounted;
+  j["offload_buffer"] = lp.offload_buffer;
+  j["lowvram_patches"] = lp.lowvram_patches;
+  j["resident"] = names_of(spec, lp.resident);
+  j["lowvram"] = names_of(spec, lp.lowvram);
+  j["sorted"] = names_in_order(spec, lp.sorted);
+  if (!lp.offload_cost.empty()) j["offload_cost"] = numbers(lp.offload_cost);
+  j["realistic_transient"] = lp.realistic_transient;
+  if (lp.transient_module < spec.modules.size()) j["transient_module"] = spec.modules[lp.transient_module].name;
+  j["log_line"] = lp.log_line;
+  j["dynamic"] = lp.dynamic;
+  if (lp.dynamic) {
+    const StagingPlan& st = lp.staging;
+    ojson sj;
+    sj["vbar_request"] = st.vbar_request;
+    sj["vbar_pages"] = st.vbar_pages;
+    sj["staged"] = st.staged;
+    sj["vbar_end"] = st.vbar_end;
+    sj["patches"] = st.patches;
+    sj["forced"] = st.forced;
+    sj["forced_bytes"] = st.forced_bytes;
+    sj["uncounted"] = st.uncounted;
+    sj["order"] = names_in_order(spec, st.order);
+    sj["offload_cost"] = numbers(st.offload_cost);
+    sj["slice_offset"] = numbers(st.slice_offset);
+    sj["slice_size"] = numbers(st.slice_size);
+    sj["forced_modules"] = names_of(spec, st.forced_module);
+    sj["slices_beyond_cap"] = st.slices_beyond_cap;
+    j["staging"] = std::move(sj);
+  }
+  j["free_target"] = lp.free_target;
+  return j;
+}
+
+ojson stage_json(const StagePlan& sp) {
+  ojson j;
+  j["checked"] = sp.checked;
+  j["resident_total"] = sp.resident_total;
+  j["offload_buffer"] = sp.offload_buffer;
+  j["activation_allowance"] = sp.activation_allowance;
+  j["run_batch"] = sp.run_batch;
+  j["passes"] = sp.passes;
+  j["predicted_peak"] = sp.predicted_peak;
+  j["dynamic"] = sp.dynamic;
+  j["patcher_free"] = sp.patcher_free;
+  j["decode_batch"] = sp.decode_batch;
+  return j;
+}
+
+StagingPlan read_staging(const JsonIn& j, std::uint32_t model, std::size_t count, ModuleNames& names) {
+  j.expect_object({"vbar_request", "vbar_pages", "staged", "vbar_end", "patches", "forced", "forced_bytes", "uncounted", "order",
+                   "offload_cost", "slice_offset", "slice_size", "forced_modules", "slices_beyond_cap"});
+  StagingPlan st;
+  st.vbar_request = j.at("vbar_request").u64();
+  st.vbar_pages = j.at("vbar_pages").u64();
+  st.staged = j.at("staged").u64();
+  st.vbar_end = j.at("vbar_end").u64();
+  st.patches = j.at("patches").u32_in(0, UINT32_MAX);
+  st.forced = j.at("forced").u32_in(0, UINT32_MAX);
+  st.forced_bytes = j.at("forced_bytes").u64();
+  st.uncounted = opt_u64(j, "uncounted");
+  st.order = read_order(j.at("order"), model, count, names);
+  st.slice_offset = read_per_module(j.at("slice_offset"), count);
+  st.slice_size = read_per_module(j.at("slice_size"), count);
+  if (const auto v = j.opt("offload_cost")) st.offload_cost = read_per_module(*v, count);
+  st.forced_module = j.has("forced_modules") ? read_flags(j.at("forced_modules"), model, count, names) : std::vector<std::uint8_t>(count, 0);
+  st.slices_beyond_cap = opt_u64(j, "slices_beyond_cap");
+  return st;
+}
+
+LoadPlan read_load(const JsonIn& j, const Scenario& s, ModuleNames& names, std::uint32_t min_stage) {
+  j.expect_object({"stage", "model", "free_before", "est_max", "est_min", "extra_mem", "min_req", "evictions", "usable", "full_load",
+                   "loaded", "offloaded", "uncounted", "offload_buffer", "lowvram_patches", "resident", "lowvram", "sorted",
+                   "offload_cost", "realistic_transient", "transient_module", "log_line", "dynamic", "staging", "free_target"});
+  LoadPlan lp;
+  const JsonIn stage = j.at("stage");
+  lp.stage = stage.u32_in(0, static_cast<std::uint32_t>(s.stages.size() - 1));
+  if (s.stages[lp.stage].op != StageOp::load) stage.fail(fmt::format("stage {} is a {} stage, not a load", lp.stage, stage_op_name(s.stages[lp.stage].op)));
+  if (lp.stage < min_stage) stage.fail("loads must be given once each, in stage order");
+  lp.model = s.stages[lp.stage].model;
+  if (const auto m = j.opt("model"); m && names.model(*m) != lp.model) {
+    m->fail(fmt::format("stage {} loads \"{}\"", lp.stage, s.models[lp.model].id));
+  }
+  const ModelSpec& spec = *s.models[lp.model].spec;
+  const std::size_t count = spec.modules.size();
+  lp.free_before = opt_u64(j, "free_before");
+  lp.est_max = opt_u64(j, "est_max");
+  lp.est_min = opt_u64(j, "est_min");
+  lp.extra_mem = opt_u64(j, "extra_mem");
+  lp.min_req = opt_u64(j, "min_req");
+  if (const auto ev = j.opt("evictions")) {
+    ev->expect_array();
+    for (std::size_t k = 0; k < ev->size(); ++k) {
+      const JsonIn e = ev->at(k);
+      e.expect_object({"model", "modules", "bytes"});
+      Eviction x;
+      x.model = names.model(e.at("model"));
+      x.modules = read_order(e.at("modules"), x.model, s.models[x.model].spec->modules.size(), names);
+      Bytes sum = 0;
+      for (const std::uint32_t i : x.modules) sum += s.models[x.model].spec->modules[i].bytes;
+      x.bytes = opt_u64(e, "bytes", sum);
+      lp.evictions.push_back(std::move(x));
+    }
+  }
+  if (const auto u = j.opt("usable")) {
+    const double d = u->number();
+    if (d != static_cast<double>(static_cast<std::int64_t>(d)) || std::abs(d) > 9.0e15) u->fail("expected an integer byte count");
+    lp.usable = u->raw().is_number_integer() ? u->raw().get<std::int64_t>() : static_cast<std::int64_t>(d);
+  }
+  lp.resident = read_flags(j.at("resident"), lp.model, count, names);
+  lp.lowvram = j.has("lowvram") ? read_flags(j.at("lowvram"), lp.model, count, names) : std::vector<std::uint8_t>(count, 0);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (lp.resident[i] && lp.lowvram[i]) {
+      j.at("lowvram").fail(fmt::format("module \"{}\" is also in resident: a module is on the device or cast on the fly, not both",
+                                       spec.modules[i].name));
+    }
+  }
+  Bytes on = 0, cast = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (lp.resident[i]) on += spec.modules[i].bytes;
+    if (lp.lowvram[i]) cast += spec.modules[i].bytes;
+  }
+  lp.full_load = j.has("full_load") ? j.at("full_load").boolean() : cast == 0;
+  lp.loaded = opt_u64(j, "loaded", on);
+  lp.offloaded = opt_u64(j, "offloaded", cast);
+  lp.uncounted = opt_u64(j, "uncounted", sat_sub(sat_sub(spec.bytes, on), cast));
+  lp.offload_buffer = j.at("offload_buffer").u64();
+  lp.lowvram_patches = j.has("lowvram_patches") ? j.at("lowvram_patches").u32_in(0, UINT32_MAX) : 0;
+  if (const auto v = j.opt("sorted")) lp.sorted = read_order(*v, lp.model, count, names);
+  if (const auto v = j.opt("offload_cost")) lp.offload_cost = read_per_module(*v, count);
+  lp.realistic_transient = opt_u64(j, "realistic_transient");
+  if (const auto v = j.opt("transient_module")) lp.transient_module = names.index(lp.model, *v);
+  if (lp.realistic_transient > 0 && !j.has("transient_module")) j.at("transient_module").fail("required with realistic_transient");
+  if (const auto v = j.opt("log_line")) lp.log_line = v->str();
+  lp.dynamic = j.has("dynamic") && j.at("dynamic").boolean();
+  if (lp.dynamic != s.dynamic_model(lp.model)) {
+    j.at("dynamic").fail(fmt::format("model \"{}\" is {} under this runtime", s.models[lp.model].id,
+                                     s.dynamic_model(lp.model) ? "loaded by ModelPatcherDynamic (give \"dynamic\": true and its staging)"
+                                                               : "loaded by the classic patcher"));
+  }
+  if (lp.dynamic) lp.staging = read_staging(j.at("staging"), lp.model, count, names);
+  else if (j.has("staging")) j.at("staging").fail("only a dynamic load has a staging");
+  lp.free_target = opt_u64(j, "free_target");
+  return lp;
+}
+
+}  // namespace
+
+std::string hello_line(const PredictorHello& h) {
+  ojson j;
+  j["schema"] = kPredictorSchema;
+  j["type"] = "hello";
+  j["name"] = h.name;
+  j["version"] = h.version;
+  j["runtime"] = fmt::format("comfy:{}", preset_name(h.runtime));
+  return j.dump() + "\n";
+}
+
+PredictorHello parse_hello(const nlohmann::json& doc, const std::string& origin) {
+  const JsonIn j(doc, origin);
+  if (!j.is_object()) j.fail("expected the hello object {\"schema\": \"vramfuzz.predictor/1\", \"type\": \"hello\", ...}");
+  const std::string schema = j.at("schema").str();
+  if (schema != kPredictorSchema) {
+    j.at("schema").fail(fmt::format("the predictor speaks \"{}\"; this vramfuzz speaks \"{}\" (docs/predictor-protocol.md)",
+                                    schema.size() > 60 ? schema.substr(0, 60) + "..." : schema, kPredictorSchema));
+  }
+  j.expect_object({"schema", "type", "name", "version", "runtime", "supports"});
+  if (j.at("type").str() != "hello") j.at("type").fail("the first line must be the hello (\"type\": \"hello\")");
+  PredictorHello h;
+  h.name = j.at("name").str();
+  if (h.name.empty() || h.name.size() > 200) j.at("name").fail("must be 1 to 200 characters");
+  for (const char c : h.name) {
+    if (static_cast<unsigned char>(c) < 0x20) j.at("name").fail("must not hold control characters");
+  }
+  h.version = j.at("version").str();
+  if (h.version.size() > 200) j.at("version").fail("at most 200 characters");
+  const JsonIn rt = j.at("runtime");
+  std::string r = rt.str();
+  if (r.rfind("comfy:", 0) != 0) rt.fail(fmt::format("\"{}\": give the ComfyUI preset whose runtime the plans are for (comfy:dec2025, comfy:sep2026, ...)", r));
+  const auto p = parse_preset(std::string_view(r).substr(6));
+  if (!p) rt.fail(fmt::format("unknown preset \"{}\" (use oct2025, nov2025, dec2025, feb2026, sep2026 or dynamic)", r.substr(6)));
+  h.runtime = *p;
+  return h;
+}
+
+std::string request_line(const Scenario& s, std::uint64_t id) {
+  Scenario r;
+  r.device = s.device;
+  r.allocator = s.allocator;
+  r.policy = s.policy;
+  r.policy.predictor = PredictorKind::comfy;  // the runtime preset, with the case's overrides
+  r.policy.external_name.clear();
+  r.workload = s.workload;
+  r.offload_streams = s.offload_streams;
+  r.stages = s.stages;
+  r.seed = s.seed;
+  r.models.reserve(s.models.size());
+  for (const ModelRef& m : s.models) {
+    ModelRef x = m;
+    x.source = "inline";
+    x.catalog_full.reset();
+    x.catalog_source.clear();
+    r.models.push_back(std::move(x));
+  }
+  const Bytes free = s.device.available();
+  ojson view;
+  view["total"] = s.device.total;
+  view["free"] = free;
+  view["torch_reserved"] = 0;
+  view["torch_active"] = 0;
+  view["allocator_backend"] = allocator_backend(s.allocator.mode);
+  view["expandable_segments"] = s.allocator.mode == AllocatorMode::caching_expandable;
+  return fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},\"scenario\":{}}}\n", id, view.dump(), scenario_to_json(r, -1));
+}
+
+nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p) {
+  ojson j;
+  j["reserve"] = p.reserve;
+  j["fits"] = p.fits;
+  ojson loads = ojson::array();
+  for (const LoadPlan& lp : p.loads) loads.push_back(load_json(s, lp));
+  j["loads"] = std::move(loads);
+  ojson stages = ojson::array();
+  for (const StagePlan& sp : p.stages) stages.push_back(stage_json(sp));
+  j["stages"] = std::move(stages);
+  return j;
+}
+
+Plan plan_from_json(const JsonIn& j, const Scenario& s) {
+  j.expect_object({"reserve", "fits", "loads", "stages"});
+  ModuleNames names(s);
+  Plan p;
+  p.policy = s.policy.key();
+  p.reserve = j.at("reserve").u64_in(0, kMaxDeviceBytes);
+  p.streams = s.streams();
+  p.available = s.device.available();
+  p.dynamic = s.policy.dynamic();
+  const JsonIn loads = j.at("loads");
+  loads.expect_array();
+  std::vector<int> load_of_stage(s.stages.size(), -1);
+  std::uint32_t next = 0;
+  for (std::size_t k = 0; k < loads.size(); ++k) {
+    LoadPlan lp = read_load(loads.at(k), s, names, next);
+    next = lp.stage + 1;
+    load_of_stage[lp.stage] = static_cast<int>(p.loads.size());
+    p.loads.push_back(std::move(lp));
+  }
+  for (std::uint32_t i = 0; i < s.stages.size(); ++i) {
+    if (s.stages[i].op == StageOp::load && load_of_stage[i] < 0) loads.fail(fmt::format("no load for stage {} (a load of \"{}\")", i, s.models[s.stages[i].model].id));
+  }
+  const JsonIn stages = j.at("stages");
+  stages.expect_array();
+  if (stages.size() != s.stages.size()) stages.fail(fmt::format("has {} entries; the case has {} stages", stages.size(), s.stages.size()));
+  for (std::uint32_t i = 0; i < s.stages.size(); ++i) {
+    const JsonIn e = stages.at(i);
+    e.expect_object({"checked", "resident_total", "offload_buffer", "activation_allowance", "run_batch", "passes", "predicted_peak",
+                     "dynamic", "patcher_free", "decode_batch"});
+    StagePlan sp;
+    sp.stage = i;
+    sp.op = s.stages[i].op;
+    sp.model = s.stages[i].model;
+    sp.load_plan = load_of_stage[i];
+    sp.dynamic = e.has("dynamic") ? e.at("dynamic").boolean() : s.dynamic_model(sp.model);
+    if (sp.dynamic != s.dynamic_model(sp.model)) e.at("dynamic").fail(fmt::format("model \"{}\" is {}dynamic under this runtime", s.models[sp.model].id, sp.dynamic ? "not " : ""));
+    sp.checked = e.has("checked") ? e.at("checked").boolean() : sp.op != StageOp::unload && !sp.dynamic;
+    sp.resident_total = e.at("resident_total").u64_in(0, kMaxDeviceBytes);
+    sp.offload_buffer = e.at("offload_buffer").u64_in(0, kMaxDeviceBytes);
+    sp.activation_allowance = e.at("activation_allowance").u64_in(0, kMaxDeviceBytes);
+    sp.run_batch = e.at("run_batch").u32_in(1, 2 * kMaxBatch);
+    sp.passes = e.at("passes").u32_in(1, 2 * kMaxBatch);
+    if (sp.checked || e.has("predicted_peak")) sp.predicted_peak = e.at("predicted_peak").u64_in(0, kMaxDeviceBytes);
+    sp.patcher_free = e.has("patcher_free") ? e.at("patcher_free").u64_in(0, kMaxDeviceBytes) : 0;
+    sp.decode_batch = e.has("decode_batch") ? e.at("decode_batch").u32_in(0, kMaxBatch) : 0;
+    size_stage_activation(s, sp);
+    p.stages.push_back(sp);
+  }
+  for (const StagePlan& sp : p.stages) {
+    if (sp.checked) p.predicted_peak = std::max(p.predicted_peak, sp.predicted_peak);
+  }
+  // The predictor may know more than its peak (a memory fraction it plans against): it can say a
+  // case does not fit; it cannot make one fit that its own peak and reserve overflow.
+  p.fits = p.predicted_peak + p.reserve <= p.available && (!j.has("fits") || j.at("fits").boolean());
+  return p;
+}
+
+std::string plan_reply_line(const Scenario& s, const Plan& p, std::uint64_t id) {
+  ojson j;
+  j["type"] = "plan";
+  j["id"] = id;
+  j["plan"] = plan_json(s, p);
+  return j.dump() + "\n";
+}
+
+std::string error_reply_line(std::uint64_t id, std::string_view message) {
+  ojson j;
+  j["type"] = "error";
+  j["id"] = id;
+  j["message"] = message;
+  return j.dump() + "\n";
+}
+
+}  // namespace vf
