@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""An external predictor that misbehaves on purpose, for vramfuzz's protocol tests: each mode is
+one way a real adapter can fail. Built on adapters/minimal/minimal_predictor.py's planner.
+
+    faulty_predictor.py MODE [STATE_FILE]
+
+modes: ok, timeout (hello, then never answers), crash (exits 3 on the first request), crash-once
+(crashes on the first request of the first process only: STATE_FILE marks it), malformed (a
+reply that is not JSON), schema (hello in vramfuzz.predictor/2), no-hello (exits at once),
+unknown-module (a resident module the case does not have), both (a module resident and
+offloaded), error (an error reply), bad-id (a reply to another request).
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "adapters", "minimal"))
+import minimal_predictor  # noqa: E402
+
+MIB = 1 << 20
+
+
+def say(obj):
+    sys.stdout.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    mode = sys.argv[1]
+    state = sys.argv[2] if len(sys.argv) > 2 else None
+    if mode == "no-hello":
+        sys.exit(5)
+    say({"schema": "vramfuzz.predictor/2" if mode == "schema" else "vramfuzz.predictor/1", "type": "hello",
+         "name": f"faulty-{mode}" + (f"-{os.path.basename(state)}" if state else ""), "version": "1", "runtime": "comfy:dec2025"})
+    for line in sys.stdin:
+        request = json.loads(line)
+        rid = request["id"]
+        if mode == "timeout":
+            time.sleep(3600)
+        if mode == "crash":
+            sys.exit(3)
+        if mode == "crash-once" and state and not os.path.exists(state):
+            open(state, "w").close()
+            sys.exit(3)
+        if mode == "malformed":
+            say("{this is not json")
+            continue
+        if mode == "error":
+            say({"type": "error", "id": rid, "message": "no planner for this model family"})
+            continue
+        plan = minimal_predictor.plan(request, 1024 * MIB)
+        if mode == "unknown-module":
+            plan["loads"][0]["resident"][0] = "no.such.module"
+        if mode == "both":
+            plan["loads"][0]["lowvram"] = [plan["loads"][0]["resident"][0]]
+        say({"type": "plan", "id": rid + 1 if mode == "bad-id" else rid, "plan": plan})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+// The external-predictor protocol (harness/predictors/protocol.h, external.h): the plan's JSON
+// form round-trips every field, a request carries everything the planner reads, and every way a
+// predictor process can fail is the case's error verdict with a message that says which.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "harness/campaign.h"
+#include "harness/core/error.h"
+#include "harness/core/json_in.h"
+#include "harness/generate.h"
+#include "harness/predictors/external.h"
+#include "harness/predictors/protocol.h"
+#include "harness/scenario.h"
+
+namespace vf {
+namespace {
+
+Scenario generated(std::uint64_t seed, Catalog& catalog, const char* policy) {
+  PrngChoices c(seed);
+  GenConfig cfg;
+  cfg.policy = policy;
+  return generate_scenario(c, cfg, catalog);
+}
+
+nlohmann::json reparsed(const nlohmann::ordered_json& j) { return nlohmann::json::parse(j.dump()); }
+
+// ---- the plan's JSON form ----------------------------------------------------------------------
+
+TEST(PredictorProtocol, ThePlanRoundTripsEveryFieldOnGeneratedCases) {
+  Catalog catalog;
+  int dynamic_loads = 0, offloaded = 0;
+  for (const char* policy : {"comfy:oct2025", "comfy:nov2025", "comfy:dec2025", "comfy:feb2026", "comfy:sep2026", "exact:dec2025"}) {
+    for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+      const Scenario s = generated(seed, catalog, policy);
+      const Plan p = predict(s);
+      const nlohmann::ordered_json j = plan_json(s, p);
+      const nlohmann::json doc = reparsed(j);
+      const Plan q = plan_from_json(JsonIn(doc, "plan"), s);
+      ASSERT_EQ(plan_json(s, q).dump(), j.dump()) << policy << " seed " << seed;
+      // What the harness recomputes from the case agrees with what the predictor computed.
+      EXPECT_EQ(q.policy, p.policy);
+      EXPECT_EQ(q.available, p.available);
+      EXPECT_EQ(q.streams, p.streams);
+      EXPECT_EQ(q.predicted_peak, p.predicted_peak);
+      EXPECT_EQ(q.fits, p.fits);
+      EXPECT_EQ(q.dynamic, p.dynamic);
+      ASSERT_EQ(q.stages.size(), p.stages.size());
+      for (std::size_t i = 0; i < p.stages.size(); ++i) {
+        EXPECT_EQ(q.stages[i].activation_bytes, p.stages[i].activation_bytes) << policy << " seed " << seed << " stage " << i;
+        EXPECT_EQ(q.stages[i].activation_formula, p.stages[i].activation_formula);
+        EXPECT_EQ(q.stages[i].load_plan, p.stages[i].load_plan);
+      }
+      for (const LoadPlan& lp : p.loads) {
+        dynamic_loads += lp.dynamic;
+        offloaded += lp.offloaded > 0;
+      }
+    }
+  }
+  // The cases covered both kinds of load and partial loads.
+  EXPECT_GT(dynamic_loads, 20);
+  EXPECT_GT(offloaded, 20);
+}
+
+TEST(PredictorProtocol, ARequestCarriesEveryModelInlineAndNothingThePlannerDoesNotSee) {
+  Catalog catalog;
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:dec2025,comfy:sep2026");
+    const nlohmann::json req = nlohmann::json::parse(request_line(s, 7));
+    EXPECT_EQ(req["type"], "predict");
+    EXPECT_EQ(req["id"], 7);
+    EXPECT_EQ(req["view"]["total"].get<Bytes>(), s.device.total);
+    EXPECT_EQ(req["view"]["free"].get<Bytes>(), s.device.available());
+    const nlohmann::json& sc = req["scenario"];
+    EXPECT_FALSE(sc.contains("name"));
+    EXPECT_FALSE(sc.contains("knee_of"));
+    for (const auto& m : sc["models"]) EXPECT_EQ(m["source"], "inline");
+    // Read back on its own (no catalog entry needed), it plans the same.
+    Catalog empty;
+    Scenario back = scenario_from_json(sc, empty, "request.scenario");
+    EXPECT_EQ(plan_json(back, predict(back)).dump(), plan_json(s, predict(s)).dump()) << "seed " << seed;
+  }
+}
+
+TEST(PredictorProtocol, ARepliedPlanIsCheckedAgainstTheCase) {
+  Catalog catalog;
+  const Scenario s = generated(3, catalog, "comfy:dec2025");
+  const nlohmann::ordered_json good = plan_json(s, predict(s));
+  const auto error_of = [&](const nlohmann::ordered_json& bad) {
+    try {
+      const nlohmann::json doc = reparsed(bad);
+      (void)plan_from_json(JsonIn(doc, "reply.plan"), s);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  nlohmann::ordered_json bad = good;
+  bad["loads"][0]["resident"].push_back("no.such.module");
+  EXPECT_NE(error_of(bad).find("reply.plan.loads[0].resident["), std::string::npos) << error_of(bad);
+  EXPECT_NE(error_of(bad).find("unknown module \"no.such.module\""), std::string::npos);
+  bad = good;
+  bad["stages"].erase(bad["stages"].size() - 1);
+  EXPECT_NE(error_of(bad).find(fmt::format("reply.plan.stages: has {} entries; the case has {} stages", s.stages.size() - 1, s.stages.size())),
+            std::string::npos)
+      << error_of(bad);
+  bad = good;
+  bad["loads"] = nlohmann::ordered_json::array();
+  EXPECT_NE(error_of(bad).find("reply.plan.loads: no load for stage 0"), std::string::npos) << error_of(bad);
+  bad = good;
+  bad["stages"][0].erase("predicted_peak");
+  EXPECT_NE(error_of(bad).find("reply.plan.stages[0].predicted_peak"), std::string::npos) << error_of(bad);
+  bad = good;
+  bad["surprise"] = 1;
+  EXPECT_NE(error_of(bad).find("surprise"), std::string::npos) << error_of(bad);
+}
+
+// ---- predictor processes -----------------------------------------------------------------------
+
+std::string faulty(const std::string& mode, const std::string& extra = "") {
+  return fmt::format("exec:python3 {}/tests/predictors/faulty_predictor.py {}{}", VF_SOURCE_DIR, mode, extra.empty() ? "" : " " + extra);
+}
+
+// A small classic case under the predictor `policy` starts.
+Scenario case_under(const std::string& policy, std::uint64_t seed = 5) {
+  Catalog catalog;
+  Scenario s = generated(seed, catalog, "comfy:dec2025");
+  const auto overrides = s.policy.overrides;
+  s.policy = parse_policy(policy, "--policy");
+  for (const auto& [k, v] : overrides) apply_policy_override(s.policy, k, v, "policy");
+  return s;
+}
+
+class ExternalPredictor : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = external_settings();
+    ExternalSettings fast = saved_;
+    fast.reply_timeout_s = 0.5;
+    set_external_settings(fast);
+    backend_ = make_backend("sim");
+  }
+  void TearDown() override { set_external_settings(saved_); }
+  Verdict run(const Scenario& s) { return run_case(s, *backend_, false).verdict; }
+  ExternalSettings saved_;
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_F(ExternalPredictor, AWorkingPredictorsPlanIsLoweredAndJudged) {
+  const Scenario s = case_under(faulty("ok"));
+  EXPECT_EQ(s.policy.label(), "exec:faulty-ok");
+  EXPECT_EQ(s.policy.external_version, "1");
+  const CaseResult r = run_case(s, *backend_, false);
+  EXPECT_NE(r.verdict.kind, VerdictKind::error) << r.verdict.message;
+  // Everything resident, no offload buffer: the minimal planner's plan, with its log line.
+  ASSERT_FALSE(r.plan.loads.empty());
+  EXPECT_EQ(r.plan.loads[0].offload_buffer, 0u);
+  EXPECT_EQ(r.plan.loads[0].loaded, s.models[r.plan.loads[0].model].spec->bytes);
+  EXPECT_EQ(r.plan.loads[0].log_line.rfind("loaded completely; ", 0), 0u) << r.plan.loads[0].log_line;
+  EXPECT_EQ(r.plan.reserve, 0u);
+}
+
+TEST_F(ExternalPredictor, ATimeoutIsTheCasesErrorAndThePredictorIsRestarted) {
+  const Scenario s = case_under(faulty("timeout"));
+  const Verdict v = run(s);
+  EXPECT_EQ(v.kind, VerdictKind::error);
+  EXPECT_NE(v.message.find("external predictor \"faulty-timeout\": no reply within 0.5 s"), std::string::npos) << v.message;
+}
+
+TEST_F(ExternalPredictor, ACrashSaysHowItExited) {
+  const Scenario s = case_under(faulty("crash"));
+  const Verdict v = run(s);
+  EXPECT_EQ(v.kind, VerdictKind::error);
+  EXPECT_NE(v.message.find("exited with status 3"), std::string::npos) << v.message;
+}
+
+TEST_F(ExternalPredictor, OneThatKeepsFailingIsGivenUpAndStopsTheCampaign) {
+  const Scenario s = case_under(faulty("crash", "again"));
+  CaseResult r1 = run_case(s, *backend_, false), r2 = run_case(s, *backend_, false), r3 = run_case(s, *backend_, false);
+  EXPECT_FALSE(r1.exec.fatal);
+  EXPECT_FALSE(r2.exec.fatal);
+  EXPECT_TRUE(r3.exec.fatal);
+  EXPECT_NE(r3.verdict.message.find("failed on 3 cases in a row, given up"), std::string::npos) << r3.verdict.message;
+  const CaseResult r4 = run_case(s, *backend_, false);
+  EXPECT_TRUE(r4.exec.fatal);
+  EXPECT_NE(r4.verdict.message.find("was given up"), std::string::npos) << r4.verdict.message;
+}
+
+TEST_F(ExternalPredictor, ACrashedPredictorIsRestartedForTheNextCase) {
+  const std::filesystem::path state = std::filesystem::temp_directory_path() / fmt::format("vf-crash-once-{}", ::getpid());
+  std::filesystem::remove(state);
+  const Scenario s = case_under(faulty("crash-once", state.string()));
+  const Verdict first = run(s);
+  EXPECT_EQ(first.kind, VerdictKind::error);
+  const Verdict second = run(s);
+  EXPECT_NE(second.kind, VerdictKind::error) << second.message;
+  std::filesystem::remove(state);
+}
+
+TEST_F(ExternalPredictor, AMalformedReplyIsNamed) {
+  Verdict v = run(case_under(faulty("malformed")));
+  EXPECT_EQ(v.kind, VerdictKind::error);
+  EXPECT_NE(v.message.find("its reply is not JSON"), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("{this is not json"), std::string::npos) << v.message;
+  v = run(case_under(faulty("unknown-module")));
+  EXPECT_NE(v.message.find("malformed reply: reply.plan.loads[0].resident[0]: unknown module \"no.such.module\""), std::string::npos)
+      << v.message;
+  v = run(case_under(faulty("both")));
+  EXPECT_NE(v.message.find("reply.plan.loads[0].lowvram: module"), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("also in resident"), std::string::npos) << v.message;
+  v = run(case_under(faulty("bad-id")));
+  EXPECT_NE(v.message.find("reply.id: is not the request's id"), std::string::npos) << v.message;
+}
+
+TEST_F(ExternalPredictor, AnErrorReplyIsTheCasesErrorWithItsMessage) {
+  const Scenario s = case_under(faulty("error"));
+  for (int i = 0; i < 4; ++i) {  // not a failure of the process: never given up
+    const CaseResult r = run_case(s, *backend_, false);
+    EXPECT_EQ(r.verdict.kind, VerdictKind::error);
+    EXPECT_FALSE(r.exec.fatal);
+    EXPECT_NE(r.verdict.message.find("could not plan the case: no planner for this model family"), std::string::npos) << r.verdict.message;
+  }
+}
+
+TEST_F(ExternalPredictor, AWrongSchemaOrNoHelloCannotStart) {
+  try {
+    (void)parse_policy(faulty("schema"), "--policy");
+    ADD_FAILURE() << "started";
+  } catch (const PredictorError& e) {
+    EXPECT_TRUE(e.fatal());
+    EXPECT_NE(std::string(e.what()).find("hello.schema: the predictor speaks \"vramfuzz.predictor/2\"; this vramfuzz speaks "
+                                         "\"vramfuzz.predictor/1\""),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    (void)parse_policy(faulty("no-hello"), "--policy");
+    ADD_FAILURE() << "started";
+  } catch (const PredictorError& e) {
+    EXPECT_NE(std::string(e.what()).find("said no hello: closed its stdout; it exited with status 5"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ExternalPredictor, AFileNamesItsPredictorButNeverStartsACommand) {
+  Scenario s = case_under(faulty("ok"));
+  const std::string text = scenario_to_json(s);
+  const nlohmann::json doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc["policy"]["name"], "exec:faulty-ok");
+  EXPECT_EQ(doc["policy"]["version"], "1");
+  EXPECT_EQ(doc["policy"]["runtime"], "comfy:dec2025");
+  EXPECT_EQ(text.find("faulty_predictor.py"), std::string::npos);
+  // Read back while that predictor runs: the same case.
+  Catalog catalog;
+  const Scenario back = parse_scenario_json(text, catalog, "case.json");
+  EXPECT_EQ(back.policy.label(), "exec:faulty-ok");
+  EXPECT_EQ(scenario_to_json(back), text);
+  // A name no flag started: the file loads, and predicting says what to give.
+  nlohmann::json other = doc;
+  other["policy"]["name"] = "exec:python3 -c 'import os; os.system(\"touch /tmp/vf-pwned\")'";
+  const Scenario foreign = parse_scenario_json(other.dump(), catalog, "case.json");
+  try {
+    (void)predict(foreign);
+    ADD_FAILURE() << "predicted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("vramfuzz never starts a command a file names: give it with --policy exec:COMMAND"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists("/tmp/vf-pwned"));
+}
+
+TEST(PredictorProtocol, AnExecPolicyTakesTheRestOfAPolicyList) {
+  const auto list = split_policy_list("comfy:dec2025,exec:sh -c 'echo a,b'");
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[1], "exec:sh -c 'echo a,b'");
+}
+
+}  // namespace
+}  // namespace vf
