@@ -404,7 +404,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       if (r.exec.fatal) {
         // A sticky CUDA error: this process can run no more cases (--isolate avoids it).
         out.fatal_error = r.verdict.message;
-        spdlog::error("campaign stopped after case {}: the backend cannot go on", i);
+        spdlog::error("campaign stopped after case {}: {} cannot go on", i, s.policy.predictor == PredictorKind::external ? "the external predictor" : "the backend");
         break;
       }
       continue;
@@ -491,7 +491,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       spdlog::warn("case {} (seed {}), its pair at {}: error: {}", i, seed, workload_label(pair.workload), pr.verdict.message);
       if (pr.exec.fatal) {
         out.fatal_error = pr.verdict.message;
-        spdlog::error("campaign stopped after case {}: the backend cannot go on", i);
+        spdlog::error("campaign stopped after case {}: {} cannot go on", i, s.policy.predictor == PredictorKind::external ? "the external predictor" : "the backend");
         break;
       }
       continue;

@@ -174,7 +174,7 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           tc.skipped_message = msg;
         }
         if (get_u64(*cell, "errors") > 0) {
-          tc.error_message = fmt::format("{} of {} cases ended in a backend error: the property was not checked for them",
+          tc.error_message = fmt::format("{} of {} cases ended in an error (backend or predictor): the property was not checked for them",
                                          get_u64(*cell, "errors"), n);
         }
         cases.push_back(std::move(tc));

@@ -37,7 +37,7 @@ std::string verdict_line(const Json& doc) {
   const std::uint64_t fresh = get_u64(c, "new_signatures"), sigs = get_u64(c, "signatures");
   if (fresh > 0) return fmt::format("{} new signature{}", fresh, fresh == 1 ? "" : "s");
   if (sigs > 0) return fmt::format("all {} signature{} known", sigs, sigs == 1 ? "" : "s");
-  if (get_u64(c, "errors") > 0) return fmt::format("nothing found, but {} case(s) ended in a backend error", get_u64(c, "errors"));
+  if (get_u64(c, "errors") > 0) return fmt::format("nothing found, but {} case(s) ended in an error (backend or predictor)", get_u64(c, "errors"));
   return "nothing found";
 }
 

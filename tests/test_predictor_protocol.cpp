@@ -268,7 +268,7 @@ TEST_F(ExternalPredictor, AFileNamesItsPredictorButNeverStartsACommand) {
     (void)predict(foreign);
     ADD_FAILURE() << "predicted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("vramfuzz never starts a command a file names: give it with --policy exec:COMMAND"),
+    EXPECT_NE(std::string(e.what()).find("vramfuzz never starts a command a file names: give it with --predictor COMMAND (replay, shrink) or --policy exec:COMMAND"),
               std::string::npos)
         << e.what();
   }

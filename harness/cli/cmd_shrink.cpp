@@ -9,10 +9,25 @@
 #include "harness/cli/out_dir.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/predictors/external.h"
 #include "harness/repro.h"
 
 namespace vf::cli {
 namespace {
+
+// --predictor COMMAND: starts the external predictor a file names (files never start commands);
+// it must say hello under the name the file recorded.
+void start_file_predictor(const Scenario& s, const std::string& command) {
+  if (command.empty()) return;
+  if (s.policy.predictor != PredictorKind::external) {
+    throw InputError("--predictor", fmt::format("the case's policy is {}, not an external predictor", s.policy.label()));
+  }
+  const PredictorHello& h = start_external(command);
+  if (h.name != s.policy.external_name) {
+    throw InputError("--predictor", fmt::format("`{}` says hello as \"{}\"; the case was made with \"{}\"", command, h.name,
+                                                s.policy.external_name));
+  }
+}
 
 struct ShrinkFlags {
   std::string file;
@@ -22,6 +37,7 @@ struct ShrinkFlags {
   std::string time;
   std::uint32_t runs = 0;  // 0: 1 on sim, 5 on cuda
   bool force = false;      // --force: replace a repro.json / repro.md already there
+  std::string predictor;   // --predictor: the command of the file's external predictor
 };
 
 std::uint32_t default_runs(std::string_view backend) { return backend == "cuda" ? 5 : 1; }
@@ -29,6 +45,7 @@ std::uint32_t default_runs(std::string_view backend) { return backend == "cuda" 
 int do_shrink(const ShrinkFlags& f) {
   Catalog catalog;
   const Scenario s = load_case_file(f.file, catalog);
+  start_file_predictor(s, f.predictor);
   // Next to the finding is where its campaign wrote the repro of its signature: never replaced
   // without --force (a repro written elsewhere neither).
   const std::string dir = f.out.empty() ? std::filesystem::path(f.file).parent_path().string() : f.out;
@@ -56,11 +73,13 @@ struct ReplayFlags {
   std::string file;
   std::string backend = "sim";
   std::uint32_t runs = 0;
+  std::string predictor;
 };
 
 int do_replay(const ReplayFlags& f) {
   Catalog catalog;
   const Scenario s = load_case_file(f.file, catalog);
+  start_file_predictor(s, f.predictor);
   std::string expected;
   {
     const auto doc = parse_json_text(read_text_file(f.file), f.file);
@@ -101,6 +120,7 @@ void add_shrink(CLI::App& app, Action& action) {
   cmd->add_option("--shrink-time", f->time, "time budget (e.g. 60s, 5m)");
   cmd->add_option("--runs", f->runs, "re-runs of the final case for the reliability figure (default 1 on sim, 5 on cuda)")
       ->transform(kPositiveCount);
+  cmd->add_option("--predictor", f->predictor, "the command of the external predictor the file names (exec:NAME): never taken from the file");
   cmd->callback([f, &action] { action = [f] { return do_shrink(*f); }; });
 }
 
@@ -110,6 +130,7 @@ void add_replay(CLI::App& app, Action& action) {
   cmd->add_option("repro", f->file, "repro / finding / scenario file")->required();
   cmd->add_option("--backend", f->backend, "sim | cuda | auto")->capture_default_str();
   cmd->add_option("--runs", f->runs, "how many times to run it (default 1 on sim, 5 on cuda)")->transform(kPositiveCount);
+  cmd->add_option("--predictor", f->predictor, "the command of the external predictor the file names (exec:NAME): never taken from the file");
   cmd->callback([f, &action] { action = [f] { return do_replay(*f); }; });
 }
 

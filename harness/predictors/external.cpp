@@ -325,7 +325,8 @@ Plan predict_external(const Scenario& s) {
   const auto it = reg.by_name.find(s.policy.external_name);
   if (it == reg.by_name.end()) {
     throw InputError("policy", fmt::format("this case was made with the external predictor \"{}\"{}; vramfuzz never starts a command a "
-                                           "file names: give it with --policy exec:COMMAND (or replay under another --policy)",
+                                           "file names: give it with --predictor COMMAND (replay, shrink) or --policy exec:COMMAND (run, or "
+                                           "another --policy)",
                                            s.policy.external_name,
                                            s.policy.external_version.empty() ? "" : " " + s.policy.external_version));
   }
