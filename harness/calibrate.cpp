@@ -193,7 +193,7 @@ void verify_mode(const CalibrationConfig& cfg, Catalog& catalog, Backend& backen
                  const std::vector<std::uint64_t>& indices, Bytes need, const std::function<bool()>& cut,
                  CalibrationResult& out) {
   Bytes reserve = need;
-  const std::string knob(calibrated_knob(parse_policy(cfg.gen.policy.value_or("comfy:dec2025"), "--policy")));
+  const std::string knob(calibrated_knob(parse_policy(cfg.gen.policy.value_or("comfy:dec2025"), "--policy", StartCommand::refuse)));
   const bool dynamic = knob != "reserve";
   for (std::uint32_t round = 1; round <= cfg.verify_rounds; ++round) {
     CalibrationConfig at = cfg;

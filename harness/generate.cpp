@@ -210,7 +210,7 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
   if (cfg.allocator && s.allocator.mode != AllocatorMode::async) {
     const bool expandable = s.allocator.mode == AllocatorMode::caching_expandable;
     std::erase_if(candidates, [&](const std::string& p) {
-      const Policy probe = parse_policy(p, "--policy");
+      const Policy probe = parse_policy(p, "--policy", StartCommand::refuse);
       return probe.dynamic() && (expandable || probe.preset == Preset::feb2026);
     });
   }
@@ -219,7 +219,7 @@ Scenario generate_scenario(Choices& c, const GenConfig& cfg, Catalog& catalog) {
                                              allocator_mode_name(s.allocator.mode)));
   }
   const std::string policy = candidates[c.draw(0, candidates.size() - 1)];
-  s.policy = parse_policy(policy, "--policy");
+  s.policy = parse_policy(policy, "--policy", StartCommand::refuse);
   if (s.policy.dynamic() && !cfg.allocator) {
     s.allocator.mode = s.policy.preset == Preset::feb2026 ? AllocatorMode::async : pick(c, kDynamicAllocators);
   }

@@ -9,6 +9,7 @@
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
 #include "harness/from_log.h"
+#include "harness/predictors/external.h"
 
 namespace vf {
 namespace {
@@ -234,7 +235,11 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
     large.workload = *s.knee_of;
     large.knee_of.reset();
     md += fmt::format("At the larger {} (which passes) it said:\n\n```\n", workload_label(*s.knee_of));
-    for (const LoadPlan& lp : predict(large).loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);
+    try {
+      for (const LoadPlan& lp : predict(large).loads) md += fmt::format("{}: {}\n", s.models[lp.model].id, lp.log_line);
+    } catch (const PredictorError& e) {
+      md += fmt::format("(the external predictor did not answer for it: {})\n", e.what());
+    }
     md += "```\n\n";
   }
   if (c.exec.dynamic && c.exec.dynamic->oom) {

@@ -188,7 +188,7 @@ std::string Policy::key() const {
   return out;
 }
 
-Policy parse_policy(std::string_view text, std::string_view what) {
+Policy parse_policy(std::string_view text, std::string_view what, StartCommand start) {
   Policy p;
   std::string_view kind = text;
   std::string_view preset = "dec2025";
@@ -200,6 +200,12 @@ Policy parse_policy(std::string_view text, std::string_view what) {
     // The rest is the command (or the name a started predictor said hello with), colons and all.
     const std::string rest(text.substr(5));
     const PredictorHello* h = find_external(rest);
+    if (!h && start == StartCommand::refuse) {
+      throw InputError(std::string(what), fmt::format("names the external predictor \"{}\", which no flag of this run started; "
+                                                      "a file never starts a command (give it with --predictor COMMAND or "
+                                                      "--policy exec:COMMAND)",
+                                                      rest));
+    }
     if (!h) {
       try {
         h = &start_external(rest);

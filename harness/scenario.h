@@ -198,7 +198,11 @@ struct Policy {
 // Parses "comfy:dec2025", "comfy", "exact", "exact:oct2025", and "exec:COMMAND" (which starts
 // COMMAND, or finds it started, and takes the runtime its hello names; "exec:NAME" finds one
 // started under that name). Throws InputError(what).
-Policy parse_policy(std::string_view text, std::string_view what);
+// Text read from a file (a run.json, a summary) is parsed with StartCommand::refuse: exec:NAME
+// must name a predictor a flag of this process already started, and nothing is ever started
+// from it, so a file can never run a command.
+enum class StartCommand { allow, refuse };
+Policy parse_policy(std::string_view text, std::string_view what, StartCommand start = StartCommand::allow);
 // Applies one override (`reserve=600MiB`, `account=lookahead`, `dequant_term=false` ...).
 void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what);
 

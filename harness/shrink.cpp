@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "harness/core/error.h"
+#include "harness/predictors/external.h"
 
 namespace vf {
 
@@ -209,19 +210,20 @@ class Shrinker {
   bool fit_device_to_waste(const Scenario& c, const std::string& what) {
     if (best_verdict_.stage >= c.stages.size() || !within_budget()) return false;
     const std::uint32_t model = c.stages[best_verdict_.stage].model;
-    const Plan plan = predict(c);
+    const std::optional<Plan> plan = plan_of(c);
+    if (!plan) return false;
     const LoadPlan* lp = nullptr;
-    for (const LoadPlan& l : plan.loads) {
+    for (const LoadPlan& l : plan->loads) {
       if (l.model == model && l.stage < best_verdict_.stage) lp = &l;
     }
     if (!lp) return false;
     const Bytes model_bytes = c.models[model].spec->bytes;
-    const Bytes others = c.device.total - plan.available;  // context, other processes
+    const Bytes others = c.device.total - plan->available;  // context, other processes
     for (const Bytes below : {MiB, 32 * MiB}) {
       const Bytes free_edge = model_bytes + lp->min_req;  // the budget reaches the model here
       if (free_edge <= below) continue;
       // Free memory at the load is the available memory less what earlier loads left resident.
-      const Bytes resident_before = plan.available > lp->free_before ? plan.available - lp->free_before : 0;
+      const Bytes resident_before = plan->available > lp->free_before ? plan->available - lp->free_before : 0;
       Scenario d = c;
       d.device.total = (others + resident_before + free_edge - below) / MiB * MiB;
       if (d.device.total == c.device.total) continue;
@@ -264,12 +266,26 @@ class Shrinker {
     return c;
   }
 
+  // The plan of a case the shrinker inspects (not a candidate it runs). An external predictor can
+  // fail on any request: the step is then skipped, and a predictor given up ends the shrink with
+  // the best case so far.
+  std::optional<Plan> plan_of(const Scenario& c) {
+    try {
+      return predict(c);
+    } catch (const PredictorError& e) {
+      spdlog::debug("shrink: the predictor failed on a case the shrinker inspects: {}", e.what());
+      if (e.fatal()) exhausted_ = true;
+      return std::nullopt;
+    }
+  }
+
   // The biggest step first (syzkaller's "keep what the crash names"): keep only the modules whose
   // transients (transfers, conversions, LoRA temporaries) are live at the judged op, and take the
   // bytes of the dropped resident modules off the device so the memory pressure stays the same.
   bool focus_on_the_peak() {
-    const Plan plan = predict(best_);
-    const Program prog = lower(best_, plan);
+    const std::optional<Plan> plan = plan_of(best_);
+    if (!plan) return false;
+    const Program prog = lower(best_, *plan);
     if (best_verdict_.op >= prog.ops.size()) return false;
     std::vector<std::uint8_t> live(prog.buffers.size(), 0);
     for (std::uint32_t i = 0; i <= best_verdict_.op; ++i) {
@@ -290,7 +306,7 @@ class Shrinker {
     // Which modules are resident when the judged stage runs (their bytes leave with them).
     std::vector<std::vector<std::uint8_t>> resident(best_.models.size());
     for (std::size_t m = 0; m < best_.models.size(); ++m) resident[m].assign(best_.models[m].spec->modules.size(), 0);
-    for (const LoadPlan& lp : plan.loads) {
+    for (const LoadPlan& lp : plan->loads) {
       if (lp.stage <= best_verdict_.stage) resident[lp.model] = lp.resident;
     }
     Scenario c = best_;
@@ -457,7 +473,9 @@ class Shrinker {
     // patch); the pads carry the sum.
     std::optional<Module> keep;
     {
-      const Program prog = lower(best_, predict(best_));
+      const std::optional<Plan> plan = plan_of(best_);
+      if (!plan) return false;
+      const Program prog = lower(best_, *plan);
       if (best_verdict_.op < prog.ops.size() && prog.ops[best_verdict_.op].buffer != kNone) {
         const Buffer& buf = prog.buffers[prog.ops[best_verdict_.op].buffer];
         if (buf.model == m && buf.module != kNone) keep = spec.modules[buf.module];
@@ -514,7 +532,9 @@ class Shrinker {
     const std::size_t m = best_.stages[best_verdict_.stage].model;
     std::optional<Module> mod;
     {
-      const Program prog = lower(best_, predict(best_));
+      const std::optional<Plan> plan = plan_of(best_);
+      if (!plan) return false;
+      const Program prog = lower(best_, *plan);
       if (best_verdict_.op >= prog.ops.size()) return false;
       std::vector<std::uint8_t> live(prog.buffers.size(), 0);
       for (std::uint32_t i = 0; i <= best_verdict_.op; ++i) {
@@ -568,6 +588,10 @@ class Shrinker {
         plan = predict(tiny);
       } catch (const InputError&) {
         continue;  // not a case this model can make (never run, never counted)
+      } catch (const PredictorError& e) {
+        if (e.fatal()) exhausted_ = true;
+        if (exhausted_) return false;
+        continue;  // the predictor failed on this one: try the next module
       }
       Bytes need = 0;
       for (const StagePlan& sp : plan.stages) need = std::max(need, sp.predicted_peak);
@@ -743,7 +767,9 @@ class Shrinker {
   // op works on, and give it the bytes of the ones dropped (its outer dimension scaled up), so the
   // pressure stays while the case shrinks to one module.
   bool redistribute_into_the_peak() {
-    const Program prog = lower(best_, predict(best_));
+    const std::optional<Plan> plan = plan_of(best_);
+    if (!plan) return false;
+    const Program prog = lower(best_, *plan);
     if (best_verdict_.op >= prog.ops.size()) return false;
     const Op& op = prog.ops[best_verdict_.op];
     if (op.buffer == kNone) return false;
@@ -865,8 +891,9 @@ class Shrinker {
     // is where it helps, and elsewhere it would spend the budget the other passes need.
     if (bisect_in_order(m, std::move(list), false)) return true;
     std::vector<std::uint32_t> walk;
-    const Plan plan = predict(best_);
-    for (const LoadPlan& lp : plan.loads) {
+    const std::optional<Plan> plan = plan_of(best_);
+    if (!plan) return false;
+    for (const LoadPlan& lp : plan->loads) {
       if (lp.model == m) {
         walk = lp.sorted;
         break;

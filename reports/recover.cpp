@@ -71,7 +71,17 @@ Marker read_marker(const std::string& dir) {
   cfg.seed = c["seed"].get<std::uint64_t>();
   if (has("cases")) cfg.cases = c["cases"].get<std::uint64_t>();
   if (has("seconds")) cfg.seconds = c["seconds"].get<double>();
-  if (has("policy") && c["policy"] != "drawn") cfg.gen.policy = parse_policy(c["policy"].get<std::string>(), cj.path() + ".policy").label();
+  if (has("policy") && c["policy"] != "drawn") {
+    // An external predictor's label is kept as written: recovery reads the file, it never starts
+    // the predictor (exec:NAME is a name from a hello, not a command to run).
+    const std::string text = c["policy"].get<std::string>();
+    if (text.starts_with("exec:")) {
+      if (text.size() == 5) throw InputError(cj.path() + ".policy", "exec: without a predictor name");
+      cfg.gen.policy = text;
+    } else {
+      cfg.gen.policy = parse_policy(text, cj.path() + ".policy", StartCommand::refuse).label();
+    }
+  }
   if (has("overrides")) cfg.gen.policy_overrides = pairs_of(c["overrides"]);
   if (has("allocator") && c["allocator"] != "drawn") {
     cfg.gen.allocator = parse_allocator_mode_field(c["allocator"].get<std::string>(), cj.path() + ".allocator");

@@ -772,7 +772,7 @@ Json summary_from_calibration(const CalibrationConfig& cfg, const CalibrationRes
   const Json meta = {{"policy", policy},
                      {"seed", cfg.seed},
                      {"cases_drawn", r.cases},
-                     {"knob", std::string(calibrated_knob(parse_policy(policy, "config.policy")))}};
+                     {"knob", std::string(calibrated_knob(parse_policy(policy, "config.policy", StartCommand::refuse)))}};
   j["calibrate"] = calibrate_section(r.samples, r.excluded, cfg.margin, meta, verify, worst);
   calibration_findings(r.samples, r.excluded, worst, r.finding_files, j);
   return j;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "harness/campaign.h"
@@ -94,6 +95,47 @@ class Cli : public test::TempDirTest {
     return p;
   }
 };
+
+// ---- external predictors on the command line ----------------------------------------------------
+
+// --isolate runs each case in a child process, which cannot reach the predictor process: refused
+// before the predictor's command runs.
+TEST_F(Cli, IsolateWithAnExternalPredictorIsRefusedBeforeItStarts) {
+  const fs::path marker = dir_ / "started";
+  const Proc p = expect_bad_input({"fuzz", "--isolate", "--cases", "3", "--policy", "exec:touch " + marker.string()},
+                                  "--isolate: cannot be combined with an external predictor");
+  EXPECT_FALSE(fs::exists(marker));
+}
+
+// `report` rebuilds a lost summary from run.json and the finding files; the campaign's policy
+// there is exec:NAME, and a name read from a file never starts anything (here the name is a
+// command that would leave a marker).
+TEST_F(Cli, ReportRecoversAnExternalPredictorsCampaignWithoutStartingIt) {
+  const fs::path script = write("pred.sh", fmt::format("#!/bin/sh\ntouch {}\nexec python3 {}/adapters/minimal/minimal_predictor.py\n",
+                                                       (dir_ / "started").string(), VF_SOURCE_DIR));
+  fs::permissions(script, fs::perms::owner_all);
+  const Proc f = run({"fuzz", "--backend", "sim", "--cases", "40", "--seed", "3", "--no-shrink", "--policy", "exec:" + script.string(),
+                      "--out", "o"},
+                     120);
+  ASSERT_TRUE(f.exit_code == 0 || f.exit_code == 1) << describe(f);
+  ASSERT_TRUE(fs::exists(dir_ / "started"));
+  const nlohmann::json before = nlohmann::json::parse(read_file(dir_ / "o" / "summary.json"));
+  fs::remove(dir_ / "started");
+  fs::remove(dir_ / "o" / "summary.json");
+  // The predictor's name as a command in the working directory: run if anything started it.
+  const fs::path impostor = write("minimal-python", fmt::format("#!/bin/sh\ntouch {}\n", (dir_ / "started").string()));
+  fs::permissions(impostor, fs::perms::owner_all);
+  const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin";
+  ::setenv("PATH", (dir_.string() + ":" + path).c_str(), 1);
+  const Proc r = run({"report", "o"}, 120);
+  ::setenv("PATH", path.c_str(), 1);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_FALSE(fs::exists(dir_ / "started"));
+  const nlohmann::json after = nlohmann::json::parse(read_file(dir_ / "o" / "summary.json"));
+  EXPECT_EQ(after["config"]["policy"], "exec:minimal-python");
+  EXPECT_EQ(after["config"]["policy"], before["config"]["policy"]);
+  EXPECT_EQ(after["findings"].size(), before["findings"].size());
+}
 
 // ---- run / plan on the example ----------------------------------------------------------------
 

@@ -18,6 +18,7 @@
 #include "harness/predictors/external.h"
 #include "harness/predictors/protocol.h"
 #include "harness/scenario.h"
+#include "harness/shrink.h"
 
 namespace vf {
 namespace {
@@ -273,6 +274,104 @@ TEST_F(ExternalPredictor, AFileNamesItsPredictorButNeverStartsACommand) {
         << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists("/tmp/vf-pwned"));
+}
+
+TEST_F(ExternalPredictor, TextFromAFileNeverStartsAPredictor) {
+  const std::filesystem::path marker = std::filesystem::temp_directory_path() / fmt::format("vf-started-{}", ::getpid());
+  std::filesystem::remove(marker);
+  // What recovery and the summary read back from run.json: a name, parsed without starting it.
+  try {
+    (void)parse_policy(fmt::format("exec:touch {}", marker.string()), "run.json.config.policy", StartCommand::refuse);
+    ADD_FAILURE() << "parsed";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("run.json.config.policy: names the external predictor \"touch "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a file never starts a command"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(marker));
+  // One a flag started is found by its name.
+  (void)parse_policy(faulty("ok"), "--policy");
+  EXPECT_EQ(parse_policy("exec:faulty-ok", "run.json.config.policy", StartCommand::refuse).label(), "exec:faulty-ok");
+}
+
+// The first case, from seed 1 on, that is a finding under the minimal planner (everything
+// resident, 1 GiB for activations): the shrinker's input below.
+Scenario a_finding(Backend& backend) {
+  for (std::uint64_t seed = 1; seed < 200; ++seed) {
+    Scenario s = case_under(faulty("ok"), seed);
+    if (run_case(s, backend, false).verdict.finding()) return s;
+  }
+  ADD_FAILURE() << "no finding in 200 seeds";
+  return {};
+}
+
+TEST_F(ExternalPredictor, AShrinkWhosePredictorStopsAnsweringKeepsTheFinding) {
+  const Scenario found = a_finding(*backend_);
+  ASSERT_FALSE(found.models.empty());
+  const std::string signature = run_case(found, *backend_, false).verdict.signature;
+  // The same case under a predictor that answers once (the shrinker's first run) and then replies
+  // with errors to every plan the shrinker asks for, candidates and inspections alike.
+  Scenario s = found;
+  {
+    const Policy p = parse_policy(faulty("error-after-1"), "--policy");
+    s.policy.external_name = p.external_name;
+  }
+  ShrinkOptions opt;
+  opt.max_execs = 60;
+  const ShrinkResult r = shrink(s, *backend_, opt);
+  EXPECT_EQ(r.signature, signature);
+  EXPECT_EQ(case_size(r.minimal), case_size(s));  // nothing could be checked, so nothing was removed
+  // One that crashes on every request after the first is given up: the shrink ends at once with
+  // the case it had.
+  const std::filesystem::path state = std::filesystem::temp_directory_path() / fmt::format("vf-crash-after-{}", ::getpid());
+  std::filesystem::remove(state);
+  {
+    const Policy p = parse_policy(faulty("crash-after-1", state.string()), "--policy");
+    s.policy.external_name = p.external_name;
+  }
+  const ShrinkResult g = shrink(s, *backend_, opt);
+  EXPECT_EQ(g.signature, signature);
+  EXPECT_TRUE(g.budget_exhausted);
+  EXPECT_EQ(case_size(g.minimal), case_size(s));
+  std::filesystem::remove(state);
+}
+
+TEST(PredictorProtocol, AStagingSliceMustLieInsideTheVbar) {
+  Catalog catalog;
+  // The first generated dynamic case with a dynamic load.
+  for (std::uint64_t seed = 1; seed < 100; ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:sep2026");
+    const nlohmann::ordered_json good = plan_json(s, predict(s));
+    std::size_t k = 0;
+    while (k < good["loads"].size() && !good["loads"][k].contains("staging")) ++k;
+    if (k == good["loads"].size()) continue;
+    const auto error_of = [&](const nlohmann::ordered_json& bad) {
+      try {
+        const nlohmann::json doc = reparsed(bad);
+        (void)plan_from_json(JsonIn(doc, "reply.plan"), s);
+      } catch (const InputError& e) {
+        return std::string(e.what());
+      }
+      return std::string("accepted");
+    };
+    EXPECT_EQ(error_of(good), "accepted");
+    const std::uint64_t vbar = good["loads"][k]["staging"]["vbar_request"];
+    nlohmann::ordered_json bad = good;
+    bad["loads"][k]["staging"]["slice_offset"][0] = vbar - 4096;
+    bad["loads"][k]["staging"]["slice_size"][0] = 8192;
+    EXPECT_NE(error_of(bad).find(fmt::format("reply.plan.loads[{}].staging.slice_size[0]: the slice at {} of 8192 bytes ends past the "
+                                             "VBAR's {} bytes (vbar_request)",
+                                             k, vbar - 4096, vbar)),
+              std::string::npos)
+        << error_of(bad);
+    bad = good;
+    bad["loads"][k]["staging"]["vbar_request"] = std::uint64_t{1} << 62;
+    EXPECT_NE(error_of(bad).find(fmt::format("reply.plan.loads[{}].staging.vbar_request", k)), std::string::npos) << error_of(bad);
+    bad = good;
+    bad["loads"][k]["offload_buffer"] = std::uint64_t{1} << 62;
+    EXPECT_NE(error_of(bad).find(fmt::format("reply.plan.loads[{}].offload_buffer", k)), std::string::npos) << error_of(bad);
+    return;
+  }
+  FAIL() << "no dynamic load in 100 generated sep2026 cases";
 }
 
 TEST(PredictorProtocol, AnExecPolicyTakesTheRestOfAPolicyList) {

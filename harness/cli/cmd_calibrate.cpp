@@ -56,10 +56,10 @@ int do_calibrate(const CalibrateFlags& f) {
     cfg.gen.policy_overrides = flags.overrides();
   }
   {
-    Policy probe = parse_policy(*cfg.gen.policy, "--policy");
+    Policy probe = parse_policy(*cfg.gen.policy, "--policy", StartCommand::refuse);
     for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
   }
-  const Policy policy = parse_policy(*cfg.gen.policy, "--policy");
+  const Policy policy = parse_policy(*cfg.gen.policy, "--policy", StartCommand::refuse);
   // The modes ComfyUI can run the policy with: dynamic VRAM has no expandable segments, and
   // comfy:feb2026 is modelled with cudaMallocAsync only.
   auto runs = [&](AllocatorMode m) {

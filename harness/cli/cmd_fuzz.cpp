@@ -17,6 +17,7 @@
 #include "harness/cli/workers.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/predictors/external.h"
 #include "harness/sim/allocator.h"
 #include "models/import.h"
 #include "reports/recover.h"
@@ -178,6 +179,16 @@ int do_fuzz(const FuzzFlags& f) {
   if (!f.time.empty()) cfg.seconds = parse_duration(f.time, "--time");
   if (cfg.cases == 0 && cfg.seconds <= 0) cfg.cases = 1000;
   cfg.gen.policy_overrides = f.policy.overrides();
+  if (f.isolate) {
+    // Checked before any predictor starts: a case's child process could not reach the predictor
+    // process its parent talks to (an external predictor is a process of its own already).
+    for (const std::string& one : split_policy_list(f.policy.policy)) {
+      if (one.starts_with("exec:")) {
+        throw InputError("--isolate", "cannot be combined with an external predictor (--policy exec:...): it already runs "
+                                      "in a process of its own, and a case's child process cannot reach it");
+      }
+    }
+  }
   if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy_list(f.policy.policy, "--policy", cfg.gen.policy_overrides);
   if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
   if (!f.policy.options.empty()) {
@@ -238,7 +249,11 @@ int do_fuzz(const FuzzFlags& f) {
     const OutDir out_dir(f.out, OutDir::Options{"--out", f.clean, true});
     // The workers resolve the backend themselves; the merged command names it as given.
     cfg.case_options = case_options(f, cfg, f.backend);
-    return run_device_workers(devices, f.out, fuzz_command(f, cfg));
+    const std::string command = fuzz_command(f, cfg);
+    // Each worker starts its own external predictor; the one started here (its hello checked the
+    // command) is not needed while they run.
+    stop_external_predictors();
+    return run_device_workers(devices, f.out, command);
   }
   if (cfg.shard_count > 1) {
     spdlog::default_logger()->set_pattern(fmt::format("%^[%l]%$ [shard {}/{}] %v", cfg.shard_index, cfg.shard_count));

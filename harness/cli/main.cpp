@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
   settings.reply_timeout_s = predictor_timeout;
   vf::set_external_settings(settings);
 
+  // Every external predictor's stdin is closed when the command ends, however it ends.
+  struct StopPredictors {
+    ~StopPredictors() { vf::stop_external_predictors(); }
+  } stop_predictors;
   try {
     vf::cli::reject_empty_values(app);
     return action ? action() : vf::kExitBadInput;

@@ -199,7 +199,9 @@ class Process {
     while (Clock::now() < until) {
       const pid_t r = ::waitpid(pid_, &status, WNOHANG);
       if (r == pid_ || (r < 0 && errno != EINTR)) {
-        ::kill(-pid_, SIGKILL);  // whatever it left behind in its group
+        // Reaped: kill whatever it left behind in its group. Not ours to reap (ECHILD): its pid
+        // may already be another process's, so nothing is signalled.
+        if (r == pid_) ::kill(-pid_, SIGKILL);
         pid_ = -1;
         close_fds();
         return;
@@ -349,6 +351,7 @@ Plan predict_external(const Scenario& s) {
     }
     if (again.name != p.hello.name || again.runtime != p.hello.runtime) {
       p.given_up = true;
+      p.process->kill_now();
       throw PredictorError(fmt::format("external predictor `{}` came back as \"{}\" (runtime comfy:{}) after a restart, not \"{}\" "
                                        "(comfy:{})",
                                        shown(p.command), again.name, preset_name(again.runtime), p.hello.name, preset_name(p.hello.runtime)),
@@ -372,7 +375,10 @@ Plan predict_external(const Scenario& s) {
     const std::string type = j.at("type").str();
     if (type == "error") {
       j.expect_object({"type", "id", "message"});
-      if (j.at("id").u64() != id) j.at("id").fail(fmt::format("is not the request's id {}", id));
+      if (j.at("id").u64() != id) {
+        p.process->kill_now();  // out of step, as for a plan
+        j.at("id").fail(fmt::format("is not the request's id {}", id));
+      }
       // The predictor could not plan this case, and said so: the case's error, not a failure of
       // the process (it is in step and keeps running).
       p.failures = 0;

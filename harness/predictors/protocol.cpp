@@ -106,13 +106,13 @@ std::vector<Bytes> read_per_module(const JsonIn& j, std::size_t count) {
   j.expect_array();
   if (j.size() != count) j.fail(fmt::format("has {} entries; give one per module of the model ({}) or leave it out", j.size(), count));
   std::vector<Bytes> v(count);
-  for (std::size_t k = 0; k < count; ++k) v[k] = j.at(k).u64();
+  for (std::size_t k = 0; k < count; ++k) v[k] = j.at(k).u64_in(0, kMaxDeviceBytes);
   return v;
 }
 
 Bytes opt_u64(const JsonIn& j, std::string_view key, Bytes fallback = 0) {
   const auto v = j.opt(key);
-  return v ? v->u64() : fallback;
+  return v ? v->u64_in(0, kMaxDeviceBytes) : fallback;
 }
 
 ojson load_json(const Scenario& s, const LoadPlan& lp) {
@@ -188,17 +188,24 @@ StagingPlan read_staging(const JsonIn& j, std::uint32_t model, std::size_t count
   j.expect_object({"vbar_request", "vbar_pages", "staged", "vbar_end", "patches", "forced", "forced_bytes", "uncounted", "order",
                    "offload_cost", "slice_offset", "slice_size", "forced_modules", "slices_beyond_cap"});
   StagingPlan st;
-  st.vbar_request = j.at("vbar_request").u64();
-  st.vbar_pages = j.at("vbar_pages").u64();
-  st.staged = j.at("staged").u64();
-  st.vbar_end = j.at("vbar_end").u64();
+  st.vbar_request = j.at("vbar_request").u64_in(0, kMaxDeviceBytes);
+  st.vbar_pages = j.at("vbar_pages").u64_in(0, kMaxDeviceBytes);
+  st.staged = j.at("staged").u64_in(0, kMaxDeviceBytes);
+  st.vbar_end = j.at("vbar_end").u64_in(0, kMaxDeviceBytes);
   st.patches = j.at("patches").u32_in(0, UINT32_MAX);
   st.forced = j.at("forced").u32_in(0, UINT32_MAX);
-  st.forced_bytes = j.at("forced_bytes").u64();
+  st.forced_bytes = j.at("forced_bytes").u64_in(0, kMaxDeviceBytes);
   st.uncounted = opt_u64(j, "uncounted");
   st.order = read_order(j.at("order"), model, count, names);
   st.slice_offset = read_per_module(j.at("slice_offset"), count);
   st.slice_size = read_per_module(j.at("slice_size"), count);
+  for (std::size_t i = 0; i < count; ++i) {
+    // Both are at most 1 PiB, so the sum cannot wrap.
+    if (st.slice_offset[i] + st.slice_size[i] > st.vbar_request) {
+      j.at("slice_size").at(i).fail(fmt::format("the slice at {} of {} bytes ends past the VBAR's {} bytes (vbar_request)",
+                                                st.slice_offset[i], st.slice_size[i], st.vbar_request));
+    }
+  }
   if (const auto v = j.opt("offload_cost")) st.offload_cost = read_per_module(*v, count);
   st.forced_module = j.has("forced_modules") ? read_flags(j.at("forced_modules"), model, count, names) : std::vector<std::uint8_t>(count, 0);
   st.slices_beyond_cap = opt_u64(j, "slices_beyond_cap");
@@ -261,7 +268,7 @@ LoadPlan read_load(const JsonIn& j, const Scenario& s, ModuleNames& names, std::
   lp.loaded = opt_u64(j, "loaded", on);
   lp.offloaded = opt_u64(j, "offloaded", cast);
   lp.uncounted = opt_u64(j, "uncounted", sat_sub(sat_sub(spec.bytes, on), cast));
-  lp.offload_buffer = j.at("offload_buffer").u64();
+  lp.offload_buffer = j.at("offload_buffer").u64_in(0, kMaxDeviceBytes);
   lp.lowvram_patches = j.has("lowvram_patches") ? j.at("lowvram_patches").u32_in(0, UINT32_MAX) : 0;
   if (const auto v = j.opt("sorted")) lp.sorted = read_order(*v, lp.model, count, names);
   if (const auto v = j.opt("offload_cost")) lp.offload_cost = read_per_module(*v, count);

@@ -8,7 +8,9 @@ modes: ok, timeout (hello, then never answers), crash (exits 3 on the first requ
 (crashes on the first request of the first process only: STATE_FILE marks it), malformed (a
 reply that is not JSON), schema (hello in vramfuzz.predictor/2), no-hello (exits at once),
 unknown-module (a resident module the case does not have), both (a module resident and
-offloaded), error (an error reply), bad-id (a reply to another request).
+offloaded), error (an error reply), bad-id (a reply to another request), error-after-N (N good
+replies, then error replies), crash-after-N (N good replies, then it exits 3; every restart
+exits 3 on its first request: STATE_FILE marks the first process).
 """
 import json
 import os
@@ -33,9 +35,26 @@ def main():
         sys.exit(5)
     say({"schema": "vramfuzz.predictor/2" if mode == "schema" else "vramfuzz.predictor/1", "type": "hello",
          "name": f"faulty-{mode}" + (f"-{os.path.basename(state)}" if state else ""), "version": "1", "runtime": "comfy:dec2025"})
+    good = 0
+    if mode.startswith("crash-after-") and state:
+        if os.path.exists(state):
+            mode = "crash"
+        else:
+            open(state, "w").close()
     for line in sys.stdin:
         request = json.loads(line)
         rid = request["id"]
+        for kind in ("error-after-", "crash-after-"):
+            if mode.startswith(kind) and good >= int(mode[len(kind):]):
+                if kind == "crash-after-":
+                    sys.exit(3)
+                say({"type": "error", "id": rid, "message": "no planner for this one"})
+                break
+        else:
+            good += 1
+            kind = None
+        if kind is not None:
+            continue
         if mode == "timeout":
             time.sleep(3600)
         if mode == "crash":
