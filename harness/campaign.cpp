@@ -342,8 +342,15 @@ std::vector<CorpusEntry> replay_corpus(const std::string& dir, Catalog& catalog,
     }
     c.policy = s.policy.key();
     const CaseResult r = run_case(s, backend, false);
+    // A predictor given up cannot replay the rest either: nothing is found yet, stop here.
+    if (r.exec.fatal) throw InfraError(fmt::format("corpus: {}: {}", f, r.verdict.message));
     c.still_fails = r.verdict.signature == c.signature;
-    c.verdict = r.verdict.signature.empty() ? std::string(verdict_kind_name(r.verdict.kind)) : r.verdict.signature;
+    // An error says nothing about the repro (its predictor did not answer, the device failed):
+    // it is not fixed, and its signature stays known.
+    c.undetermined = !c.still_fails && r.verdict.kind == VerdictKind::error;
+    c.verdict = c.undetermined ? "error: " + r.verdict.message
+                : r.verdict.signature.empty() ? std::string(verdict_kind_name(r.verdict.kind))
+                                              : r.verdict.signature;
     out.push_back(std::move(c));
   }
   return out;
@@ -359,7 +366,8 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     out.corpus = replay_corpus(cfg.corpus_dir, catalog, backend);
     for (const CorpusEntry& c : out.corpus) {
       known.insert({c.signature, c.policy});
-      spdlog::info("corpus: {} {} ({} under {})", c.still_fails ? "still fails" : "FIXED", c.file, c.verdict, c.policy);
+      if (c.undetermined) spdlog::warn("corpus: UNDETERMINED {} under {}: {}", c.file, c.policy, c.verdict);
+      else spdlog::info("corpus: {} {} ({} under {})", c.still_fails ? "still fails" : "FIXED", c.file, c.verdict, c.policy);
     }
   }
   const std::function<double()> elapsed = [start] {

@@ -139,6 +139,7 @@ struct CorpusEntry {
   std::string signature;  // as recorded
   std::string policy;     // the repro's Policy::key(): it is known under this policy only
   bool still_fails = false;
+  bool undetermined = false;  // the replay was an error (e.g. its external predictor failed): neither fails nor is fixed
   std::string verdict;    // what it gives now
 };
 

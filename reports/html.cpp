@@ -560,6 +560,11 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
                      get_u64(k, "replayed"), xml_escape(get_str(k, "dir")), get_u64(k, "still_fail"), get_u64(k, "no_longer_reproduce"));
     const Table gone = corpus_table(doc);
     if (!gone.rows.empty()) h += to_html(gone);
+    const Table unknown = corpus_table(doc, true);
+    if (!unknown.rows.empty()) {
+      h += fmt::format("<p>{} undetermined (the replay was an error, so neither fixed nor failing):</p>\n", unknown.rows.size()) +
+           to_html(unknown);
+    }
   }
 
   std::size_t i = 0;

@@ -98,6 +98,11 @@ std::string markdown_summary(const Json& doc, const std::string& report_dir) {
                       get_u64(c, "replayed"), get_str(c, "dir"), get_u64(c, "still_fail"), get_u64(c, "no_longer_reproduce"));
     const Table gone = corpus_table(doc);
     if (!gone.rows.empty()) md += to_markdown(gone) + "\n";
+    const Table unknown = corpus_table(doc, true);
+    if (!unknown.rows.empty()) {
+      md += fmt::format("{} undetermined (the replay was an error, so neither fixed nor failing):\n\n", unknown.rows.size()) +
+            to_markdown(unknown) + "\n";
+    }
   }
   if (doc.contains("calibrate")) {
     const Json& cal = doc["calibrate"];

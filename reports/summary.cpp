@@ -304,14 +304,18 @@ Json matrix_json(std::vector<std::string> policies, std::vector<std::string> all
 
 Json corpus_json(const std::string& dir, const std::vector<CorpusEntry>& entries) {
   Json e = Json::array();
-  std::size_t still = 0;
+  std::size_t still = 0, undetermined = 0;
   for (const CorpusEntry& c : entries) {
     still += c.still_fails ? 1 : 0;
-    e.push_back({{"file", c.file}, {"signature", c.signature}, {"policy", c.policy}, {"still_fails", c.still_fails},
-                 {"verdict", c.verdict}});
+    undetermined += c.undetermined ? 1 : 0;
+    Json x = {{"file", c.file}, {"signature", c.signature}, {"policy", c.policy}, {"still_fails", c.still_fails}, {"verdict", c.verdict}};
+    if (c.undetermined) x["undetermined"] = true;
+    e.push_back(std::move(x));
   }
-  return {{"dir", dir}, {"replayed", entries.size()}, {"still_fail", still}, {"no_longer_reproduce", entries.size() - still},
-          {"entries", std::move(e)}};
+  Json out = {{"dir", dir}, {"replayed", entries.size()}, {"still_fail", still}, {"no_longer_reproduce", entries.size() - still - undetermined}};
+  if (undetermined) out["undetermined"] = undetermined;
+  out["entries"] = std::move(e);
+  return out;
 }
 
 // "key=value" per override or option, as given.
@@ -1066,18 +1070,24 @@ Json merge_summaries(const std::vector<Json>& docs, const std::vector<std::strin
         m = e;
       } else if (e.value("still_fails", false) && !m.value("still_fails", false)) {
         m = e;
+      } else if (!e.value("still_fails", false) && !m.value("still_fails", false) && m.value("undetermined", false) &&
+                 !e.value("undetermined", false)) {
+        m = e;  // a shard that could replay it says more than one that could not
       }
     }
   }
   if (!corpus.empty() || !corpus_dir.empty()) {
     Json entries = Json::array();
-    std::size_t still = 0;
+    std::size_t still = 0, undetermined = 0;
     for (auto& [f, e] : corpus) {
       still += e.value("still_fails", false) ? 1 : 0;
+      undetermined += e.value("undetermined", false) ? 1 : 0;
       entries.push_back(std::move(e));
     }
-    out["corpus"] = {{"dir", corpus_dir}, {"replayed", entries.size()}, {"still_fail", still},
-                     {"no_longer_reproduce", entries.size() - still}, {"entries", std::move(entries)}};
+    Json k = {{"dir", corpus_dir}, {"replayed", entries.size()}, {"still_fail", still}, {"no_longer_reproduce", entries.size() - still - undetermined}};
+    if (undetermined) k["undetermined"] = undetermined;
+    k["entries"] = std::move(entries);
+    out["corpus"] = std::move(k);
   }
   // Known-ness by the same rule as the campaign's, against the joined corpus.
   std::size_t fresh = 0;

@@ -188,8 +188,9 @@ Check matrix() {
 
 Check corpus() {
   return object({req("dir", str()), req("replayed", u64()), req("still_fail", u64()), req("no_longer_reproduce", u64()),
+                 opt("undetermined", u64()),
                  req("entries", array_of(object({req("file", str()), req("signature", finding_signature()), req("policy", str()),
-                                                 req("still_fails", boolean()), req("verdict", str())})))});
+                                                 req("still_fails", boolean()), opt("undetermined", boolean()), req("verdict", str())})))});
 }
 
 Check stats_fields(std::vector<Field> f) {
@@ -304,13 +305,22 @@ void check_consistency(const json& doc, const JsonIn& j) {
   }
   if (doc.contains("corpus")) {
     const json& k = doc["corpus"];
-    std::uint64_t still = 0;
-    for (const json& e : k["entries"]) still += e["still_fails"].get<bool>() ? 1 : 0;
+    std::uint64_t still = 0, undetermined = 0;
     const JsonIn kj = j.at("corpus");
+    for (std::size_t i = 0; i < k["entries"].size(); ++i) {
+      const json& e = k["entries"][i];
+      still += e["still_fails"].get<bool>() ? 1 : 0;
+      const bool u = e.value("undetermined", false);
+      if (u && e["still_fails"].get<bool>()) kj.at("entries").at(i).at("undetermined").fail("an entry that still fails is determined");
+      undetermined += u ? 1 : 0;
+    }
     if (k["replayed"].get<std::uint64_t>() != k["entries"].size()) kj.at("replayed").fail(fmt::format("is not the {} entries", k["entries"].size()));
     if (k["still_fail"].get<std::uint64_t>() != still) kj.at("still_fail").fail(fmt::format("is not the {} entries that still fail", still));
-    if (k["no_longer_reproduce"].get<std::uint64_t>() != k["entries"].size() - still) {
-      kj.at("no_longer_reproduce").fail(fmt::format("is not the {} entries that no longer reproduce", k["entries"].size() - still));
+    if (k.value("undetermined", std::uint64_t{0}) != undetermined) {
+      kj.at("undetermined").fail(fmt::format("is not the {} undetermined entries", undetermined));
+    }
+    if (k["no_longer_reproduce"].get<std::uint64_t>() != k["entries"].size() - still - undetermined) {
+      kj.at("no_longer_reproduce").fail(fmt::format("is not the {} entries that no longer reproduce", k["entries"].size() - still - undetermined));
     }
   }
 }

@@ -163,13 +163,13 @@ Table findings_table(const Json& doc, const LinkFn& link) {
   return t;
 }
 
-Table corpus_table(const Json& doc) {
+Table corpus_table(const Json& doc, bool undetermined) {
   Table t;
   t.headers = {"repro", "recorded signature", "policy", "now"};
   t.right = {false, false, false, false};
   if (!doc.contains("corpus")) return t;
   for (const Json& e : get_arr(doc["corpus"], "entries")) {
-    if (get_bool(e, "still_fails")) continue;
+    if (get_bool(e, "still_fails") || e.value("undetermined", false) != undetermined) continue;
     t.rows.push_back({get_str(e, "file"), get_str(e, "signature"), get_str(e, "policy"), get_str(e, "verdict")});
   }
   return t;

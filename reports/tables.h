@@ -39,7 +39,9 @@ std::vector<const Json*> findings_by_severity(const Json& doc);
 // Why a finding is known or new: "known (origin-oct2025/repro.json)", "new; the corpus has it
 // under comfy:oct2025", "new". Corpus files are named from the corpus directory.
 std::string corpus_note(const Json& doc, const Json& finding);
-Table corpus_table(const Json& doc);   // only the repros that no longer reproduce
+// The repros that no longer reproduce; with `undetermined`, those whose replay was an error
+// (neither fixed nor still failing).
+Table corpus_table(const Json& doc, bool undetermined = false);
 Table calibrate_mode_table(const Json& doc);
 // `only_needing`: the classes that need a reserve (need > 0 or an OOM), for the short reports.
 Table calibrate_class_table(const Json& doc, bool only_needing);

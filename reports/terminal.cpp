@@ -22,6 +22,9 @@ std::string terminal_findings(const Json& doc) {
     for (const auto& row : corpus_table(doc).rows) {
       out += fmt::format("  no longer reproduces: {} ({} under {} -> {})\n", row[0], row[1], row[2], row[3]);
     }
+    for (const auto& row : corpus_table(doc, true).rows) {
+      out += fmt::format("  undetermined: {} ({} under {} -> {})\n", row[0], row[1], row[2], row[3]);
+    }
   }
   Table t = findings_table(doc, [](const std::string& p) { return p; });
   // A terminal line stays readable: the cause cut at 72 characters (summary.md and the HTML

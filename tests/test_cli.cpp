@@ -137,6 +137,40 @@ TEST_F(Cli, ReportRecoversAnExternalPredictorsCampaignWithoutStartingIt) {
   EXPECT_EQ(after["findings"].size(), before["findings"].size());
 }
 
+// A corpus replayed with a predictor that cannot answer: its repros are undetermined, never
+// FIXED, and their signatures stay known.
+TEST_F(Cli, ACorpusReplayWhosePredictorFailsIsUndeterminedNotFixed) {
+  const Proc f = run({"fuzz", "--backend", "sim", "--cases", "40", "--seed", "3", "--no-shrink", "--policy",
+                      fmt::format("exec:python3 {}/adapters/minimal/minimal_predictor.py", VF_SOURCE_DIR), "--out", "o"},
+                     120);
+  ASSERT_EQ(f.exit_code, 1) << describe(f);
+  const std::size_t found = nlohmann::json::parse(read_file(dir_ / "o" / "summary.json"))["findings"].size();
+  ASSERT_GT(found, 0u);
+  write("down.py",
+        "import json, sys\n"
+        "print(json.dumps({'schema': 'vramfuzz.predictor/1', 'type': 'hello', 'name': 'minimal-python', 'version': '1',"
+        " 'runtime': 'comfy:dec2025'}), flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    print(json.dumps({'type': 'error', 'id': json.loads(line)['id'], 'message': 'down for maintenance'}), flush=True)\n");
+  const Proc g = run({"fuzz", "--backend", "sim", "--cases", "1", "--no-shrink", "--policy", "exec:python3 down.py", "--corpus", "o",
+                      "--out", "o2"},
+                     120);
+  ASSERT_EQ(g.exit_code, 3) << describe(g);  // its one new case is an error too
+  EXPECT_NE(g.err.find("corpus: UNDETERMINED"), std::string::npos) << describe(g);
+  EXPECT_EQ(g.err.find("FIXED"), std::string::npos) << describe(g);
+  const nlohmann::json k = nlohmann::json::parse(read_file(dir_ / "o2" / "summary.json"))["corpus"];
+  EXPECT_GT(k["replayed"].get<std::size_t>(), 0u);
+  EXPECT_EQ(k["undetermined"], k["replayed"]);
+  EXPECT_EQ(k["no_longer_reproduce"], 0);
+  EXPECT_EQ(k["still_fail"], 0);
+  for (const auto& e : k["entries"]) {
+    EXPECT_TRUE(e["undetermined"].get<bool>());
+    EXPECT_NE(e["verdict"].get<std::string>().find("down for maintenance"), std::string::npos) << e.dump();
+  }
+  const std::string md = read_file(dir_ / "o2" / "summary.md");
+  EXPECT_NE(md.find("undetermined (the replay was an error, so neither fixed nor failing)"), std::string::npos);
+}
+
 // ---- run / plan on the example ----------------------------------------------------------------
 
 // A summary rebuilt from the finding files (`report` after a campaign lost its summary) labels a
