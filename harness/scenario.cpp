@@ -739,11 +739,18 @@ std::vector<Module> parse_modules(const JsonIn& j) {
   return modules;
 }
 
+thread_local std::unordered_map<std::uint64_t, std::shared_ptr<const ModelSpec>>* g_spec_refs = nullptr;
+
 // `base_dir`: where a relative "file:PATH" source is looked up (the scenario file's directory).
 ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_dir) {
   j.expect_object({"id", "source", "storage", "scaled", "compute", "lora", "patcher", "prefetch", "kind", "family",
-                   "memory_usage_factor", "arch", "modules", "keep", "drop"});
+                   "memory_usage_factor", "arch", "modules", "keep", "drop", "spec_ref"});
   ModelRef ref;
+  std::optional<std::uint64_t> spec_ref;
+  if (auto v = j.opt("spec_ref")) {
+    if (!g_spec_refs) v->fail("only a predictor-protocol request names a spec_ref; a scenario gives its models whole");
+    spec_ref = v->u64();
+  }
   if (auto v = j.opt("patcher")) {
     const std::string p = v->str();
     if (p == "legacy") ref.legacy = true;
@@ -755,7 +762,7 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
     if (!dtype_info(ref.compute).compute) v->fail(fmt::format("{} is not a compute dtype (use fp32, fp16 or bf16)", dtype_name(ref.compute)));
   }
   if (auto v = j.opt("lora")) ref.lora = v->boolean();
-  const bool inline_model = j.has("modules");
+  const bool inline_model = j.has("modules") || spec_ref;
   ref.source = inline_model ? "inline" : "";
   if (auto v = j.opt("source")) ref.source = v->str();
   if (ref.source.empty()) j.at("source").fail("required: \"catalog:NAME\", \"file:PATH\", or give \"modules\" inline");
@@ -817,6 +824,14 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
       ref.catalog_source = ref.source;
       ref.spec = std::move(sub);
     }
+  } else if (ref.source == "inline" && spec_ref && !j.has("modules")) {
+    for (std::string_view k : {"storage", "scaled", "keep", "drop", "kind", "family", "memory_usage_factor", "arch"}) {
+      if (j.has(k)) j.at(k).fail("not allowed with a spec_ref (the spec it names has it)");
+    }
+    const auto it = g_spec_refs->find(*spec_ref);
+    if (it == g_spec_refs->end()) j.at("spec_ref").fail(fmt::format("spec {} was never sent, or was forgotten", *spec_ref));
+    ref.id = "model";
+    ref.spec = it->second;
   } else if (ref.source == "inline") {
     for (std::string_view k : {"storage", "scaled", "keep", "drop"}) {
       if (j.has(k)) j.at(k).fail("not allowed with an inline model (each tensor names its dtype)");
@@ -844,6 +859,7 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
     finalize_model(*spec, j.path());
     if (spec->bytes > kMaxModelBytes) j.at("modules").fail(fmt::format("model is {} bytes, more than the {} limit", spec->bytes, format_size(kMaxModelBytes)));
     ref.spec = std::move(spec);
+    if (spec_ref) (*g_spec_refs)[*spec_ref] = ref.spec;
   } else if (ref.source.rfind("file:", 0) == 0) {
     // A safetensors / GGUF file (or a sharded index.json), imported now (models/import.h).
     for (std::string_view k : {"storage", "scaled", "kind", "memory_usage_factor", "arch", "modules", "keep", "drop"}) {
@@ -1370,7 +1386,14 @@ std::string storage_label(const ModelRef& m) {
   return out;
 }
 
-std::string scenario_to_json(const Scenario& s, int indent) {
+SpecRefScope::SpecRefScope(std::unordered_map<std::uint64_t, std::shared_ptr<const ModelSpec>>& specs) : saved_(g_spec_refs) {
+  g_spec_refs = &specs;
+}
+SpecRefScope::~SpecRefScope() { g_spec_refs = saved_; }
+
+std::string scenario_to_json(const Scenario& s, int indent) { return scenario_to_ordered_json(s).dump(indent); }
+
+nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
   nlohmann::ordered_json j;
   j["schema"] = kScenarioSchema;
   if (!s.name.empty()) j["name"] = s.name;
@@ -1416,7 +1439,7 @@ std::string scenario_to_json(const Scenario& s, int indent) {
   j["pipeline"] = std::move(pipe);
   if (nlohmann::json a = activation_spec_json(s.activations); !a.is_null()) j["activations"] = std::move(a);
   if (s.from_log) j["from_log"] = from_log_json(*s.from_log);
-  return j.dump(indent);
+  return j;
 }
 
 // ---- fingerprint ------------------------------------------------------------------------------

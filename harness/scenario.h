@@ -329,6 +329,22 @@ Scenario load_case_file(const std::string& path, Catalog& catalog);
 // The same from text (`origin` names it in errors; its directory is where "file:" sources are found).
 Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_view origin);
 std::string scenario_to_json(const Scenario& s, int indent = 2);
+// The predictor protocol's spec references (harness/predictors/protocol.h, SpecStore): while a
+// SpecRefScope lives on this thread, an inline model may carry "spec_ref": N. With its spec
+// (modules ...) it defines N in `specs`; without, it is the spec N defined. Outside one, a
+// spec_ref is an error: a scenario file is always self-contained.
+class SpecRefScope {
+ public:
+  explicit SpecRefScope(std::unordered_map<std::uint64_t, std::shared_ptr<const ModelSpec>>& specs);
+  ~SpecRefScope();
+  SpecRefScope(const SpecRefScope&) = delete;
+  SpecRefScope& operator=(const SpecRefScope&) = delete;
+
+ private:
+  std::unordered_map<std::uint64_t, std::shared_ptr<const ModelSpec>>* saved_;
+};
+// The same document, before it is written (for writers that add to it: the predictor protocol).
+nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s);
 
 // A structural fingerprint of everything scenario_to_json writes, computed without writing it
 // (the shrinker keys its candidate cache with it): scenarios whose canonical JSON differs have

@@ -122,6 +122,121 @@ TEST(PredictorProtocol, ARepliedPlanIsCheckedAgainstTheCase) {
   EXPECT_NE(error_of(bad).find("surprise"), std::string::npos) << error_of(bad);
 }
 
+// A request to a predictor that said supports.spec_refs: what it reads back is the same case.
+Scenario read_request(const std::string& line, SpecStore& store, Catalog& catalog) {
+  const nlohmann::json doc = nlohmann::json::parse(line);
+  store.forget(JsonIn(doc, "request"));
+  const SpecRefScope scope(store.specs);
+  return scenario_from_json(doc["scenario"], catalog, "request.scenario");
+}
+
+TEST(PredictorProtocol, ASpecIsSentOnceAndReferencedAfter) {
+  Catalog catalog;
+  const Scenario s = generated(11, catalog, "comfy:dec2025");
+  SpecRefs refs;
+  SpecStore store;
+  const std::string first = request_line(s, 1, refs), second = request_line(s, 2, refs);
+  const nlohmann::json a = nlohmann::json::parse(first), b = nlohmann::json::parse(second);
+  ASSERT_EQ(a["scenario"]["models"].size(), s.models.size());
+  for (std::size_t i = 0; i < s.models.size(); ++i) {
+    const bool defined_earlier = [&] {
+      for (std::size_t k = 0; k < i; ++k) {
+        if (a["scenario"]["models"][k]["spec_ref"] == a["scenario"]["models"][i]["spec_ref"]) return true;
+      }
+      return false;
+    }();
+    EXPECT_EQ(a["scenario"]["models"][i].contains("modules"), !defined_earlier) << i;
+    EXPECT_FALSE(b["scenario"]["models"][i].contains("modules")) << i;
+    EXPECT_FALSE(b["scenario"]["models"][i].contains("kind")) << i;
+    EXPECT_EQ(b["scenario"]["models"][i]["spec_ref"], a["scenario"]["models"][i]["spec_ref"]);
+    EXPECT_EQ(b["scenario"]["models"][i]["compute"], a["scenario"]["models"][i]["compute"]);
+  }
+  EXPECT_LT(second.size() * 4, first.size()) << second.size() << " vs " << first.size();
+  // Both read back as the case the plain request carries.
+  const std::string plain = nlohmann::json::parse(request_line(s, 1))["scenario"].dump();
+  EXPECT_EQ(scenario_to_json(read_request(first, store, catalog), -1), scenario_to_json(scenario_from_json(nlohmann::json::parse(plain), catalog, "x"), -1));
+  EXPECT_EQ(scenario_to_json(read_request(second, store, catalog), -1), scenario_to_json(read_request(first, store, catalog), -1));
+  // After a restart the process holds nothing: everything is sent again.
+  refs.reset();
+  EXPECT_TRUE(nlohmann::json::parse(request_line(s, 3, refs))["scenario"]["models"][0].contains("modules"));
+}
+
+TEST(PredictorProtocol, BeyondItsCapacityTheLeastRecentlyUsedSpecIsForgotten) {
+  Catalog catalog;
+  SpecRefs refs(2);
+  SpecStore store;
+  std::vector<Scenario> cases;
+  for (std::uint64_t seed = 1; cases.size() < 3 && seed < 100; ++seed) {
+    Scenario s = generated(seed, catalog, "comfy:dec2025");
+    if (s.models.size() != 1) continue;
+    bool fresh = true;
+    for (const Scenario& c : cases) fresh &= scenario_to_json(c) != scenario_to_json(s);
+    if (fresh) cases.push_back(std::move(s));
+  }
+  ASSERT_EQ(cases.size(), 3u);
+  const auto send = [&](const Scenario& s, std::uint64_t id) {
+    const std::string line = request_line(s, id, refs);
+    (void)read_request(line, store, catalog);
+    return nlohmann::json::parse(line);
+  };
+  EXPECT_FALSE(send(cases[0], 1).contains("forget"));
+  EXPECT_FALSE(send(cases[1], 2).contains("forget"));
+  const std::uint64_t ref0 = nlohmann::json::parse(request_line(cases[0], 3, refs))["scenario"]["models"][0]["spec_ref"];
+  // cases[0] was just used again: the third spec pushes out cases[1]'s.
+  const nlohmann::json third = send(cases[2], 4);
+  ASSERT_TRUE(third.contains("forget"));
+  ASSERT_EQ(third["forget"].size(), 1u);
+  EXPECT_NE(third["forget"][0], ref0);
+  EXPECT_EQ(refs.held(), 2u);
+  EXPECT_EQ(store.specs.size(), 2u);
+  // A reference to what was forgotten is an error naming the field.
+  nlohmann::json stale = nlohmann::json::parse(request_line(cases[0], 5, refs));
+  stale["scenario"]["models"][0]["spec_ref"] = third["forget"][0];
+  try {
+    (void)read_request(stale.dump(), store, catalog);
+    ADD_FAILURE() << "read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("request.scenario.models[0].spec_ref: spec"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was never sent, or was forgotten"), std::string::npos) << e.what();
+  }
+  // A scenario file never carries one.
+  nlohmann::json file = nlohmann::json::parse(scenario_to_json(cases[0]));
+  file["models"][0]["spec_ref"] = 1;
+  try {
+    (void)parse_scenario_json(file.dump(), catalog, "case.json");
+    ADD_FAILURE() << "read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("only a predictor-protocol request names a spec_ref"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PredictorProtocol, AReplyMayNameModulesByIndex) {
+  Catalog catalog;
+  const Scenario s = generated(3, catalog, "comfy:dec2025");
+  const Plan p = predict(s);
+  const nlohmann::json by_name = reparsed(plan_json(s, p)), by_index = reparsed(plan_json(s, p, true));
+  EXPECT_TRUE(by_index["loads"][0]["resident"].empty() || by_index["loads"][0]["resident"][0].is_number());
+  EXPECT_EQ(plan_json(s, plan_from_json(JsonIn(by_index, "reply.plan"), s)), plan_json(s, plan_from_json(JsonIn(by_name, "reply.plan"), s)));
+  nlohmann::json bad = by_index;
+  bad["loads"][0]["resident"] = {s.models[p.loads[0].model].spec->modules.size()};
+  try {
+    (void)plan_from_json(JsonIn(bad, "reply.plan"), s);
+    ADD_FAILURE() << "read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("reply.plan.loads[0].resident[0]: module index {} is out of range",
+                                                     s.models[p.loads[0].model].spec->modules.size())),
+              std::string::npos)
+        << e.what();
+  }
+  bad["loads"][0]["resident"] = {0, 0};
+  try {
+    (void)plan_from_json(JsonIn(bad, "reply.plan"), s);
+    ADD_FAILURE() << "read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("reply.plan.loads[0].resident[1]: module \"0 ("), std::string::npos) << e.what();
+  }
+}
+
 // ---- predictor processes -----------------------------------------------------------------------
 
 std::string faulty(const std::string& mode, const std::string& extra = "") {

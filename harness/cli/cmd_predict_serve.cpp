@@ -27,17 +27,22 @@ void put(const std::string& line) {
 }
 
 // One request to one reply line; what cannot be planned is an error reply naming why.
-std::string answer(const std::string& line, const Policy& serve, Catalog& catalog) {
+std::string answer(const std::string& line, const Policy& serve, Catalog& catalog, SpecStore& specs) {
   std::uint64_t id = 0;
   try {
     const nlohmann::json doc = parse_json_text(line, "request");
     const JsonIn j(doc, "request");
     if (!j.is_object()) j.fail("expected an object");
     if (const auto v = j.opt("id")) id = v->u64();
-    j.expect_object({"type", "id", "view", "scenario"});
+    j.expect_object({"type", "id", "view", "forget", "scenario"});
+    specs.forget(j);
     if (j.at("type").str() != "predict") j.at("type").fail("expected \"predict\"");
     id = j.at("id").u64();
-    Scenario s = scenario_from_json(j.at("scenario").raw(), catalog, "request.scenario");
+    Scenario s;
+    {
+      const SpecRefScope refs(specs.specs);
+      s = scenario_from_json(j.at("scenario").raw(), catalog, "request.scenario");
+    }
     // The served predictor, with the case's overrides of the runtime's constants.
     Policy p = serve;
     for (const auto& [k, v] : s.policy.overrides) apply_policy_override(p, k, v, "request.scenario.policy.overrides");
@@ -47,7 +52,7 @@ std::string answer(const std::string& line, const Policy& serve, Catalog& catalo
     }
     s.policy = p;
     validate_scenario(s);
-    return plan_reply_line(s, predict(s), id);
+    return plan_reply_line(s, predict(s), id, true);
   } catch (const InputError& e) {
     return error_reply_line(id, e.what());
   }
@@ -60,14 +65,16 @@ int do_serve(const std::string& policy_text) {
   hello.name = "vramfuzz predict-serve " + serve.label();
   hello.version = tool_version();
   hello.runtime = serve.preset;
+  hello.spec_refs = true;
   put(hello_line(hello));
+  SpecStore specs;
   Catalog catalog;
   std::ios::sync_with_stdio(false);  // getline on a C-synchronised cin reads a byte per call
   std::string line;
   std::uint64_t served = 0;
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
-    put(answer(line, serve, catalog));
+    put(answer(line, serve, catalog, specs));
     ++served;
   }
   spdlog::debug("predict-serve: {} requests, stdin closed", served);

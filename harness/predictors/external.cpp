@@ -253,6 +253,7 @@ struct Predictor {
   bool given_up = false;
   std::string last_failure;
   std::uint64_t next_id = 1;
+  SpecRefs refs;  // the specs this process holds (hello.spec_refs); none after a restart
 };
 
 class Registry {
@@ -357,11 +358,14 @@ Plan predict_external(const Scenario& s) {
                                        shown(p.command), again.name, preset_name(again.runtime), p.hello.name, preset_name(p.hello.runtime)),
                            true);
     }
+    p.hello.spec_refs = again.spec_refs;
+    p.refs.reset();
     spdlog::info("external predictor \"{}\" restarted", p.hello.name);
   }
   const std::uint64_t id = p.next_id++;
   std::string line;
-  if (const std::string err = p.process->exchange(request_line(s, id), line, g_settings.reply_timeout_s); !err.empty()) fail_case(p, err);
+  if (const std::string err = p.process->exchange(p.hello.spec_refs ? request_line(s, id, p.refs) : request_line(s, id), line,
+                                                         g_settings.reply_timeout_s); !err.empty()) fail_case(p, err);
   nlohmann::json doc;
   try {
     doc = parse_json_unique(line);

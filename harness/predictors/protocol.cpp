@@ -25,8 +25,19 @@ class ModuleNames {
  public:
   explicit ModuleNames(const Scenario& s) : s_(s), maps_(s.models.size()) {}
   std::uint32_t index(std::uint32_t model, const JsonIn& j) {
-    auto& m = maps_[model];
     const auto& mods = s_.models[model].spec->modules;
+    if (j.raw().is_number()) {
+      // A module by its index in the request's module list (repeats expanded).
+      if (!j.raw().is_number_unsigned() && !(j.raw().is_number_integer() && j.raw().get<std::int64_t>() >= 0)) {
+        j.fail("expected a module name or a module index (0 or more)");
+      }
+      const std::uint64_t i = j.raw().get<std::uint64_t>();
+      if (i >= mods.size()) {
+        j.fail(fmt::format("module index {} is out of range: model \"{}\" has {} modules", i, s_.models[model].id, mods.size()));
+      }
+      return static_cast<std::uint32_t>(i);
+    }
+    auto& m = maps_[model];
     if (m.empty() && !mods.empty()) {
       m.reserve(mods.size());
       for (std::uint32_t i = 0; i < mods.size(); ++i) m.emplace(mods[i].name, i);
@@ -39,6 +50,7 @@ class ModuleNames {
     }
     return it->second;
   }
+  const ModelSpec& spec(std::uint32_t model) const { return *s_.models[model].spec; }
   std::uint32_t model(const JsonIn& j) const {
     const std::string id = j.str();
     for (std::uint32_t m = 0; m < s_.models.size(); ++m) {
@@ -52,18 +64,26 @@ class ModuleNames {
   std::vector<std::unordered_map<std::string, std::uint32_t>> maps_;
 };
 
-ojson names_of(const ModelSpec& spec, const std::vector<std::uint8_t>& flags) {
+// How a plan names modules: by name, or by index (plan_json's by_index).
+ojson module_ref(const ModelSpec& spec, std::uint32_t i, bool by_index) { return by_index ? ojson(i) : ojson(spec.modules[i].name); }
+
+ojson names_of(const ModelSpec& spec, const std::vector<std::uint8_t>& flags, bool by_index) {
   ojson a = ojson::array();
   for (std::size_t i = 0; i < flags.size() && i < spec.modules.size(); ++i) {
-    if (flags[i]) a.push_back(spec.modules[i].name);
+    if (flags[i]) a.push_back(module_ref(spec, static_cast<std::uint32_t>(i), by_index));
   }
   return a;
 }
 
-ojson names_in_order(const ModelSpec& spec, const std::vector<std::uint32_t>& order) {
+ojson names_in_order(const ModelSpec& spec, const std::vector<std::uint32_t>& order, bool by_index) {
   ojson a = ojson::array();
-  for (const std::uint32_t i : order) a.push_back(spec.modules[i].name);
+  for (const std::uint32_t i : order) a.push_back(module_ref(spec, i, by_index));
   return a;
+}
+
+// The name of the module a JSON entry gives (a name or an index), for messages.
+std::string entry_name(const JsonIn& e, const ModelSpec& spec, std::uint32_t i) {
+  return e.raw().is_string() ? e.str() : fmt::format("{} ({})", i, spec.modules[i].name);
 }
 
 template <class T>
@@ -80,7 +100,7 @@ std::vector<std::uint8_t> read_flags(const JsonIn& j, std::uint32_t model, std::
   for (std::size_t k = 0; k < j.size(); ++k) {
     const JsonIn e = j.at(k);
     const std::uint32_t i = names.index(model, e);
-    if (flags[i]) e.fail(fmt::format("module \"{}\" given twice", e.str()));
+    if (flags[i]) e.fail(fmt::format("module \"{}\" given twice", entry_name(e, names.spec(model), i)));
     flags[i] = 1;
   }
   return flags;
@@ -94,7 +114,7 @@ std::vector<std::uint32_t> read_order(const JsonIn& j, std::uint32_t model, std:
   for (std::size_t k = 0; k < j.size(); ++k) {
     const JsonIn e = j.at(k);
     const std::uint32_t i = names.index(model, e);
-    if (seen[i]) e.fail(fmt::format("module \"{}\" given twice", e.str()));
+    if (seen[i]) e.fail(fmt::format("module \"{}\" given twice", entry_name(e, names.spec(model), i)));
     seen[i] = 1;
     order.push_back(i);
   }
@@ -115,7 +135,7 @@ Bytes opt_u64(const JsonIn& j, std::string_view key, Bytes fallback = 0) {
   return v ? v->u64_in(0, kMaxDeviceBytes) : fallback;
 }
 
-ojson load_json(const Scenario& s, const LoadPlan& lp) {
+ojson load_json(const Scenario& s, const LoadPlan& lp, bool by_index) {
   const ModelSpec& spec = *s.models[lp.model].spec;
   ojson j;
   j["stage"] = lp.stage;
@@ -128,7 +148,7 @@ ojson load_json(const Scenario& s, const LoadPlan& lp) {
   ojson ev = ojson::array();
   for (const Eviction& e : lp.evictions) {
     const ModelSpec& es = *s.models[e.model].spec;
-    ev.push_back({{"model", s.models[e.model].id}, {"modules", names_in_order(es, e.modules)}, {"bytes", e.bytes}});
+    ev.push_back({{"model", s.models[e.model].id}, {"modules", names_in_order(es, e.modules, by_index)}, {"bytes", e.bytes}});
   }
   j["evictions"] = std::move(ev);
   j["usable"] = lp.usable;
@@ -138,12 +158,12 @@ ojson load_json(const Scenario& s, const LoadPlan& lp) {
   j["uncounted"] = lp.uncounted;
   j["offload_buffer"] = lp.offload_buffer;
   j["lowvram_patches"] = lp.lowvram_patches;
-  j["resident"] = names_of(spec, lp.resident);
-  j["lowvram"] = names_of(spec, lp.lowvram);
-  j["sorted"] = names_in_order(spec, lp.sorted);
+  j["resident"] = names_of(spec, lp.resident, by_index);
+  j["lowvram"] = names_of(spec, lp.lowvram, by_index);
+  j["sorted"] = names_in_order(spec, lp.sorted, by_index);
   if (!lp.offload_cost.empty()) j["offload_cost"] = numbers(lp.offload_cost);
   j["realistic_transient"] = lp.realistic_transient;
-  if (lp.transient_module < spec.modules.size()) j["transient_module"] = spec.modules[lp.transient_module].name;
+  if (lp.transient_module < spec.modules.size()) j["transient_module"] = module_ref(spec, lp.transient_module, by_index);
   j["log_line"] = lp.log_line;
   j["dynamic"] = lp.dynamic;
   if (lp.dynamic) {
@@ -157,11 +177,11 @@ ojson load_json(const Scenario& s, const LoadPlan& lp) {
     sj["forced"] = st.forced;
     sj["forced_bytes"] = st.forced_bytes;
     sj["uncounted"] = st.uncounted;
-    sj["order"] = names_in_order(spec, st.order);
+    sj["order"] = names_in_order(spec, st.order, by_index);
     sj["offload_cost"] = numbers(st.offload_cost);
     sj["slice_offset"] = numbers(st.slice_offset);
     sj["slice_size"] = numbers(st.slice_size);
-    sj["forced_modules"] = names_of(spec, st.forced_module);
+    sj["forced_modules"] = names_of(spec, st.forced_module, by_index);
     sj["slices_beyond_cap"] = st.slices_beyond_cap;
     j["staging"] = std::move(sj);
   }
@@ -297,6 +317,7 @@ std::string hello_line(const PredictorHello& h) {
   j["name"] = h.name;
   j["version"] = h.version;
   j["runtime"] = fmt::format("comfy:{}", preset_name(h.runtime));
+  if (h.spec_refs) j["supports"] = {{"spec_refs", true}};
   return j.dump() + "\n";
 }
 
@@ -324,10 +345,21 @@ PredictorHello parse_hello(const nlohmann::json& doc, const std::string& origin)
   const auto p = parse_preset(std::string_view(r).substr(6));
   if (!p) rt.fail(fmt::format("unknown preset \"{}\" (use oct2025, nov2025, dec2025, feb2026, sep2026 or dynamic)", r.substr(6)));
   h.runtime = *p;
+  if (const auto sup = j.opt("supports")) {
+    // Capabilities this vramfuzz knows are read; others (of later versions) are ignored.
+    if (!sup->is_object()) sup->fail("expected an object of capability: true/false");
+    if (const auto v = sup->opt("spec_refs")) h.spec_refs = v->boolean();
+  }
   return h;
 }
 
-std::string request_line(const Scenario& s, std::uint64_t id) {
+namespace {
+
+// The request's scenario and view, models inline. `stub`: per model, write its spec as an empty
+// one (the caller replaces it with a spec_ref).
+std::string request_text(const Scenario& s, std::uint64_t id, const std::vector<std::uint64_t>* refs, const std::vector<std::uint8_t>* sent,
+                         const std::vector<std::uint64_t>& forget) {
+  static const std::shared_ptr<const ModelSpec> kStub = std::make_shared<const ModelSpec>();
   Scenario r;
   r.device = s.device;
   r.allocator = s.allocator;
@@ -339,11 +371,12 @@ std::string request_line(const Scenario& s, std::uint64_t id) {
   r.stages = s.stages;
   r.seed = s.seed;
   r.models.reserve(s.models.size());
-  for (const ModelRef& m : s.models) {
-    ModelRef x = m;
+  for (std::size_t i = 0; i < s.models.size(); ++i) {
+    ModelRef x = s.models[i];
     x.source = "inline";
     x.catalog_full.reset();
     x.catalog_source.clear();
+    if (sent && (*sent)[i]) x.spec = kStub;  // the predictor holds it: only its spec_ref is written
     r.models.push_back(std::move(x));
   }
   const Bytes free = s.device.available();
@@ -354,15 +387,73 @@ std::string request_line(const Scenario& s, std::uint64_t id) {
   view["torch_active"] = 0;
   view["allocator_backend"] = allocator_backend(s.allocator.mode);
   view["expandable_segments"] = s.allocator.mode == AllocatorMode::caching_expandable;
-  return fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},\"scenario\":{}}}\n", id, view.dump(), scenario_to_json(r, -1));
+  if (!refs) return fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},\"scenario\":{}}}\n", id, view.dump(), scenario_to_json(r, -1));
+  ojson doc = scenario_to_ordered_json(r);
+  ojson& models = doc["models"];
+  for (std::size_t i = 0; i < s.models.size(); ++i) {
+    ojson& m = models[i];
+    if ((*sent)[i]) {
+      for (const char* k : {"kind", "family", "memory_usage_factor", "arch", "modules"}) m.erase(k);
+    }
+    m["spec_ref"] = (*refs)[i];
+  }
+  std::string out = fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},", id, view.dump());
+  if (!forget.empty()) out += fmt::format("\"forget\":{},", ojson(forget).dump());
+  return out + fmt::format("\"scenario\":{}}}\n", doc.dump());
 }
 
-nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p) {
+}  // namespace
+
+std::string request_line(const Scenario& s, std::uint64_t id) { return request_text(s, id, nullptr, nullptr, {}); }
+
+void SpecRefs::reset() {
+  by_fp_.clear();
+  lru_.clear();
+  next_ = 1;
+}
+
+std::string request_line(const Scenario& s, std::uint64_t id, SpecRefs& refs) {
+  std::vector<std::uint64_t> ref(s.models.size());
+  std::vector<std::uint8_t> sent(s.models.size(), 0);
+  // In model order, as the predictor reads them: a spec held (sent by an earlier request, or by
+  // an earlier model of this one) is a reference; a new one is defined here and held from now on.
+  for (std::size_t i = 0; i < s.models.size(); ++i) {
+    const ScenarioFingerprint fp = refs.memo_.spec(s.models[i].spec);
+    if (const auto it = refs.by_fp_.find(fp); it != refs.by_fp_.end()) {
+      ref[i] = it->second.ref;
+      sent[i] = 1;
+      refs.lru_.splice(refs.lru_.begin(), refs.lru_, it->second.lru);
+    } else {
+      ref[i] = refs.next_++;
+      refs.lru_.push_front(fp);
+      refs.by_fp_.emplace(fp, SpecRefs::Held{ref[i], refs.lru_.begin()});
+    }
+  }
+  // Beyond the capacity, the least recently used are forgotten: never one of this request's,
+  // which are the most recent.
+  std::vector<std::uint64_t> forget;
+  while (refs.by_fp_.size() > std::max(refs.capacity_, s.models.size())) {
+    const ScenarioFingerprint old = refs.lru_.back();
+    forget.push_back(refs.by_fp_.at(old).ref);
+    refs.by_fp_.erase(old);
+    refs.lru_.pop_back();
+  }
+  return request_text(s, id, &ref, &sent, forget);
+}
+
+void SpecStore::forget(const JsonIn& request) {
+  if (const auto f = request.opt("forget")) {
+    f->expect_array();
+    for (std::size_t k = 0; k < f->size(); ++k) specs.erase(f->at(k).u64());
+  }
+}
+
+nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p, bool by_index) {
   ojson j;
   j["reserve"] = p.reserve;
   j["fits"] = p.fits;
   ojson loads = ojson::array();
-  for (const LoadPlan& lp : p.loads) loads.push_back(load_json(s, lp));
+  for (const LoadPlan& lp : p.loads) loads.push_back(load_json(s, lp, by_index));
   j["loads"] = std::move(loads);
   ojson stages = ojson::array();
   for (const StagePlan& sp : p.stages) stages.push_back(stage_json(sp));
@@ -427,11 +518,11 @@ Plan plan_from_json(const JsonIn& j, const Scenario& s) {
   return p;
 }
 
-std::string plan_reply_line(const Scenario& s, const Plan& p, std::uint64_t id) {
+std::string plan_reply_line(const Scenario& s, const Plan& p, std::uint64_t id, bool by_index) {
   ojson j;
   j["type"] = "plan";
   j["id"] = id;
-  j["plan"] = plan_json(s, p);
+  j["plan"] = plan_json(s, p, by_index);
   return j.dump() + "\n";
 }
 

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +30,9 @@ struct PredictorHello {
   // layer): a comfy preset ("comfy:dec2025", "comfy:sep2026"). Its constants are the defaults
   // the request's policy overrides.
   Preset runtime = Preset::dec2025;
+  // supports.spec_refs: it keeps the models it was sent, so a request names a model it has
+  // already seen by its spec_ref instead of carrying its modules again (SpecRefs below).
+  bool spec_refs = false;
 };
 
 // The hello line a predictor writes; parse_hello reads one (InputError naming the field, the
@@ -41,17 +46,53 @@ PredictorHello parse_hello(const nlohmann::json& j, const std::string& origin);
 // with the case's overrides.
 std::string request_line(const Scenario& s, std::uint64_t id);
 
+// The client's side of supports.spec_refs: which model specs (kind, family, memory usage factor,
+// arch, modules) this predictor process holds, by number. The first request with a spec writes
+// it whole with "spec_ref": N; later ones write {"id", "source": "inline", "spec_ref": N, and the
+// per-case fields (compute, lora, patcher, prefetch)}. At most `capacity` are held: a request
+// lists in "forget" those the predictor may drop (least recently used). A restarted process
+// holds none: reset().
+class SpecRefs {
+ public:
+  explicit SpecRefs(std::size_t capacity = 256) : capacity_(capacity) {}
+  void reset();
+  std::size_t held() const { return by_fp_.size(); }
+
+ private:
+  friend std::string request_line(const Scenario& s, std::uint64_t id, SpecRefs& refs);
+  struct Held {
+    std::uint64_t ref;
+    std::list<ScenarioFingerprint>::iterator lru;
+  };
+  std::size_t capacity_;
+  std::uint64_t next_ = 1;
+  FingerprintMemo memo_;
+  std::unordered_map<ScenarioFingerprint, Held, ScenarioFingerprintHash> by_fp_;
+  std::list<ScenarioFingerprint> lru_;  // most recent first
+};
+std::string request_line(const Scenario& s, std::uint64_t id, SpecRefs& refs);
+
+// The predictor's side (predict-serve): the specs sent so far, by spec_ref. forget() drops those
+// the request's "forget" lists; the scenario is then read inside a SpecRefScope over `specs`,
+// which defines and resolves the references (InputError naming the field for one never sent).
+struct SpecStore {
+  void forget(const JsonIn& request);
+  std::unordered_map<std::uint64_t, std::shared_ptr<const ModelSpec>> specs;
+};
+
 // The plan as the reply carries it (the "plan" member): every field of `p`, modules and models
 // by name. plan_from_json reads one back for `s`, the case it was made for: what the harness
 // owns (policy, available, streams, the stages' op and model, activation sizing, the overall peak
 // and fits) is recomputed from `s`, so a reply cannot contradict the case. Fields a predictor may
 // leave out have the defaults docs/predictor-protocol.md gives; an unknown module or model, a
 // module both resident and offloaded, a missing stage: InputError with the reply's field path.
-nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p);
+// `by_index`: modules as their index in the model's module list (with repeats expanded), which
+// a reply may use anywhere it names a module: shorter to write and to read than the names.
+nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p, bool by_index = false);
 Plan plan_from_json(const JsonIn& j, const Scenario& s);
 
 // The reply lines.
-std::string plan_reply_line(const Scenario& s, const Plan& p, std::uint64_t id);
+std::string plan_reply_line(const Scenario& s, const Plan& p, std::uint64_t id, bool by_index = false);
 std::string error_reply_line(std::uint64_t id, std::string_view message);
 
 }  // namespace vf
