@@ -171,6 +171,63 @@ TEST_F(Cli, ACorpusReplayWhosePredictorFailsIsUndeterminedNotFixed) {
   EXPECT_NE(md.find("undetermined (the replay was an error, so neither fixed nor failing)"), std::string::npos);
 }
 
+// ---- diff ----------------------------------------------------------------------------------------
+
+// The protocol's proof through diff: the built-in predictor against itself served over the
+// protocol differs nowhere (plans and verdicts), classic and dynamic.
+TEST_F(Cli, DiffOfAPredictorAgainstItselfOverTheProtocolFindsNothing) {
+  for (const std::string p : {"comfy:dec2025", "comfy:sep2026"}) {
+    const Proc d = run({"diff", "--policy", p, "--against", fmt::format("exec:{} predict-serve --policy {}", VF_CLI, p), "--cases",
+                        "120", "--out", "d-" + p.substr(6)},
+                       120);
+    ASSERT_EQ(d.exit_code, 0) << describe(d);
+    const nlohmann::json j = nlohmann::json::parse(read_file(dir_ / ("d-" + p.substr(6)) / "diff.json"));
+    EXPECT_EQ(j["schema"], "vramfuzz.diff/1");
+    EXPECT_EQ(j["counts"]["cases"], 120);
+    EXPECT_EQ(j["counts"]["same"], 120) << j.dump(2);
+    EXPECT_TRUE(j["groups"].empty());
+  }
+}
+
+// A patch to a constant (what a ComfyUI developer reviewing a reserve change runs): every
+// difference names the reserve, and each group's minimal case plans under both as described.
+TEST_F(Cli, DiffOfAReserveChangeGroupsShrinksAndWritesReplayableCases) {
+  const Proc d = run({"diff", "--against", "comfy:dec2025", "--against-set", "reserve=600MiB", "--cases", "150", "--out", "d"}, 120);
+  ASSERT_EQ(d.exit_code, 1) << describe(d);
+  const nlohmann::json j = nlohmann::json::parse(read_file(dir_ / "d" / "diff.json"));
+  ASSERT_FALSE(j["groups"].empty());
+  EXPECT_EQ(j["counts"]["same"], 0);  // every plan's reserve differs
+  bool shrank = false;
+  for (const auto& g : j["groups"]) {
+    EXPECT_NE(g["key"].get<std::string>().find("reserve"), std::string::npos) << g["key"];
+    EXPECT_EQ(g["fields"][0]["field"], "reserve");
+    EXPECT_EQ(g["fields"][0]["a"], "400.00 MiB");
+    EXPECT_EQ(g["fields"][0]["b"], "600.00 MiB");
+    shrank |= g["modules"]["after"].get<std::size_t>() < g["modules"]["before"].get<std::size_t>();
+    const Proc a = run({"plan", (dir_ / "d" / g["file"].get<std::string>()).string()});
+    EXPECT_EQ(a.exit_code, 0) << describe(a);
+    const Proc b = run({"plan", (dir_ / "d" / g["file"].get<std::string>()).string(), "--set", "reserve=600MiB"});
+    EXPECT_EQ(b.exit_code, 0) << describe(b);
+    EXPECT_NE(a.out, b.out);
+  }
+  EXPECT_TRUE(shrank);
+  const std::string md = read_file(dir_ / "d" / "diff.md");
+  EXPECT_NE(md.find("against `comfy:dec2025` (B)"), std::string::npos);
+  EXPECT_NE(md.find("`reserve=600MiB`"), std::string::npos);
+  // The same --out again is refused; --clean replaces it.
+  expect_bad_input({"diff", "--against", "comfy:dec2025", "--cases", "5", "--out", "d"}, "holds an earlier diff (diff.json)");
+  EXPECT_EQ(run({"diff", "--against", "comfy:dec2025", "--cases", "5", "--out", "d", "--clean"}).exit_code, 0);
+}
+
+TEST_F(Cli, DiffRefusesWhatItCannotCompare) {
+  expect_bad_input({"diff", "--policy", "comfy:dec2025", "--against", "comfy:sep2026", "--cases", "5"},
+                   "--against: comfy:sep2026 is dynamic VRAM and comfy:dec2025 is not");
+  expect_bad_input({"diff", "--against", "comfy:dec2025", "--against-set", "no_such_constant=1", "--cases", "5"}, "--against-set");
+  expect_bad_input({"diff", "--against", "comfy:dec2025", "--against-set", "reserve", "--cases", "5"}, "--against-set: expected KEY=VALUE");
+  expect_bad_input({"diff", "--against", "comfy:dec2025,comfy:nov2025", "--cases", "5"}, "--against: one predictor, not a list");
+  expect_bad_input({"diff", "--against", "comfy:dec2025", "--tolerance", "lots", "--cases", "5"}, "--tolerance");
+}
+
 // ---- run / plan on the example ----------------------------------------------------------------
 
 // A summary rebuilt from the finding files (`report` after a campaign lost its summary) labels a

@@ -54,6 +54,8 @@ void add_exec_case(CLI::App& app, Action& action);
 void add_gpu_check(CLI::App& app, Action& action);
 // `predict-serve`: a built-in predictor over the external-predictor protocol (cmd_predict_serve.cpp).
 void add_predict_serve(CLI::App& app, Action& action);
+// `diff`: the same cases under two predictors, where plans and verdicts differ (cmd_diff.cpp).
+void add_diff(CLI::App& app, Action& action);
 // `models import`, registered under the `models` subcommand (cmd_import.cpp).
 void add_import(CLI::App& models, Action& action);
 

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   vf::cli::add_exec_case(app, action);
   vf::cli::add_gpu_check(app, action);
   vf::cli::add_predict_serve(app, action);
+  vf::cli::add_diff(app, action);
   vf::cli::add_models(app, action);
   vf::cli::add_import(*app.get_subcommand("models"), action);
 

@@ -1,0 +1,382 @@
+#include "harness/diff.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "harness/campaign.h"
+#include "harness/core/error.h"
+#include "harness/oracle.h"
+#include "harness/predictors/external.h"
+#include "harness/repro.h"
+#include "harness/shrink.h"
+
+namespace vf {
+
+namespace {
+
+std::string mib(Bytes b) { return format_mib(b); }
+
+std::string mib_signed(std::int64_t d) {
+  return fmt::format("{}{:.2f} MiB", d < 0 ? "-" : "+", static_cast<double>(d < 0 ? -d : d) / static_cast<double>(MiB));
+}
+
+// A set of modules that differs: how many, and their bytes, on each side only.
+void module_set(std::vector<FieldDiff>& out, const std::string& field, const ModelSpec& spec, const std::vector<std::uint8_t>& a,
+                const std::vector<std::uint8_t>& b) {
+  std::size_t only_a = 0, only_b = 0;
+  Bytes bytes_a = 0, bytes_b = 0;
+  std::string first;
+  for (std::size_t i = 0; i < spec.modules.size(); ++i) {
+    const bool x = i < a.size() && a[i], y = i < b.size() && b[i];
+    if (x == y) continue;
+    if (first.empty()) first = spec.modules[i].name;
+    if (x) {
+      ++only_a;
+      bytes_a += spec.modules[i].bytes;
+    } else {
+      ++only_b;
+      bytes_b += spec.modules[i].bytes;
+    }
+  }
+  if (only_a + only_b == 0) return;
+  out.push_back({field, fmt::format("{} module(s) ({}) only here", only_a, mib(bytes_a)),
+                 fmt::format("{} module(s) ({}) only here; the first that differs: {}", only_b, mib(bytes_b), first),
+                 static_cast<std::int64_t>(bytes_b) - static_cast<std::int64_t>(bytes_a)});
+}
+
+void bytes_field(std::vector<FieldDiff>& out, const std::string& field, std::int64_t a, std::int64_t b, Bytes tolerance) {
+  const std::int64_t d = b - a;
+  if (static_cast<Bytes>(d < 0 ? -d : d) <= tolerance) return;
+  out.push_back({field, fmt::format("{:.2f} MiB", static_cast<double>(a) / static_cast<double>(MiB)),
+                 fmt::format("{:.2f} MiB", static_cast<double>(b) / static_cast<double>(MiB)), d});
+}
+
+void count_field(std::vector<FieldDiff>& out, const std::string& field, std::uint64_t a, std::uint64_t b) {
+  if (a != b) out.push_back({field, std::to_string(a), std::to_string(b), 0});
+}
+
+// "loads[3].resident" -> "loads.resident": what a group is keyed by.
+std::string field_kind(const std::string& field) {
+  std::string k;
+  bool skip = false;
+  for (const char c : field) {
+    if (c == '[') skip = true;
+    if (!skip) k += c;
+    if (c == ']') skip = false;
+  }
+  return k;
+}
+
+std::string verdict_text(const Verdict& v) { return v.signature.empty() ? std::string(verdict_kind_name(v.kind)) : v.signature; }
+
+// A case's outcome under both: the fields that differ and the group key (empty key: the same).
+struct Outcome {
+  std::string key;
+  std::vector<FieldDiff> fields;
+  std::string verdict_a, verdict_b;
+  bool error = false;
+  bool fatal = false;
+  std::string fatal_message;
+};
+
+Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg, Backend& backend, bool need_verdicts) {
+  Outcome o;
+  std::optional<Plan> pa, pb;
+  std::string err_a, err_b;
+  const auto plan = [&](const Scenario& s, std::optional<Plan>& p, std::string& err) {
+    try {
+      p = predict(s);
+    } catch (const PredictorError& e) {
+      if (e.fatal()) {
+        o.fatal = true;
+        o.fatal_message = e.what();
+      }
+      err = e.what();
+    } catch (const InputError& e) {
+      err = e.what();
+    }
+  };
+  plan(a, pa, err_a);
+  plan(b, pb, err_b);
+  if (o.fatal) return o;
+  if (!pa || !pb) {
+    o.error = true;
+    o.key = !pa && !pb ? "error: both" : !pa ? "error: A" : "error: B";
+    o.fields.push_back({"plan", pa ? "planned" : err_a, pb ? "planned" : err_b, 0});
+    return o;
+  }
+  o.fields = compare_plans(a, *pa, *pb, cfg.tolerance);
+  std::set<std::string> kinds;
+  for (const FieldDiff& f : o.fields) kinds.insert(field_kind(f.field));
+  if (need_verdicts) {
+    const CaseResult ra = run_case(a, backend, false), rb = run_case(b, backend, false);
+    if (ra.exec.fatal || rb.exec.fatal) {
+      o.fatal = true;
+      o.fatal_message = ra.exec.fatal ? ra.verdict.message : rb.verdict.message;
+      return o;
+    }
+    o.verdict_a = verdict_text(ra.verdict);
+    o.verdict_b = verdict_text(rb.verdict);
+    if (ra.verdict.kind != rb.verdict.kind || ra.verdict.signature != rb.verdict.signature) {
+      o.fields.push_back({"verdict", o.verdict_a, o.verdict_b, rb.verdict.overshoot - ra.verdict.overshoot});
+      // Grouped by the verdict kinds: the signatures under them are the group's examples.
+      kinds.insert(fmt::format("verdict: {} / {}", verdict_kind_name(ra.verdict.kind), verdict_kind_name(rb.verdict.kind)));
+    }
+  }
+  std::string key;
+  for (const std::string& k : kinds) key += (key.empty() ? "" : "+") + k;
+  o.key = key;
+  return o;
+}
+
+std::size_t module_count(const Scenario& s) {
+  std::size_t n = 0;
+  for (const ModelRef& m : s.models) n += m.spec->modules.size();
+  return n;
+}
+
+// s with modules [from, from + count) of model m removed (at least one left).
+Scenario without_modules(const Scenario& s, std::size_t m, std::size_t from, std::size_t count) {
+  Scenario c = s;
+  ModelRef& r = c.models[m];
+  auto spec = std::make_shared<ModelSpec>(*r.spec);
+  spec->modules.erase(spec->modules.begin() + static_cast<std::ptrdiff_t>(from), spec->modules.begin() + static_cast<std::ptrdiff_t>(from + count));
+  spec->source = "inline";
+  finalize_model(*spec, "diff");
+  r.source = "inline";
+  r.catalog_full.reset();
+  r.catalog_source.clear();
+  r.spec = std::move(spec);
+  return c;
+}
+
+// Delta debugging over each model's modules: drop halves, quarters ... single modules, keeping
+// every removal after which both predictors still differ in the same fields.
+void shrink_group(DiffGroup& g, const DiffConfig& cfg, const Policy& b, Backend& backend) {
+  Scenario best = g.original;
+  const bool need_verdicts = g.key.find("verdict:") != std::string::npos;
+  std::uint64_t execs = 0;
+  bool progress = true;
+  while (progress && execs < cfg.shrink_execs && !(cfg.should_stop && cfg.should_stop())) {
+    progress = false;
+    for (std::size_t m = 0; m < best.models.size() && execs < cfg.shrink_execs; ++m) {
+      for (std::size_t chunk = best.models[m].spec->modules.size() / 2; chunk >= 1 && execs < cfg.shrink_execs; chunk /= 2) {
+        for (std::size_t from = 0; from + chunk <= best.models[m].spec->modules.size() && best.models[m].spec->modules.size() > chunk &&
+                                   execs < cfg.shrink_execs;) {
+          Scenario c = without_modules(best, m, from, chunk);
+          try {
+            validate_scenario(c);
+          } catch (const InputError&) {
+            from += chunk;
+            continue;
+          }
+          ++execs;
+          const Outcome o = compare_case(c, under_policy(c, b, cfg.against_overrides), cfg, backend, need_verdicts);
+          if (o.fatal) {
+            g.shrink_execs = execs;
+            g.minimal = best;
+            return;
+          }
+          if (o.key == g.key) {
+            best = std::move(c);
+            progress = true;
+          } else {
+            from += chunk;
+          }
+        }
+        if (chunk == 1) break;
+      }
+    }
+  }
+  g.shrink_execs = execs;
+  g.minimal = best;
+}
+
+}  // namespace
+
+std::vector<FieldDiff> compare_plans(const Scenario& s, const Plan& a, const Plan& b, Bytes tolerance) {
+  std::vector<FieldDiff> out;
+  bytes_field(out, "reserve", static_cast<std::int64_t>(a.reserve), static_cast<std::int64_t>(b.reserve), tolerance);
+  if (a.fits != b.fits) out.push_back({"fits", a.fits ? "fits" : "does not fit", b.fits ? "fits" : "does not fit", 0});
+  for (std::size_t k = 0; k < std::min(a.loads.size(), b.loads.size()); ++k) {
+    const LoadPlan& x = a.loads[k];
+    const LoadPlan& y = b.loads[k];
+    const ModelSpec& spec = *s.models[x.model].spec;
+    const std::string at = fmt::format("loads[{}]", k);
+    module_set(out, at + ".resident", spec, x.resident, y.resident);
+    module_set(out, at + ".lowvram", spec, x.lowvram, y.lowvram);
+    bytes_field(out, at + ".offload_buffer", static_cast<std::int64_t>(x.offload_buffer), static_cast<std::int64_t>(y.offload_buffer), tolerance);
+    bytes_field(out, at + ".usable", x.usable, y.usable, tolerance);
+    std::set<std::string> ex, ey;
+    for (const Eviction& e : x.evictions) ex.insert(s.models[e.model].id);
+    for (const Eviction& e : y.evictions) ey.insert(s.models[e.model].id);
+    if (ex != ey) out.push_back({at + ".evictions", fmt::format("{} model(s) evicted", ex.size()), fmt::format("{} model(s) evicted", ey.size()), 0});
+    if (x.dynamic && y.dynamic) {
+      if (x.staging.order != y.staging.order) out.push_back({at + ".staging.order", "its order", "another order", 0});
+      module_set(out, at + ".staging.forced_modules", spec, x.staging.forced_module, y.staging.forced_module);
+      bytes_field(out, at + ".staging.vbar_request", static_cast<std::int64_t>(x.staging.vbar_request),
+                  static_cast<std::int64_t>(y.staging.vbar_request), tolerance);
+    }
+  }
+  count_field(out, "loads", a.loads.size(), b.loads.size());
+  for (std::size_t k = 0; k < std::min(a.stages.size(), b.stages.size()); ++k) {
+    const StagePlan& x = a.stages[k];
+    const StagePlan& y = b.stages[k];
+    const std::string at = fmt::format("stages[{}]", k);
+    bytes_field(out, at + ".activation_allowance", static_cast<std::int64_t>(x.activation_allowance),
+                static_cast<std::int64_t>(y.activation_allowance), tolerance);
+    if (x.checked || y.checked) {
+      bytes_field(out, at + ".predicted_peak", static_cast<std::int64_t>(x.predicted_peak), static_cast<std::int64_t>(y.predicted_peak), tolerance);
+    }
+    count_field(out, at + ".run_batch", x.run_batch, y.run_batch);
+    count_field(out, at + ".passes", x.passes, y.passes);
+    if (x.checked != y.checked) out.push_back({at + ".checked", x.checked ? "checked" : "not checked", y.checked ? "checked" : "not checked", 0});
+  }
+  return out;
+}
+
+Scenario under_policy(const Scenario& s, const Policy& b, const std::vector<std::pair<std::string, std::string>>& overrides) {
+  Scenario c = s;
+  c.policy = b;
+  for (const auto& [k, v] : s.policy.overrides) apply_policy_override(c.policy, k, v, "policy");
+  for (const auto& [k, v] : overrides) apply_policy_override(c.policy, k, v, "--against-set");
+  return c;
+}
+
+DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend) {
+  DiffResult out;
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  const Policy b = parse_policy(cfg.against, "--against", StartCommand::refuse);
+  std::map<std::string, std::size_t> group_of;
+  for (std::uint64_t i = 0;; ++i) {
+    if (cfg.cases != 0 && i >= cfg.cases) break;
+    if (cfg.cases == 0 && (cfg.seconds <= 0 || elapsed() >= cfg.seconds)) break;
+    if (cfg.should_stop && cfg.should_stop()) {
+      out.stopped = true;
+      break;
+    }
+    const std::uint64_t seed = case_seed(cfg.seed, i);
+    PrngChoices choices(seed);
+    const Scenario a = generate_scenario(choices, cfg.gen, catalog);
+    const Scenario sb = under_policy(a, b, cfg.against_overrides);
+    ++out.cases;
+    const Outcome o = compare_case(a, sb, cfg, backend, cfg.verdicts);
+    if (o.fatal) throw InfraError(fmt::format("diff: case {}: {}", i, o.fatal_message));
+    if (o.key.empty()) {
+      ++out.same;
+      continue;
+    }
+    if (o.error) ++out.errors;
+    bool plan_fields = false, verdict_field = false;
+    for (const FieldDiff& f : o.fields) (f.field == "verdict" ? verdict_field : plan_fields) = true;
+    out.plans_differ += plan_fields && !o.error ? 1 : 0;
+    out.verdicts_differ += verdict_field ? 1 : 0;
+    auto [it, fresh] = group_of.emplace(o.key, out.groups.size());
+    if (fresh) {
+      DiffGroup g;
+      g.key = o.key;
+      g.first_index = i;
+      g.first_seed = seed;
+      g.original = a;
+      g.minimal = a;
+      g.fields = o.fields;
+      g.verdict_a = o.verdict_a;
+      g.verdict_b = o.verdict_b;
+      out.groups.push_back(std::move(g));
+      spdlog::info("diff: case {}: a new difference: {}", i, o.key);
+    }
+    ++out.groups[it->second].count;
+  }
+  std::stable_sort(out.groups.begin(), out.groups.end(), [](const DiffGroup& x, const DiffGroup& y) { return x.count > y.count; });
+  for (DiffGroup& g : out.groups) {
+    g.modules_before = module_count(g.original);
+    if (cfg.shrink && g.key.rfind("error:", 0) != 0) shrink_group(g, cfg, b, backend);
+    g.modules_after = module_count(g.minimal);
+    // The minimal case's own fields and verdicts (what its file shows).
+    const Outcome o = compare_case(g.minimal, under_policy(g.minimal, b, cfg.against_overrides), cfg, backend, cfg.verdicts);
+    if (!o.fatal && o.key == g.key) {
+      g.fields = o.fields;
+      g.verdict_a = o.verdict_a;
+      g.verdict_b = o.verdict_b;
+    }
+  }
+  out.seconds = elapsed();
+  return out;
+}
+
+std::string diff_json(const DiffConfig& cfg, const DiffResult& r, const std::vector<std::string>& files, const std::string& command_line) {
+  nlohmann::ordered_json j;
+  j["schema"] = "vramfuzz.diff/1";
+  j["tool"] = tool_version();
+  j["command_line"] = command_line;
+  j["config"] = {{"policy", cfg.gen.policy.value_or("")}, {"against", cfg.against}, {"seed", cfg.seed}, {"cases", cfg.cases},
+                 {"seconds", cfg.seconds}, {"tolerance", cfg.tolerance}, {"verdicts", cfg.verdicts}, {"shrink", cfg.shrink}};
+  nlohmann::ordered_json ov = nlohmann::ordered_json::array();
+  for (const auto& [k, v] : cfg.against_overrides) ov.push_back(k + "=" + v);
+  j["config"]["against_overrides"] = std::move(ov);
+  j["counts"] = {{"cases", r.cases},         {"same", r.same},   {"plans_differ", r.plans_differ},
+                 {"verdicts_differ", r.verdicts_differ}, {"errors", r.errors}, {"groups", r.groups.size()}};
+  j["stopped"] = r.stopped;
+  j["seconds"] = r.seconds;
+  nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < r.groups.size(); ++i) {
+    const DiffGroup& g = r.groups[i];
+    nlohmann::ordered_json fields = nlohmann::ordered_json::array();
+    for (const FieldDiff& f : g.fields) fields.push_back({{"field", f.field}, {"a", f.a}, {"b", f.b}, {"delta", f.delta}});
+    groups.push_back({{"key", g.key},
+                      {"cases", g.count},
+                      {"first_case_index", g.first_index},
+                      {"first_case_seed", g.first_seed},
+                      {"modules", {{"before", g.modules_before}, {"after", g.modules_after}}},
+                      {"shrink_execs", g.shrink_execs},
+                      {"verdict_a", g.verdict_a},
+                      {"verdict_b", g.verdict_b},
+                      {"fields", std::move(fields)},
+                      {"file", i < files.size() ? files[i] : ""}});
+  }
+  j["groups"] = std::move(groups);
+  return j.dump(2) + "\n";
+}
+
+std::string diff_markdown(const DiffConfig& cfg, const DiffResult& r, const std::vector<std::string>& files) {
+  std::string md = fmt::format("## vramfuzz diff: `{}` (A) against `{}` (B)\n\n", cfg.gen.policy.value_or(""), cfg.against);
+  if (!cfg.against_overrides.empty()) {
+    md += "B's overrides:";
+    for (const auto& [k, v] : cfg.against_overrides) md += fmt::format(" `{}={}`", k, v);
+    md += "\n\n";
+  }
+  md += fmt::format("{} cases (seed {}), {} the same{}; plans differ in {}, verdicts in {}, {} could not be planned by one side; "
+                    "{} group(s) of differences.\n\n",
+                    r.cases, cfg.seed, r.same, cfg.tolerance ? fmt::format(" within {}", mib(cfg.tolerance)) : "", r.plans_differ,
+                    r.verdicts_differ, r.errors, r.groups.size());
+  if (r.groups.empty()) return md + "Every case planned the same under both.\n";
+  md += "| what differs | cases | modules (first case → minimal) | verdict A / B | minimal case |\n|---|---:|---|---|---|\n";
+  for (std::size_t i = 0; i < r.groups.size(); ++i) {
+    const DiffGroup& g = r.groups[i];
+    md += fmt::format("| {} | {} | {} → {} | {} / {} | `{}` |\n", g.key, g.count, g.modules_before, g.modules_after,
+                      g.verdict_a.empty() ? "-" : g.verdict_a, g.verdict_b.empty() ? "-" : g.verdict_b, i < files.size() ? files[i] : "");
+  }
+  std::string b_sets;
+  for (const auto& [k, v] : cfg.against_overrides) b_sets += " --set " + shell_quote(k + "=" + v);
+  for (std::size_t i = 0; i < r.groups.size(); ++i) {
+    const DiffGroup& g = r.groups[i];
+    md += fmt::format("\n### {}\n\n{} case(s), the first case {} (seed {}); its minimal form, {} module(s): `{}`. Plan it under both:\n"
+                      "`vramfuzz plan {}` and `vramfuzz plan {} --policy {}{}`.\n\n| field | A | B | B − A |\n|---|---|---|---|\n",
+                      g.key, g.count, g.first_index, g.first_seed, g.modules_after, i < files.size() ? files[i] : "",
+                      i < files.size() ? files[i] : "FILE", i < files.size() ? files[i] : "FILE", shell_quote(policy_list_flag(cfg.against)),
+                      b_sets);
+    for (const FieldDiff& f : g.fields) {
+      md += fmt::format("| {} | {} | {} | {} |\n", f.field, f.a, f.b, f.delta ? mib_signed(f.delta) : "");
+    }
+  }
+  return md;
+}
+
+}  // namespace vf

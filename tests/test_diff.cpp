@@ -1,0 +1,113 @@
+// vramfuzz diff (harness/diff.h): plans compared field by field, cases grouped by what differs,
+// each group shrunk while it differs the same way.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "harness/campaign.h"
+#include "harness/diff.h"
+#include "harness/generate.h"
+#include "harness/predict.h"
+
+namespace vf {
+namespace {
+
+Scenario generated(std::uint64_t seed, Catalog& catalog, const char* policy) {
+  PrngChoices c(seed);
+  GenConfig cfg;
+  cfg.policy = policy;
+  return generate_scenario(c, cfg, catalog);
+}
+
+TEST(Diff, TheSamePlanHasNoDifferences) {
+  Catalog catalog;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:dec2025");
+    EXPECT_TRUE(compare_plans(s, predict(s), predict(s), 0).empty()) << seed;
+  }
+}
+
+TEST(Diff, AReserveChangeIsNamedWithItsBytesAndATolerancePassesIt) {
+  Catalog catalog;
+  const Scenario s = generated(4, catalog, "comfy:dec2025");
+  const Scenario b = under_policy(s, s.policy, {{"reserve", "600MiB"}});
+  const auto fields = compare_plans(s, predict(s), predict(b), 0);
+  ASSERT_FALSE(fields.empty());
+  EXPECT_EQ(fields[0].field, "reserve");
+  EXPECT_EQ(fields[0].a, "400.00 MiB");
+  EXPECT_EQ(fields[0].b, "600.00 MiB");
+  EXPECT_EQ(fields[0].delta, 200 * static_cast<std::int64_t>(MiB));
+  for (const FieldDiff& f : compare_plans(s, predict(s), predict(b), 200 * MiB)) EXPECT_NE(f.field, "reserve");
+}
+
+TEST(Diff, ModulesOnTheDeviceUnderOneSideOnlyAreCountedWithTheirBytes) {
+  Catalog catalog;
+  // The first case that loads partially under dec2025: moving its first resident module to
+  // lowvram in B's plan is one resident and one lowvram difference of that module's bytes.
+  for (std::uint64_t seed = 1; seed < 200; ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:dec2025");
+    const Plan a = predict(s);
+    if (a.loads.empty() || a.loads[0].full_load) continue;
+    Plan b = a;
+    std::size_t i = 0;
+    while (i < b.loads[0].resident.size() && !b.loads[0].resident[i]) ++i;
+    if (i == b.loads[0].resident.size()) continue;
+    b.loads[0].resident[i] = 0;
+    b.loads[0].lowvram[i] = 1;
+    const ModelSpec& spec = *s.models[a.loads[0].model].spec;
+    const auto fields = compare_plans(s, a, b, 0);
+    ASSERT_EQ(fields.size(), 2u);
+    EXPECT_EQ(fields[0].field, "loads[0].resident");
+    EXPECT_EQ(fields[0].a, fmt::format("1 module(s) ({}) only here", format_mib(spec.modules[i].bytes)));
+    EXPECT_EQ(fields[0].delta, -static_cast<std::int64_t>(spec.modules[i].bytes));
+    EXPECT_EQ(fields[1].field, "loads[0].lowvram");
+    EXPECT_NE(fields[1].b.find(spec.modules[i].name), std::string::npos) << fields[1].b;
+    return;
+  }
+  FAIL() << "no partial load in 200 seeds";
+}
+
+TEST(Diff, AGroupIsShrunkAndItsMinimalCaseStillDiffersTheSameWay) {
+  Catalog catalog;
+  DiffConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = 120;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.against = "comfy:nov2025";
+  auto backend = make_backend("sim");
+  const DiffResult r = run_diff(cfg, catalog, *backend);
+  EXPECT_EQ(r.cases, 120u);
+  ASSERT_FALSE(r.groups.empty());
+  std::uint64_t in_groups = 0;
+  bool shrank = false;
+  const Policy nov = parse_policy("comfy:nov2025", "--against");
+  for (const DiffGroup& g : r.groups) {
+    in_groups += g.count;
+    EXPECT_LE(g.modules_after, g.modules_before) << g.key;
+    shrank |= g.modules_after < g.modules_before;
+    // The minimal case differs in the fields the key names.
+    const Plan a = predict(g.minimal), b = predict(under_policy(g.minimal, nov, {}));
+    std::set<std::string> kinds;
+    for (const FieldDiff& f : compare_plans(g.minimal, a, b, 0)) {
+      std::string k;
+      bool skip = false;
+      for (const char c : f.field) {
+        if (c == '[') skip = true;
+        if (!skip) k += c;
+        if (c == ']') skip = false;
+      }
+      kinds.insert(k);
+    }
+    for (const std::string& k : kinds) EXPECT_NE(g.key.find(k), std::string::npos) << k << " not in " << g.key;
+  }
+  EXPECT_EQ(in_groups + r.same, r.cases);
+  EXPECT_TRUE(shrank);
+  // Groups come most cases first.
+  for (std::size_t i = 1; i < r.groups.size(); ++i) EXPECT_GE(r.groups[i - 1].count, r.groups[i].count);
+}
+
+}  // namespace
+}  // namespace vf
