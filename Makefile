@@ -2,7 +2,7 @@
 #   make run   - install deps, build, run a default fuzz campaign on the best backend -> vramfuzz-out/
 #   make test  - install deps, build, run every test (unit, properties, CLI), then the ASan/UBSan suite
 #                (properties, fuzz targets, hostile input)
-.PHONY: all deps build run test test-unit test-asan bench clean
+.PHONY: all deps build run test test-unit test-asan bench clean comfyui-setup test-comfyui
 
 JOBS ?= $(shell nproc)
 RUN_TIME ?= 60s
@@ -48,6 +48,17 @@ test: test-unit test-asan
 bench: build
 	./build/bench/vf_bench_pipeline --benchmark_min_time=1
 	./build/bench/vf_bench_allocators --benchmark_min_time=1
+	./build/bench/vf_bench_protocol
+
+# The ComfyUI adapter (adapters/comfyui/README.md): a venv with torch from PyPI (~3 GB download),
+# then its test against your ComfyUI checkout: make test-comfyui COMFYUI_PATH=/path/to/ComfyUI
+COMFYUI_VENV ?= /work/comfy-venv
+COMFYUI_PATH ?= /work/comfyui-tree
+comfyui-setup:
+	COMFYUI_PATH=$(COMFYUI_PATH) adapters/comfyui/setup.sh $(COMFYUI_VENV)
+
+test-comfyui: build
+	COMFYUI_PATH=$(COMFYUI_PATH) COMFYUI_PYTHON=$(COMFYUI_VENV)/bin/python VRAMFUZZ=build/vramfuzz adapters/comfyui/test_adapter.sh
 
 clean:
 	rm -rf build build-asan build-gpu vramfuzz-out

@@ -1,0 +1,46 @@
+// The external-predictor protocol's overhead (issue #17): the same campaign (cases, verdicts,
+// repros) with the built-in predictor and with it served over the protocol by
+// `vramfuzz predict-serve`, side by side. Wall-clock time (the predictor is another process, so
+// CPU time of this one would leave half the work out); compare the two rows' ratio.
+#include <benchmark/benchmark.h>
+
+#include <fmt/format.h>
+
+#include "harness/campaign.h"
+#include "harness/predictors/external.h"
+
+#ifndef VF_CLI
+#error "VF_CLI must name the vramfuzz executable (bench/CMakeLists.txt)"
+#endif
+
+namespace vf {
+namespace {
+
+// Arg 0: built in; 1: over the protocol. Arg 2 of the pair: shrinking off (0) or on (1).
+void BM_Campaign(benchmark::State& state) {
+  const bool external = state.range(0) != 0;
+  const std::string policy = "comfy:dec2025";
+  CampaignConfig cfg;
+  cfg.seed = 2;
+  cfg.cases = 200;
+  cfg.shrink = state.range(1) != 0;
+  cfg.gen.policy = external ? parse_policy_list(fmt::format("exec:{} predict-serve --policy {}", VF_CLI, policy), "--policy") : policy;
+  SimBackend backend;
+  std::uint64_t findings = 0;
+  for (auto _ : state) {
+    Catalog catalog;
+    const CampaignResult r = run_campaign(cfg, catalog, backend);
+    findings = r.findings;
+    benchmark::DoNotOptimize(findings);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * cfg.cases));
+  state.counters["findings"] = static_cast<double>(findings);
+  state.SetLabel(external ? "exec:predict-serve" : "built in");
+}
+
+BENCHMARK(BM_Campaign)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"external", "shrink"})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace vf
+
+BENCHMARK_MAIN();
