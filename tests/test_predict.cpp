@@ -9,6 +9,7 @@
 #include "harness/campaign.h"
 #include "harness/predictors/predictors.h"
 #include "harness/scenario.h"
+#include "models/activation.h"
 
 namespace vf {
 namespace {
@@ -182,6 +183,33 @@ TEST(Predict, CondBatchingFollowsTheOnePointFiveRule) {
   int activations = 0;
   for (const Op& op : prog.ops) activations += op.kind == OpKind::alloc && prog.buffers[op.buffer].kind == BufferKind::activation;
   EXPECT_EQ(activations, 2);
+}
+
+// ComfyUI's VAE.decode (checked against v0.31.0 through adapters/comfyui): memory_used_decode is
+// one sample's (2178 x latent h x w x 64 x dtype size: at 256x256, a 32x32 latent, in bf16,
+// 2178 x 1024 x 64 x 2 B = 272.25 MiB), the load is asked for that, and the decode takes
+// batch_number = free memory / it samples per call.
+TEST(Predict, TheVaeDecodesAsManySamplesPerCallAsFitAfterItsLoad) {
+  const Scenario s = scenario("1GiB", {model_json("V", "vae", {module_json("w", 1024, 1024, "bf16")})},
+                              R"([{"op":"load","model":"V"},{"op":"forward","model":"V"}])", "comfy:dec2025",
+                              R"(, "workload": {"width": 256, "height": 256, "batch": 8})");
+  const Bytes one = 2178ull * 32 * 32 * 64 * 2;
+  ASSERT_EQ(one, 285474816u);
+  ASSERT_EQ(comfy_memory_required(*s.models[0].spec, s.workload, 1, Dtype::bf16, true, "V"), one);
+  const Plan p = predict(s);
+  EXPECT_EQ(p.loads[0].est_max, one);  // not 8 samples' worth
+  EXPECT_EQ(p.loads[0].extra_mem, one + 10 * MiB);
+  EXPECT_TRUE(p.loads[0].full_load);
+  // Free after the load: 1024 MiB - the 2 MiB weight = 1022 MiB, 3 samples of 272.25 MiB.
+  EXPECT_EQ(p.stages[1].decode_batch, 3u);
+  EXPECT_EQ(p.stages[1].run_batch, 3u);
+  EXPECT_EQ(p.stages[1].passes, 3u);  // 3 + 3 + 2
+  EXPECT_EQ(p.stages[1].activation_allowance, comfy_memory_required(*s.models[0].spec, s.workload, 3, Dtype::bf16, true, "V"));
+  // Three calls lower to three activation buffers, one after the other.
+  const Program prog = lower(s, p);
+  int activations = 0;
+  for (const Op& op : prog.ops) activations += op.kind == OpKind::alloc && prog.buffers[op.buffer].kind == BufferKind::activation;
+  EXPECT_EQ(activations, 3);
 }
 
 TEST(Predict, LoraMergeAtLoadAndLowVramPatchesWhenOffloaded) {

@@ -34,6 +34,17 @@ nlohmann::json reparsed(const nlohmann::ordered_json& j) { return nlohmann::json
 
 // ---- the plan's JSON form ----------------------------------------------------------------------
 
+// What reading `bad` back as a reply's plan for `s` says: its error, or "accepted".
+std::string plan_error(const nlohmann::ordered_json& bad, const Scenario& s) {
+  try {
+    const nlohmann::json doc = reparsed(bad);
+    (void)plan_from_json(JsonIn(doc, "reply.plan"), s);
+  } catch (const InputError& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
 TEST(PredictorProtocol, ThePlanRoundTripsEveryFieldOnGeneratedCases) {
   Catalog catalog;
   int dynamic_loads = 0, offloaded = 0;
@@ -93,15 +104,7 @@ TEST(PredictorProtocol, ARepliedPlanIsCheckedAgainstTheCase) {
   Catalog catalog;
   const Scenario s = generated(3, catalog, "comfy:dec2025");
   const nlohmann::ordered_json good = plan_json(s, predict(s));
-  const auto error_of = [&](const nlohmann::ordered_json& bad) {
-    try {
-      const nlohmann::json doc = reparsed(bad);
-      (void)plan_from_json(JsonIn(doc, "reply.plan"), s);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  const auto error_of = [&](const nlohmann::ordered_json& bad) { return plan_error(bad, s); };
   nlohmann::ordered_json bad = good;
   bad["loads"][0]["resident"].push_back("no.such.module");
   EXPECT_NE(error_of(bad).find("reply.plan.loads[0].resident["), std::string::npos) << error_of(bad);
@@ -459,15 +462,7 @@ TEST(PredictorProtocol, AStagingSliceMustLieInsideTheVbar) {
     std::size_t k = 0;
     while (k < good["loads"].size() && !good["loads"][k].contains("staging")) ++k;
     if (k == good["loads"].size()) continue;
-    const auto error_of = [&](const nlohmann::ordered_json& bad) {
-      try {
-        const nlohmann::json doc = reparsed(bad);
-        (void)plan_from_json(JsonIn(doc, "reply.plan"), s);
-      } catch (const InputError& e) {
-        return std::string(e.what());
-      }
-      return std::string("accepted");
-    };
+    const auto error_of = [&](const nlohmann::ordered_json& bad) { return plan_error(bad, s); };
     EXPECT_EQ(error_of(good), "accepted");
     const std::uint64_t vbar = good["loads"][k]["staging"]["vbar_request"];
     nlohmann::ordered_json bad = good;

@@ -149,7 +149,14 @@ class ComfyPlanner {
         }
       }
     } else if (m.kind == ModelKind::vae) {
-      est = estimate(sp.model, batch);
+      // VAE.decode: memory_used_decode is per sample (its shape terms are the latent's height and
+      // width); after the load it decodes batch_number = free memory / that many samples per
+      // call, the rest in further calls (checked against ComfyUI v0.31.0 through the adapter).
+      const Bytes one = std::max<Bytes>(estimate(sp.model, 1), 1);
+      sp.decode_batch = static_cast<std::uint32_t>(std::clamp<Bytes>(free_now() / one, 1, batch));
+      sp.run_batch = sp.decode_batch;
+      sp.passes = (batch + sp.decode_batch - 1) / sp.decode_batch;
+      est = estimate(sp.model, sp.decode_batch);
     }
     sp.activation_allowance = std::max(c_.inference_floor, est);
     size_stage_activation(s_, sp);
@@ -230,7 +237,7 @@ class ComfyPlanner {
     if (model.kind == ModelKind::diffusion) {
       extra_mem = std::max(extra_mem, estimate(m, multiply_batch(s_.workload.batch, c_.cfg_mult)) + c_.reserve);
     } else if (model.kind == ModelKind::vae) {
-      extra_mem = std::max(extra_mem, estimate(m, s_.workload.batch) + c_.reserve);
+      extra_mem = std::max(extra_mem, estimate(m, 1) + c_.reserve);  // memory_used: one sample's
     }
     free_memory(scale_bytes(model.bytes - std::min(model.bytes, state_[m].loaded), c_.unload_factor, "policy.unload_factor") + extra_mem,
                 m, evictions);
@@ -271,8 +278,9 @@ class ComfyPlanner {
       lp.extra_mem = std::max(I, lp.est_max + R);
       lp.min_req = std::max(I, lp.est_min + R);
     } else if (model.kind == ModelKind::vae) {
-      // The VAE passes memory_required only; min_req falls back to extra_mem.
-      lp.est_max = lp.est_min = estimate(m, batch);
+      // The VAE passes memory_required only (memory_used_decode: one sample's, whatever the
+      // batch); min_req falls back to extra_mem.
+      lp.est_max = lp.est_min = estimate(m, 1);
       lp.extra_mem = lp.min_req = std::max(I, lp.est_max + R);
     } else {
       lp.extra_mem = lp.min_req = I;
