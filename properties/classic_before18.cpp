@@ -2,7 +2,7 @@
 // without a cast hook apart (`git show 806369b:harness/predictors/comfy_classic.cpp`): the oracle
 // of PipelineProps.CastHookModelsPlanAsBefore. It is frozen on purpose: do not fix or extend it.
 // When a later change means to move the plans of cast-hook-only models, that property and this
-// copy go together.
+// copy go together (so far once: the VAE decode batch, 864a1a2).
 #include "properties/classic_before18.h"
 
 #include <algorithm>
@@ -119,7 +119,14 @@ class ComfyPlanner {
         }
       }
     } else if (m.kind == ModelKind::vae) {
-      est = estimate(sp.model, batch);
+      // Moved with the planner in 864a1a2 (the VAE decode batch, as the header allows: a change
+      // meant to move cast-hook-only plans moves this copy too): one sample's estimate, as many
+      // samples per call as fit after the load.
+      const Bytes one = std::max<Bytes>(estimate(sp.model, 1), 1);
+      sp.decode_batch = static_cast<std::uint32_t>(std::clamp<Bytes>(free_now() / one, 1, batch));
+      sp.run_batch = sp.decode_batch;
+      sp.passes = (batch + sp.decode_batch - 1) / sp.decode_batch;
+      est = estimate(sp.model, sp.decode_batch);
     }
     sp.activation_allowance = std::max(c_.inference_floor, est);
     const std::uint32_t rows = m.kind == ModelKind::text_encoder ? 1 : sp.run_batch;
@@ -194,8 +201,9 @@ class ComfyPlanner {
       lp.extra_mem = std::max(I, lp.est_max + R);
       lp.min_req = std::max(I, lp.est_min + R);
     } else if (model.kind == ModelKind::vae) {
-      // The VAE passes memory_required only; min_req falls back to extra_mem.
-      lp.est_max = lp.est_min = estimate(m, batch);
+      // The VAE passes memory_required only; min_req falls back to extra_mem. (One sample's:
+      // moved with the planner in 864a1a2.)
+      lp.est_max = lp.est_min = estimate(m, 1);
       lp.extra_mem = lp.min_req = std::max(I, lp.est_max + R);
     } else {
       lp.extra_mem = lp.min_req = I;
