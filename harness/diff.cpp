@@ -61,18 +61,6 @@ void count_field(std::vector<FieldDiff>& out, const std::string& field, std::uin
   if (a != b) out.push_back({field, std::to_string(a), std::to_string(b), 0});
 }
 
-// "loads[3].resident" -> "loads.resident": what a group is keyed by.
-std::string field_kind(const std::string& field) {
-  std::string k;
-  bool skip = false;
-  for (const char c : field) {
-    if (c == '[') skip = true;
-    if (!skip) k += c;
-    if (c == ']') skip = false;
-  }
-  return k;
-}
-
 std::string verdict_text(const Verdict& v) { return v.signature.empty() ? std::string(verdict_kind_name(v.kind)) : v.signature; }
 
 // A case's outcome under both: the fields that differ and the group key (empty key: the same).
@@ -199,6 +187,17 @@ void shrink_group(DiffGroup& g, const DiffConfig& cfg, const Policy& b, Backend&
 }
 
 }  // namespace
+
+std::string field_kind(const std::string& field) {
+  std::string k;
+  bool skip = false;
+  for (const char c : field) {
+    if (c == '[') skip = true;
+    if (!skip) k += c;
+    if (c == ']') skip = false;
+  }
+  return k;
+}
 
 std::vector<FieldDiff> compare_plans(const Scenario& s, const Plan& a, const Plan& b, Bytes tolerance) {
   std::vector<FieldDiff> out;

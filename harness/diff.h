@@ -71,6 +71,9 @@ struct DiffResult {
 // `tolerance` equal. Empty: the same plan.
 std::vector<FieldDiff> compare_plans(const Scenario& s, const Plan& a, const Plan& b, Bytes tolerance);
 
+// What a group is keyed by: a field without its indices ("loads[3].resident" -> "loads.resident").
+std::string field_kind(const std::string& field);
+
 // The case under B: its policy replaced by B with the case's overrides, then B's own.
 Scenario under_policy(const Scenario& s, const Policy& b, const std::vector<std::pair<std::string, std::string>>& overrides);
 
