@@ -300,7 +300,7 @@ Bytes Aimdo::free_memory(std::uint32_t v, Bytes bytes) {
 
 // ---- hooks ---------------------------------------------------------------------------------------
 
-bool Aimdo::hook_cuda_malloc(Bytes size, const std::function<bool()>& real) {
+bool Aimdo::hook_cuda_malloc(Bytes size, CallableRef<bool()> real) {
   ++stats_.hook_calls;
   const Bytes with_headroom = size + k_.malloc_headroom;
   vbars_free(budget_deficit(with_headroom));
@@ -313,7 +313,7 @@ bool Aimdo::hook_cuda_malloc(Bytes size, const std::function<bool()>& real) {
   return true;
 }
 
-bool Aimdo::hook_malloc_async(Bytes size, const std::function<bool()>& real) {
+bool Aimdo::hook_malloc_async(Bytes size, CallableRef<bool()> real) {
   ++stats_.hook_calls;
   const std::uint64_t every = std::uint64_t{k_.async_check_ms} * 1000;
   if (every == 0 || !async_checked_ || now_us_ - last_async_check_us_ >= every) {

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/callable_ref.h"
 #include "harness/core/bytes.h"
 #include "harness/scenario.h"
 #include "harness/sim/device_layer.h"
@@ -145,10 +146,10 @@ class Aimdo {
   // ---- hooks ----
   // The cuMemAlloc_v2 hook around `real` (one driver allocation of `size` bytes): evict, try,
   // evict more, retry once. True when `real` succeeded; the ledger books it.
-  bool hook_cuda_malloc(Bytes size, const std::function<bool()>& real);
+  bool hook_cuda_malloc(Bytes size, CallableRef<bool()> real);
   // The cudaMallocAsync hook: the same without the 128 MiB, and (aimdo 0.2.x) the deficit
   // checked at most once per async_check_ms.
-  bool hook_malloc_async(Bytes size, const std::function<bool()>& real);
+  bool hook_malloc_async(Bytes size, CallableRef<bool()> real);
   // A hooked allocation of `size` was freed.
   void hook_free(Bytes size);
 
