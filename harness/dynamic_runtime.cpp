@@ -86,15 +86,17 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     return out;
   }
   if (r != sim::FaultResult::refused) {
-    std::vector<std::uint32_t> serials;
-    const std::uint64_t end = end_page(m, i);
-    for (std::uint64_t pg = first_page(m, i); pg < end; ++pg) serials.push_back(aimdo_.serial(v, pg));
-    if (!ms.serials.empty() && serials == ms.serials) {
+    // Compared in place, and rewritten into the same vector when they differ (no vector per fault).
+    const std::uint64_t first = first_page(m, i), end = end_page(m, i);
+    bool same = !ms.serials.empty() && ms.serials.size() == end - first;
+    for (std::uint64_t pg = first; same && pg < end; ++pg) same = ms.serials[pg - first] == aimdo_.serial(v, pg);
+    if (same) {
       ms.last = Last::resident;
       ++hits_;
       return out;
     }
-    ms.serials = std::move(serials);
+    ms.serials.clear();
+    for (std::uint64_t pg = first; pg < end; ++pg) ms.serials.push_back(aimdo_.serial(v, pg));
     ms.last = Last::copied;
     ++copies_;
     if (ns_ > 0 && call_stream_ == 0) call_stream_ = next_offload_stream();
