@@ -85,8 +85,7 @@ class Lowerer final : public lowering::ProgramSink {
     lowvram_.resize(s.models.size());
     for (std::size_t m = 0; m < s.models.size(); ++m) {
       const auto& mods = s.models[m].spec->modules;
-      weights_[m].resize(mods.size());
-      for (std::size_t i = 0; i < mods.size(); ++i) weights_[m][i].assign(mods[i].tensors.size(), kNone);
+      weights_[m].init(*s.models[m].spec);
       resident_[m].assign(mods.size(), 0);
       lowvram_[m].assign(mods.size(), 0);
     }
@@ -199,7 +198,7 @@ class Lowerer final : public lowering::ProgramSink {
     op.module = prog_.buffers[b].module;
     emit(op);
   }
-  void convert_module(std::uint32_t m, std::uint32_t i, const std::vector<std::uint32_t>& src,
+  void convert_module(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src,
                       std::vector<std::uint32_t>& temps) override {
     convert(m, i, src, temps, false);
   }
@@ -234,7 +233,7 @@ class Lowerer final : public lowering::ProgramSink {
   // Back to host memory. From then on a cast-hook module is cast on the fly (ComfyUI's
   // partially_unload marks it so); a raw one is read where it is.
   void unload_module(Phase ph, std::uint32_t m, std::uint32_t mod) {
-    for (std::uint32_t& b : weights_[m][mod]) {
+    for (std::uint32_t& b : weights_[m].of(mod)) {
       if (b != kNone) free(ph, b);
       b = kNone;
     }
@@ -247,7 +246,7 @@ class Lowerer final : public lowering::ProgramSink {
     for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
       const std::uint32_t b = alloc(Phase::load, mod.tensors[t].bytes, 0, BufferKind::weight, m, i, t);
       emit(OpKind::h2d, Phase::load, 0, b);
-      weights_[m][i][t] = b;
+      weights_[m].of(i)[t] = b;
     }
     resident_[m][i] = 1;
   }
@@ -297,7 +296,7 @@ class Lowerer final : public lowering::ProgramSink {
         if (tensor.role != TensorRole::weight) continue;
         const Bytes bytes = tensor.numel * compute_elem_bytes(c.lora_patch_dtype);
         const std::uint32_t copy = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
-        emit(conversion_kind(tensor.dtype), Phase::patch, 0, copy, weights_[m][i][t]);
+        emit(conversion_kind(tensor.dtype), Phase::patch, 0, copy, weights_[m].of(i)[t]);
         const std::uint32_t result = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
         emit(OpKind::compute, Phase::patch, 0, result, copy);
         free(Phase::patch, copy);
@@ -317,7 +316,7 @@ class Lowerer final : public lowering::ProgramSink {
   // from `src[t]` (resident weight or transfer buffer); returns the buffers to free after compute.
   // With `patched` (a LoRA applied at forward time) every weight gets a private compute-dtype
   // copy even when no conversion is needed: the patch is added to it in place.
-  void convert(std::uint32_t m, std::uint32_t i, const std::vector<std::uint32_t>& src, std::vector<std::uint32_t>& temps,
+  void convert(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src, std::vector<std::uint32_t>& temps,
                bool patched = false) {
     const ModelRef& ref = s_.models[m];
     const Module& mod = ref.spec->modules[i];
@@ -342,15 +341,15 @@ class Lowerer final : public lowering::ProgramSink {
 
   // Issues the transfer of offloaded module `i` (k-th offloaded module in forward order) on its
   // offload stream (the compute stream when there are none).
-  std::vector<std::uint32_t> issue_transfer(std::uint32_t m, std::uint32_t i, std::size_t k) {
+  // Into `bufs` (its capacity kept from earlier passes).
+  void issue_transfer(std::uint32_t m, std::uint32_t i, std::size_t k, std::vector<std::uint32_t>& bufs) {
     const Module& mod = s_.models[m].spec->modules[i];
     const std::uint8_t stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + k % ns_);
-    std::vector<std::uint32_t> bufs(mod.tensors.size());
+    bufs.resize(mod.tensors.size());
     for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
       bufs[t] = alloc(Phase::forward, mod.tensors[t].bytes, stream, BufferKind::transfer, m, i, t);
       emit(OpKind::h2d, Phase::forward, stream, bufs[t]);
     }
-    return bufs;
   }
 
   void forward(const StagePlan& sp) {
@@ -363,15 +362,18 @@ class Lowerer final : public lowering::ProgramSink {
     }
     // Every sampling step repeats the passes (a diffusion model's node runs `steps` of them).
     const std::uint32_t passes = sp.passes * (model.kind == ModelKind::diffusion ? s_.workload.steps : 1);
+    // Per offloaded module, its transfer buffers; with `temps`, reused pass after pass and module
+    // after module (a vector per module and pass was most of the lowering's heap traffic).
+    std::vector<std::vector<std::uint32_t>> transfers(offloaded.size());
+    std::vector<std::uint32_t> temps;
     for (std::uint32_t pass = 0; pass < passes; ++pass) {
       const std::uint32_t act = alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
-      std::vector<std::vector<std::uint32_t>> transfers(offloaded.size());
       std::size_t issued = 0;  // offloaded modules whose transfer has been issued
       std::size_t k = 0;       // index of the next offloaded module in forward order
       for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-        std::vector<std::uint32_t> temps;
+        temps.clear();
         if (resident_[m][i]) {
-          convert(m, i, weights_[m][i], temps);
+          convert(m, i, weights_[m].of(i), temps);
           emit_compute(m, i, act);
           for (std::uint32_t b : temps) free(Phase::forward, b);
           continue;
@@ -384,7 +386,7 @@ class Lowerer final : public lowering::ProgramSink {
         }
         // The CPU runs up to NS transfers ahead of the module being computed.
         const std::size_t want = std::min(offloaded.size(), k + 1 + ns_);
-        for (; issued < want; ++issued) transfers[issued] = issue_transfer(m, offloaded[issued], issued);
+        for (; issued < want; ++issued) issue_transfer(m, offloaded[issued], issued, transfers[issued]);
         const std::uint8_t stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + k % ns_);
         if (stream != 0) emit(OpKind::wait, Phase::forward, 0, kNone, kNone, stream);
         convert(m, i, transfers[k], temps, ref.lora);
@@ -427,7 +429,7 @@ class Lowerer final : public lowering::ProgramSink {
   std::uint16_t stage_ = 0;
   Program prog_;
   lowering::DynamicLowering dynamic_;
-  std::vector<std::vector<std::vector<std::uint32_t>>> weights_;  // [model][module][tensor] -> buffer
+  std::vector<lowering::TensorSlots> weights_;  // [model]: per tensor, its resident buffer
   std::vector<std::vector<std::uint8_t>> resident_;
   std::vector<std::vector<std::uint8_t>> lowvram_;  // [model][module]: cast on the fly, transferred per forward
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "harness/lower.h"
@@ -35,8 +36,33 @@ class ProgramSink {
   // The forward conversions of module `i` of model `m` to its compute dtype (upcast / dequant,
   // scaled fp8's second copy), reading tensor t from src[t] (kNone: a VBAR slice or cast
   // buffer); appends the buffers to free after the compute to `temps`.
-  virtual void convert_module(std::uint32_t m, std::uint32_t i, const std::vector<std::uint32_t>& src,
+  virtual void convert_module(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src,
                               std::vector<std::uint32_t>& temps) = 0;
+};
+
+// One buffer id per tensor of a model, flat: the tensors of module i are [first[i], first[i + 1]).
+// (A vector per module made lowering allocate once per module and case.)
+class TensorSlots {
+ public:
+  void init(const ModelSpec& model) {
+    first_.resize(model.modules.size() + 1);
+    std::uint32_t n = 0;
+    for (std::size_t i = 0; i < model.modules.size(); ++i) {
+      first_[i] = n;
+      n += static_cast<std::uint32_t>(model.modules[i].tensors.size());
+    }
+    first_.back() = n;
+    slot_.assign(n, kNone);
+  }
+  std::span<std::uint32_t> of(std::uint32_t module) { return {slot_.data() + first_[module], slot_.data() + first_[module + 1]}; }
+  std::span<const std::uint32_t> of(std::uint32_t module) const {
+    return {slot_.data() + first_[module], slot_.data() + first_[module + 1]};
+  }
+  std::span<std::uint32_t> all() { return slot_; }
+
+ private:
+  std::vector<std::uint32_t> first_;
+  std::vector<std::uint32_t> slot_;
 };
 
 // ModelPatcherDynamic's stages (lower_dynamic.cpp; docs/dynamic.md "Lowering").
@@ -64,7 +90,7 @@ class DynamicLowering {
   const Scenario& s_;
   ProgramSink& out_;
   std::uint32_t ns_;
-  std::vector<std::vector<std::vector<std::uint32_t>>> forced_;  // [model][module][tensor] torch buffers
+  std::vector<TensorSlots> forced_;  // [model]: per tensor, its torch buffer
   std::vector<const StagingPlan*> staging_;                      // per model: its current staging
   std::uint32_t torch_cast_k_ = 0;  // rotation of torch cast buffers over the offload streams
 };

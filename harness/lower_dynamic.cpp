@@ -53,11 +53,9 @@ DynamicLowering::DynamicLowering(const Scenario& s, ProgramSink& out)
     : s_(s), out_(out), ns_(s.streams()), forced_(s.models.size()), staging_(s.models.size(), nullptr) {}
 
 void DynamicLowering::free_forced(std::uint32_t m) {
-  for (auto& mod : forced_[m]) {
-    for (std::uint32_t& b : mod) {
-      if (b != kNone) out_.free(Phase::unload, b);
-      b = kNone;
-    }
+  for (std::uint32_t& b : forced_[m].all()) {
+    if (b != kNone) out_.free(Phase::unload, b);
+    b = kNone;
   }
 }
 
@@ -69,7 +67,7 @@ void DynamicLowering::load(const LoadPlan& lp) {
   const ComfyConstants& c = s_.policy.constants;
   // restore_loaded_backups: the force-loaded copies of an earlier load go first.
   free_forced(m);
-  forced_[m].assign(model.modules.size(), {});
+  forced_[m].init(model);
   staging_[m] = &st;
   VbarLayout& layout = out_.program().vbars[m];
   layout.dynamic = true;
@@ -91,14 +89,13 @@ void DynamicLowering::load(const LoadPlan& lp) {
   }
   for (const std::uint32_t i : moved) {
     const Module& mod = model.modules[i];
-    forced_[m][i].assign(mod.tensors.size(), kNone);
     bool patched = false;
     for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
       const Tensor& tensor = mod.tensors[t];
       if (!st.forced_module[i] && staged_tensor(tensor)) continue;  // lives in the VBAR slice
       const std::uint32_t b = out_.alloc(Phase::load, tensor.bytes, 0, BufferKind::weight, m, i, t);
       out_.emit(module_op(OpKind::h2d, Phase::load, b, m, i));
-      forced_[m][i][t] = b;
+      forced_[m].of(i)[t] = b;
       // patch_weight_to_device: a force-loaded weight with a LoRA is patched now, through a copy
       // and a result in the LoRA dtype, rounded back into the stored weight.
       if (ref.lora && tensor.role == TensorRole::weight) {
@@ -168,18 +165,21 @@ void DynamicLowering::forward(const StagePlan& sp) {
   const std::vector<Block> groups = prefetch ? blocks(m) : std::vector<Block>{};
   auto staged = [&](std::uint32_t i) { return st.slice_size[i] != 0; };
 
+  // Reused module after module and pass after pass (their capacity stays).
+  std::vector<std::uint32_t> temps, lora_temps, src;
+  std::vector<std::uint32_t> pinned;  // the prefetched block's staged modules, unpinned at the next pop
   for (std::uint32_t pass = 0; pass < passes; ++pass) {
     const std::uint32_t act = out_.alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
     std::size_t g = 0;                  // the prefetch block of the module being run
     std::size_t faulted = ~std::size_t{0};  // the block last faulted
-    std::vector<std::uint32_t> pinned;  // the prefetched block's staged modules, unpinned at the next pop
+    pinned.clear();
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       const Module& mod = model.modules[i];
-      std::vector<std::uint32_t> temps;
+      temps.clear();
       if (!staged(i)) {
         // Force-loaded: an ordinary resident torch tensor, converted like a classic resident
         // module (modules without the cast hook use their raw parameters as they are).
-        if (mod.cast_hook) out_.convert_module(m, i, forced_[m][i], temps);
+        if (mod.cast_hook) out_.convert_module(m, i, forced_[m].of(i), temps);
         out_.emit(module_op(OpKind::compute, Phase::forward, act, m, i));
         for (std::uint32_t b : temps) out_.free(Phase::forward, b);
         continue;
@@ -230,9 +230,9 @@ void DynamicLowering::forward(const StagePlan& sp) {
           out_.emit(wait);
         }
       }
-      const std::vector<std::uint32_t> src(mod.tensors.size(), kNone);
+      src.assign(mod.tensors.size(), kNone);
       out_.convert_module(m, i, src, temps);
-      std::vector<std::uint32_t> lora_temps;
+      lora_temps.clear();
       if (ref.lora) {
         // LowVramPatch on a copy that is not resident: the delta, added to the converted weight
         // (or to a private compute copy when the weight needed no conversion).
