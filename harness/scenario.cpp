@@ -269,9 +269,32 @@ double parse_double_text(std::string_view v, double lo, double hi, const std::st
 
 }  // namespace
 
-void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what) {
+std::vector<std::string_view> policy_override_keys(const Policy& p) {
+  std::vector<std::string_view> keys = {"reserve",          "inference_floor", "weight_floor",      "min_weight_ratio", "unload_factor",
+                                        "cfg_mult",         "cond_batch_safety", "lora_math_factor", "account",          "dequant_term",
+                                        "num_streams",      "flash_attention", "lora_patch_dtype",  "patch_sync"};
+  if (p.predictor == PredictorKind::exact) keys.emplace_back("exact_reserve");
+  if (p.dynamic()) {
+    if (p.preset != Preset::feb2026) keys.emplace_back("vram_headroom");
+    keys.emplace_back("poll_ms");
+    if (p.preset != Preset::feb2026) keys.emplace_back("malloc_headroom");
+  }
+  return keys;
+}
+
+void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what, OverrideFrom from) {
   // A field of a file ("policy.overrides.reserve") or a flag and its key ("--set cfg_mult").
   const std::string path = what.starts_with("--") ? fmt::format("{} {}", what, key) : fmt::format("{}.{}", what, key);
+  if (p.predictor == PredictorKind::external && from == OverrideFrom::flag) {
+    // A predictor that said which overrides it applies would plan this case without it: refuse
+    // it here rather than report what the predictor did not do. A key or value that is wrong in
+    // itself is named as such first (tried on a copy, so `p` is left as it was).
+    if (const PredictorHello* h = find_external(p.external_name); h && !h->honours(key)) {
+      Policy probe = p;
+      apply_policy_override(probe, key, value, what, OverrideFrom::file);
+      throw InputError(path, unhonoured_override_message(*h, key));
+    }
+  }
   ComfyConstants& c = p.constants;
   const bool dynamic_key = key == "vram_headroom" || key == "poll_ms" || key == "malloc_headroom";
   if (dynamic_key && !p.dynamic()) {
@@ -492,7 +515,7 @@ Policy parse_policy_json(const JsonIn& j) {
     if (!o->is_object()) o->fail("expected an object of constant: value");
     for (auto it = o->raw().begin(); it != o->raw().end(); ++it) {
       const JsonIn v(*it, fmt::format("{}.{}", o->path(), it.key()));
-      apply_policy_override(p, it.key(), v.scalar_text(), o->path());
+      apply_policy_override(p, it.key(), v.scalar_text(), o->path(), OverrideFrom::file);
     }
   }
   return p;

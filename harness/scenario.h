@@ -204,7 +204,15 @@ struct Policy {
 enum class StartCommand { allow, refuse };
 Policy parse_policy(std::string_view text, std::string_view what, StartCommand start = StartCommand::allow);
 // Applies one override (`reserve=600MiB`, `account=lookahead`, `dequant_term=false` ...).
-void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what);
+// Under an external predictor whose hello lists `supports.overrides`, an override it does not
+// honour is refused (InputError: exit 2) when it comes from a flag or the generator; one read from
+// a file is kept, and predicting that case is its error (the file may predate the predictor).
+enum class OverrideFrom : std::uint8_t { flag, file };
+void apply_policy_override(Policy& p, std::string_view key, std::string_view value, std::string_view what,
+                           OverrideFrom from = OverrideFrom::flag);
+// The override keys `p` accepts (a dynamic preset's own, the exact predictor's exact_reserve),
+// in the order docs/formats.md lists them.
+std::vector<std::string_view> policy_override_keys(const Policy& p);
 
 struct ModelRef {
   std::string id;      // how stages name it ("te", "dit"); defaults to the catalog name

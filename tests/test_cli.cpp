@@ -171,6 +171,25 @@ TEST_F(Cli, ACorpusReplayWhosePredictorFailsIsUndeterminedNotFixed) {
   EXPECT_NE(md.find("undetermined (the replay was an error, so neither fixed nor failing)"), std::string::npos);
 }
 
+// The minimal predictor applies no override (its hello: "supports": {"overrides": []}): a
+// reserve or constant asked of it on the command line is refused before any case runs, for
+// fuzz, run and calibrate alike, instead of judging plans that ignored it.
+TEST_F(Cli, AnOverrideTheExternalPredictorDoesNotApplyIsRefused) {
+  const std::string minimal = fmt::format("exec:python3 {}/adapters/minimal/minimal_predictor.py", VF_SOURCE_DIR);
+  expect_bad_input({"fuzz", "--backend", "sim", "--cases", "3", "--no-shrink", "--policy", minimal, "--reserve", "600MiB", "--out", "o"},
+                   "--set reserve: the external predictor \"minimal-python\" does not apply the override `reserve` (its hello's "
+                   "supports.overrides: none)");
+  EXPECT_FALSE(fs::exists(dir_ / "o" / "summary.json"));
+  expect_bad_input({"fuzz", "--backend", "sim", "--cases", "3", "--policy", minimal, "--set", "cfg_mult=2", "--out", "o"},
+                   "--set cfg_mult: the external predictor \"minimal-python\" does not apply the override `cfg_mult`");
+  expect_bad_input({"calibrate", "--backend", "sim", "--cases", "3", "--policy", minimal, "--out", "c"},
+                   "--policy: calibrate raises `reserve` until no case violates; the external predictor \"minimal-python\" does not "
+                   "apply the override `reserve`");
+  // Without overrides it runs.
+  const Proc ok = run({"fuzz", "--backend", "sim", "--cases", "3", "--no-shrink", "--policy", minimal, "--out", "o"}, 120);
+  EXPECT_TRUE(ok.exit_code == 0 || ok.exit_code == 1) << describe(ok);
+}
+
 // ---- diff ----------------------------------------------------------------------------------------
 
 // The protocol's proof through diff: the built-in predictor against itself served over the

@@ -5,7 +5,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -240,6 +242,74 @@ TEST(PredictorProtocol, AReplyMayNameModulesByIndex) {
   }
 }
 
+// What parse_hello says of `text`: its error, or "accepted".
+std::string hello_error(const std::string& text) {
+  try {
+    (void)parse_hello(nlohmann::json::parse(text), "hello");
+  } catch (const InputError& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
+TEST(PredictorProtocol, AHelloSaysWhichOverridesItApplies) {
+  const std::string head = R"({"schema": "vramfuzz.predictor/1", "type": "hello", "name": "p", "version": "1", "runtime": "comfy:dec2025")";
+  const PredictorHello silent = parse_hello(nlohmann::json::parse(head + "}"), "hello");
+  EXPECT_FALSE(silent.overrides.has_value());
+  EXPECT_TRUE(silent.honours("dequant_term"));  // it did not say: everything is sent, as before
+  const PredictorHello h =
+      parse_hello(nlohmann::json::parse(head + R"(, "supports": {"overrides": ["reserve", "num_streams", "from_a_later_vramfuzz"]}})"),
+                  "hello");
+  ASSERT_TRUE(h.overrides.has_value());
+  EXPECT_EQ(h.overrides->size(), 3u);
+  EXPECT_TRUE(h.honours("reserve"));
+  EXPECT_TRUE(h.honours("num_streams"));
+  EXPECT_FALSE(h.honours("dequant_term"));
+  EXPECT_FALSE(h.spec_refs);
+  const PredictorHello none = parse_hello(nlohmann::json::parse(head + R"(, "supports": {"overrides": []}})"), "hello");
+  EXPECT_FALSE(none.honours("reserve"));
+  EXPECT_EQ(unhonoured_override_message(none, "reserve"),
+            "the external predictor \"p\" does not apply the override `reserve` (its hello's supports.overrides: none); it would plan "
+            "the case as if it were not set");
+  // The hello line vramfuzz writes (predict-serve) says the same.
+  const PredictorHello back = parse_hello(nlohmann::json::parse(hello_line(h)), "hello");
+  EXPECT_EQ(back.overrides, h.overrides);
+  EXPECT_EQ(hello_line(silent).find("supports"), std::string::npos);
+  // Malformed lists name the field.
+  EXPECT_NE(hello_error(head + R"(, "supports": {"overrides": "reserve"}})").find("hello.supports.overrides"), std::string::npos);
+  EXPECT_NE(hello_error(head + R"(, "supports": {"overrides": ["reserve", 7]}})").find("hello.supports.overrides[1]"), std::string::npos);
+  EXPECT_NE(hello_error(head + R"(, "supports": {"overrides": [""]}})").find("hello.supports.overrides[0]: an override name of 1 to 64"),
+            std::string::npos);
+}
+
+// The keys a policy takes are the keys apply_policy_override accepts for it (one list, so the
+// hello predict-serve writes cannot drift from what its requests can carry).
+TEST(PredictorProtocol, EveryOverrideKeyAPolicyListsIsOneItAccepts) {
+  const std::map<std::string_view, std::string_view> value = {
+      {"reserve", "600MiB"},       {"inference_floor", "1GiB"},  {"weight_floor", "128MiB"},  {"min_weight_ratio", "0.5"},
+      {"unload_factor", "1.5"},    {"cfg_mult", "2"},            {"cond_batch_safety", "1.2"}, {"lora_math_factor", "1"},
+      {"account", "lookahead"},    {"dequant_term", "false"},    {"num_streams", "2"},         {"flash_attention", "true"},
+      {"lora_patch_dtype", "fp32"}, {"patch_sync", "true"},      {"exact_reserve", "bound"},   {"vram_headroom", "256MiB"},
+      {"poll_ms", "50"},           {"malloc_headroom", "64MiB"}};
+  const std::map<std::string, std::size_t> expected = {
+      {"comfy:dec2025", 14}, {"exact:dec2025", 15}, {"comfy:feb2026", 15}, {"comfy:sep2026", 17}};
+  for (const auto& [label, count] : expected) {
+    Policy p = parse_policy(label, "--policy");
+    const auto keys = policy_override_keys(p);
+    EXPECT_EQ(keys.size(), count) << label;
+    for (const std::string_view k : keys) {
+      ASSERT_TRUE(value.count(k)) << k;
+      EXPECT_NO_THROW(apply_policy_override(p, k, value.at(k), "--set")) << label << " " << k;
+    }
+    // And a key it does not list is refused.
+    for (const auto& [k, v] : value) {
+      if (std::find(keys.begin(), keys.end(), k) != keys.end()) continue;
+      Policy q = parse_policy(label, "--policy");
+      EXPECT_THROW(apply_policy_override(q, k, v, "--set"), InputError) << label << " " << k;
+    }
+  }
+}
+
 // ---- predictor processes -----------------------------------------------------------------------
 
 std::string faulty(const std::string& mode, const std::string& extra = "") {
@@ -345,6 +415,54 @@ TEST_F(ExternalPredictor, AnErrorReplyIsTheCasesErrorWithItsMessage) {
     EXPECT_FALSE(r.exec.fatal);
     EXPECT_NE(r.verdict.message.find("could not plan the case: no planner for this model family"), std::string::npos) << r.verdict.message;
   }
+}
+
+// A predictor that lists the overrides it applies gets the ones it lists, and a case that sets
+// another is refused: from a flag before anything runs, from a file as that case's error.
+TEST_F(ExternalPredictor, AnOverrideThePredictorDoesNotApplyIsRefusedNotSent) {
+  Scenario s = case_under(faulty("honours-reserve"));
+  ASSERT_EQ(s.policy.label(), "exec:faulty-honours-reserve");
+  ASSERT_TRUE(s.policy.overrides.empty());
+  apply_policy_override(s.policy, "reserve", "600MiB", "--reserve");
+  const CaseResult r = run_case(s, *backend_, false);
+  ASSERT_NE(r.verdict.kind, VerdictKind::error) << r.verdict.message;
+  EXPECT_EQ(r.plan.reserve, 600 * MiB);  // sent, and applied by the predictor
+  try {
+    apply_policy_override(s.policy, "dequant_term", "false", "--set");
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--set dequant_term: the external predictor \"faulty-honours-reserve\" does not apply the override `dequant_term` (its "
+              "hello's supports.overrides: reserve); it would plan the case as if it were not set");
+  }
+  // A key that is wrong in itself says so first; the policy is left as it was.
+  try {
+    apply_policy_override(s.policy, "dequant_trem", "false", "--set");
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--set dequant_trem: unknown policy constant"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(s.policy.constants.dequant_term);
+  EXPECT_EQ(s.policy.overrides.size(), 1u);
+  // The generator's overrides are flags too (fuzz --set, calibrate's reserve).
+  EXPECT_THROW(apply_policy_override(s.policy, "num_streams", "2", "policy"), InputError);
+  // A file (a repro made before the predictor stopped applying it): it loads, and the case is an
+  // error that names the override; it is not sent, and the predictor is never given up for it.
+  nlohmann::json doc = nlohmann::json::parse(scenario_to_json(s));
+  doc["policy"]["overrides"]["dequant_term"] = false;
+  Catalog catalog;
+  const Scenario from_file = parse_scenario_json(doc.dump(), catalog, "case.json");
+  ASSERT_EQ(from_file.policy.overrides.size(), 2u);
+  for (int i = 0; i < 4; ++i) {
+    const CaseResult e = run_case(from_file, *backend_, false);
+    EXPECT_EQ(e.verdict.kind, VerdictKind::error);
+    EXPECT_FALSE(e.exec.fatal);
+    EXPECT_NE(e.verdict.message.find("does not apply the override `dequant_term` (its hello's supports.overrides: reserve)"),
+              std::string::npos)
+        << e.verdict.message;
+  }
+  // The same predictor still plans the case without it.
+  EXPECT_NE(run_case(s, *backend_, false).verdict.kind, VerdictKind::error);
 }
 
 TEST_F(ExternalPredictor, AWrongSchemaOrNoHelloCannotStart) {

@@ -40,6 +40,10 @@ GIB = 1 << 30
 # indices differ so that ComfyUI's Module.to(device) calls tell load from offload.
 LOAD_DEVICE_SPEC = ("meta", 0)
 OFFLOAD_DEVICE_SPEC = ("meta",)
+# vramfuzz's policy overrides this adapter turns into ComfyUI settings (its hello's
+# supports.overrides): reserve is --reserve-vram (EXTRA_RESERVED_VRAM), num_streams is
+# --async-offload N (NUM_STREAMS).
+APPLIED_OVERRIDES = ("reserve", "num_streams")
 
 log = logging.getLogger("vramfuzz.comfyui")
 
@@ -285,7 +289,7 @@ class ComfyAdapter:
         overrides = pol.get("overrides", {}) if isinstance(pol, dict) else {}
         ignored = []
         for key, value in overrides.items():
-            if key == "reserve":  # --reserve-vram
+            if key == "reserve":  # --reserve-vram (APPLIED_OVERRIDES)
                 mm.EXTRA_RESERVED_VRAM = parse_size(value)
             elif key == "num_streams":  # --async-offload N
                 mm.NUM_STREAMS = int(value)
@@ -841,8 +845,11 @@ def main():
     log.info("ComfyUI %s at %s ready in %.1f s", adapter.version, adapter.comfy_path, time.time() - t0)
     hello = {"schema": "vramfuzz.predictor/1", "type": "hello", "name": args.name,
              "version": adapter.version, "runtime": args.runtime}
+    # The overrides that have a ComfyUI setting (apply_view_and_policy): vramfuzz refuses the
+    # others instead of sending them to be ignored.
+    hello["supports"] = {"overrides": list(APPLIED_OVERRIDES)}
     if not args.no_spec_refs:
-        hello["supports"] = {"spec_refs": True}  # each model's spec is sent once (docs/predictor-protocol.md)
+        hello["supports"]["spec_refs"] = True  # each model's spec is sent once (docs/predictor-protocol.md)
     proto.write(json.dumps(hello) + "\n")
     proto.flush()
     for line in sys.stdin:

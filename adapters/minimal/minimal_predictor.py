@@ -82,8 +82,11 @@ def main():
     ap.add_argument("--allowance", type=int, default=1024, help="activation allowance in MiB")
     args = ap.parse_args()
     out = sys.stdout
+    # supports.overrides: the policy overrides it applies. This planner has no reserve or other
+    # constant, so none: vramfuzz then refuses --reserve / --set against it instead of judging
+    # plans that ignored them.
     out.write(json.dumps({"schema": "vramfuzz.predictor/1", "type": "hello", "name": "minimal-python",
-                          "version": "1", "runtime": "comfy:dec2025"}) + "\n")
+                          "version": "1", "runtime": "comfy:dec2025", "supports": {"overrides": []}}) + "\n")
     out.flush()
     for line in sys.stdin:
         if not line.strip():

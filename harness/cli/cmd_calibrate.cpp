@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "harness/calibrate.h"
+#include "harness/predictors/external.h"
 #include "harness/cli/commands.h"
 #include "harness/cli/out_dir.h"
 #include "harness/cli/progress.h"
@@ -58,6 +59,14 @@ int do_calibrate(const CalibrateFlags& f) {
   {
     Policy probe = parse_policy(*cfg.gen.policy, "--policy", StartCommand::refuse);
     for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
+    // Calibration raises one constant until nothing violates; a predictor that does not apply it
+    // would be measured at its own reserve every round. Refused now, before any case runs.
+    if (probe.predictor == PredictorKind::external) {
+      const std::string knob(calibrated_knob(probe));
+      if (const PredictorHello* h = find_external(probe.external_name); h && !h->honours(knob)) {
+        throw InputError("--policy", fmt::format("calibrate raises `{}` until no case violates; {}", knob, unhonoured_override_message(*h, knob)));
+      }
+    }
   }
   const Policy policy = parse_policy(*cfg.gen.policy, "--policy", StartCommand::refuse);
   // The modes ComfyUI can run the policy with: dynamic VRAM has no expandable segments, and

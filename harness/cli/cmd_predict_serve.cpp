@@ -66,6 +66,10 @@ int do_serve(const std::string& policy_text) {
   hello.version = tool_version();
   hello.runtime = serve.preset;
   hello.spec_refs = true;
+  // Every override its policy takes is applied to each request's plan (answer() above).
+  std::vector<std::string> keys;
+  for (const std::string_view k : policy_override_keys(serve)) keys.emplace_back(k);
+  hello.overrides = std::move(keys);
   put(hello_line(hello));
   SpecStore specs;
   Catalog catalog;

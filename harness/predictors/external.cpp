@@ -359,8 +359,14 @@ Plan predict_external(const Scenario& s) {
                            true);
     }
     p.hello.spec_refs = again.spec_refs;
+    p.hello.overrides = again.overrides;
     p.refs.reset();
     spdlog::info("external predictor \"{}\" restarted", p.hello.name);
+  }
+  // A case (read from a file) that sets an override this predictor says it does not apply: it
+  // cannot be planned as written. The case's error, not the process's failure.
+  for (const auto& [key, value] : s.policy.overrides) {
+    if (!p.hello.honours(key)) throw PredictorError(unhonoured_override_message(p.hello, key), false);
   }
   const std::uint64_t id = p.next_id++;
   std::string line;

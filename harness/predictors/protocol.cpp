@@ -317,8 +317,21 @@ std::string hello_line(const PredictorHello& h) {
   j["name"] = h.name;
   j["version"] = h.version;
   j["runtime"] = fmt::format("comfy:{}", preset_name(h.runtime));
-  if (h.spec_refs) j["supports"] = {{"spec_refs", true}};
+  if (h.spec_refs) j["supports"]["spec_refs"] = true;
+  if (h.overrides) j["supports"]["overrides"] = *h.overrides;
   return j.dump() + "\n";
+}
+
+std::string unhonoured_override_message(const PredictorHello& h, std::string_view key) {
+  std::string listed;
+  for (const std::string& k : h.overrides.value_or(std::vector<std::string>{})) listed += (listed.empty() ? "" : ", ") + k;
+  return fmt::format("the external predictor \"{}\" does not apply the override `{}` (its hello's supports.overrides: {}); it "
+                     "would plan the case as if it were not set",
+                     h.name, key, listed.empty() ? "none" : listed);
+}
+
+bool PredictorHello::honours(std::string_view key) const {
+  return !overrides || std::find(overrides->begin(), overrides->end(), key) != overrides->end();
 }
 
 PredictorHello parse_hello(const nlohmann::json& doc, const std::string& origin) {
@@ -347,8 +360,22 @@ PredictorHello parse_hello(const nlohmann::json& doc, const std::string& origin)
   h.runtime = *p;
   if (const auto sup = j.opt("supports")) {
     // Capabilities this vramfuzz knows are read; others (of later versions) are ignored.
-    if (!sup->is_object()) sup->fail("expected an object of capability: true/false");
+    if (!sup->is_object()) sup->fail("expected an object of capabilities (\"spec_refs\": true, \"overrides\": [...])");
     if (const auto v = sup->opt("spec_refs")) h.spec_refs = v->boolean();
+    if (const auto v = sup->opt("overrides")) {
+      // The names are vramfuzz's override keys; one this vramfuzz does not know is never sent,
+      // so it is kept and harmless.
+      v->expect_array();
+      if (v->size() > 64) v->fail("at most 64 override names");
+      std::vector<std::string> keys;
+      for (std::size_t k = 0; k < v->size(); ++k) {
+        const JsonIn e = v->at(k);
+        std::string key = e.str();
+        if (key.empty() || key.size() > 64) e.fail("an override name of 1 to 64 characters (reserve, num_streams, ...)");
+        keys.push_back(std::move(key));
+      }
+      h.overrides = std::move(keys);
+    }
   }
   return h;
 }

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,11 +35,20 @@ struct PredictorHello {
   // supports.spec_refs: it keeps the models it was sent, so a request names a model it has
   // already seen by its spec_ref instead of carrying its modules again (SpecRefs below).
   bool spec_refs = false;
+  // supports.overrides: the policy overrides (docs/formats.md `policy.overrides`) it applies to
+  // its plans. Absent: it did not say, and every override is sent as before. Present: an override
+  // it does not list is refused where a flag gives it (exit 2), and a case from a file that sets
+  // one is that case's error (it cannot be planned as written), never silently planned without.
+  std::optional<std::vector<std::string>> overrides;
+  bool honours(std::string_view key) const;
 };
 
 // The hello line a predictor writes; parse_hello reads one (InputError naming the field, the
 // path prefixed with `origin`).
 std::string hello_line(const PredictorHello& h);
+// Why a case with the override `key` cannot go to predictor `h` (it does not list it in
+// supports.overrides): names the predictor, the key and what it does honour.
+std::string unhonoured_override_message(const PredictorHello& h, std::string_view key);
 PredictorHello parse_hello(const nlohmann::json& j, const std::string& origin);
 
 // The request for one case: {"type":"predict","id":ID,"view":{...},"scenario":{...}}. The

@@ -10,7 +10,9 @@ reply that is not JSON), schema (hello in vramfuzz.predictor/2), no-hello (exits
 unknown-module (a resident module the case does not have), both (a module resident and
 offloaded), error (an error reply), bad-id (a reply to another request), error-after-N (N good
 replies, then error replies), crash-after-N (N good replies, then it exits 3; every restart
-exits 3 on its first request: STATE_FILE marks the first process).
+exits 3 on its first request: STATE_FILE marks the first process), honours-reserve (a working
+predictor whose hello says supports.overrides ["reserve"], and whose plan's reserve is the
+request's `reserve` override in bytes).
 """
 import json
 import os
@@ -33,8 +35,11 @@ def main():
     state = sys.argv[2] if len(sys.argv) > 2 else None
     if mode == "no-hello":
         sys.exit(5)
-    say({"schema": "vramfuzz.predictor/2" if mode == "schema" else "vramfuzz.predictor/1", "type": "hello",
-         "name": f"faulty-{mode}" + (f"-{os.path.basename(state)}" if state else ""), "version": "1", "runtime": "comfy:dec2025"})
+    hello = {"schema": "vramfuzz.predictor/2" if mode == "schema" else "vramfuzz.predictor/1", "type": "hello",
+             "name": f"faulty-{mode}" + (f"-{os.path.basename(state)}" if state else ""), "version": "1", "runtime": "comfy:dec2025"}
+    if mode == "honours-reserve":
+        hello["supports"] = {"overrides": ["reserve"]}
+    say(hello)
     good = 0
     if mode.startswith("crash-after-") and state:
         if os.path.exists(state):
@@ -71,6 +76,14 @@ def main():
         plan = minimal_predictor.plan(request, 1024 * MIB)
         if mode == "unknown-module":
             plan["loads"][0]["resident"][0] = "no.such.module"
+        if mode == "honours-reserve":
+            pol = request["scenario"].get("policy")
+            given = pol.get("overrides", {}).get("reserve") if isinstance(pol, dict) else None
+            if given is not None:  # canonical sizes as vramfuzz writes them: a number of bytes or N[KMG]iB
+                units = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10, "B": 1}
+                text = str(given)
+                unit = next((u for u in units if text.endswith(u)), "")
+                plan["reserve"] = int(float(text[:-len(unit)] if unit else text) * units.get(unit, 1))
         if mode == "both":
             plan["loads"][0]["lowvram"] = [plan["loads"][0]["resident"][0]]
         say({"type": "plan", "id": rid + 1 if mode == "bad-id" else rid, "plan": plan})
