@@ -47,14 +47,15 @@ void module_set(std::vector<FieldDiff>& out, const std::string& field, const Mod
   if (only_a + only_b == 0) return;
   out.push_back({field, fmt::format("{} module(s) ({}) only here", only_a, mib(bytes_a)),
                  fmt::format("{} module(s) ({}) only here; the first that differs: {}", only_b, mib(bytes_b), first),
-                 static_cast<std::int64_t>(bytes_b) - static_cast<std::int64_t>(bytes_a)});
+                 static_cast<std::int64_t>(bytes_b) - static_cast<std::int64_t>(bytes_a), true, static_cast<std::int64_t>(bytes_a),
+                 static_cast<std::int64_t>(bytes_b)});
 }
 
 void bytes_field(std::vector<FieldDiff>& out, const std::string& field, std::int64_t a, std::int64_t b, Bytes tolerance) {
   const std::int64_t d = b - a;
   if (static_cast<Bytes>(d < 0 ? -d : d) <= tolerance) return;
   out.push_back({field, fmt::format("{:.2f} MiB", static_cast<double>(a) / static_cast<double>(MiB)),
-                 fmt::format("{:.2f} MiB", static_cast<double>(b) / static_cast<double>(MiB)), d});
+                 fmt::format("{:.2f} MiB", static_cast<double>(b) / static_cast<double>(MiB)), d, true, a, b});
 }
 
 void count_field(std::vector<FieldDiff>& out, const std::string& field, std::uint64_t a, std::uint64_t b) {
@@ -68,6 +69,7 @@ struct Outcome {
   std::string key;
   std::vector<FieldDiff> fields;
   std::string verdict_a, verdict_b;
+  std::string rests_on_a, rests_on_b;
   bool error = false;
   bool fatal = false;
   std::string fatal_message;
@@ -111,6 +113,8 @@ Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg
     }
     o.verdict_a = verdict_text(ra.verdict);
     o.verdict_b = verdict_text(rb.verdict);
+    o.rests_on_a = ra.verdict.rests_on;
+    o.rests_on_b = rb.verdict.rests_on;
     if (ra.verdict.kind != rb.verdict.kind || ra.verdict.signature != rb.verdict.signature) {
       o.fields.push_back({"verdict", o.verdict_a, o.verdict_b, rb.verdict.overshoot - ra.verdict.overshoot});
       // Grouped by the verdict kinds: the signatures under them are the group's examples.
@@ -288,6 +292,8 @@ DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend) {
       g.fields = o.fields;
       g.verdict_a = o.verdict_a;
       g.verdict_b = o.verdict_b;
+      g.rests_on_a = o.rests_on_a;
+      g.rests_on_b = o.rests_on_b;
       out.groups.push_back(std::move(g));
       spdlog::info("diff: case {}: a new difference: {}", i, o.key);
     }
@@ -304,11 +310,25 @@ DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend) {
       g.fields = o.fields;
       g.verdict_a = o.verdict_a;
       g.verdict_b = o.verdict_b;
+      g.rests_on_a = o.rests_on_a;
+      g.rests_on_b = o.rests_on_b;
     }
   }
   out.seconds = elapsed();
   return out;
 }
+
+namespace {
+
+// The two commands that plan a group's minimal case (FILE) under A and under B.
+std::pair<std::string, std::string> plan_commands(const DiffConfig& cfg, const std::string& file) {
+  std::string b_sets;
+  for (const auto& [k, v] : cfg.against_overrides) b_sets += " --set " + shell_quote(k + "=" + v);
+  const std::string f = file.empty() ? std::string("FILE") : shell_quote(file);
+  return {fmt::format("vramfuzz plan {}", f), fmt::format("vramfuzz plan {} --policy {}{}", f, shell_quote(policy_list_flag(cfg.against)), b_sets)};
+}
+
+}  // namespace
 
 std::string diff_json(const DiffConfig& cfg, const DiffResult& r, const std::vector<std::string>& files, const std::string& command_line) {
   nlohmann::ordered_json j;
@@ -328,7 +348,16 @@ std::string diff_json(const DiffConfig& cfg, const DiffResult& r, const std::vec
   for (std::size_t i = 0; i < r.groups.size(); ++i) {
     const DiffGroup& g = r.groups[i];
     nlohmann::ordered_json fields = nlohmann::ordered_json::array();
-    for (const FieldDiff& f : g.fields) fields.push_back({{"field", f.field}, {"a", f.a}, {"b", f.b}, {"delta", f.delta}});
+    for (const FieldDiff& f : g.fields) {
+      nlohmann::ordered_json x = {{"field", f.field}, {"a", f.a}, {"b", f.b}, {"delta", f.delta}};
+      if (f.bytes) {
+        x["a_bytes"] = f.a_bytes;
+        x["b_bytes"] = f.b_bytes;
+      }
+      fields.push_back(std::move(x));
+    }
+    nlohmann::ordered_json rests = {{"plans", kDiffPlanRestsOn}};
+    if (!g.rests_on_a.empty() || !g.rests_on_b.empty()) rests["verdicts"] = {{"a", g.rests_on_a}, {"b", g.rests_on_b}};
     groups.push_back({{"key", g.key},
                       {"cases", g.count},
                       {"first_case_index", g.first_index},
@@ -338,7 +367,10 @@ std::string diff_json(const DiffConfig& cfg, const DiffResult& r, const std::vec
                       {"verdict_a", g.verdict_a},
                       {"verdict_b", g.verdict_b},
                       {"fields", std::move(fields)},
-                      {"file", i < files.size() ? files[i] : ""}});
+                      {"rests_on", std::move(rests)},
+                      {"file", i < files.size() ? files[i] : ""},
+                      {"plan_a", plan_commands(cfg, i < files.size() ? files[i] : "").first},
+                      {"plan_b", plan_commands(cfg, i < files.size() ? files[i] : "").second}});
   }
   j["groups"] = std::move(groups);
   return j.dump(2) + "\n";
@@ -362,18 +394,23 @@ std::string diff_markdown(const DiffConfig& cfg, const DiffResult& r, const std:
     md += fmt::format("| {} | {} | {} → {} | {} / {} | `{}` |\n", g.key, g.count, g.modules_before, g.modules_after,
                       g.verdict_a.empty() ? "-" : g.verdict_a, g.verdict_b.empty() ? "-" : g.verdict_b, i < files.size() ? files[i] : "");
   }
-  std::string b_sets;
-  for (const auto& [k, v] : cfg.against_overrides) b_sets += " --set " + shell_quote(k + "=" + v);
   for (std::size_t i = 0; i < r.groups.size(); ++i) {
     const DiffGroup& g = r.groups[i];
+    const auto [plan_a, plan_b] = plan_commands(cfg, i < files.size() ? files[i] : "");
     md += fmt::format("\n### {}\n\n{} case(s), the first case {} (seed {}); its minimal form, {} module(s): `{}`. Plan it under both:\n"
-                      "`vramfuzz plan {}` and `vramfuzz plan {} --policy {}{}`.\n\n| field | A | B | B − A |\n|---|---|---|---|\n",
-                      g.key, g.count, g.first_index, g.first_seed, g.modules_after, i < files.size() ? files[i] : "",
-                      i < files.size() ? files[i] : "FILE", i < files.size() ? files[i] : "FILE", shell_quote(policy_list_flag(cfg.against)),
-                      b_sets);
+                      "`{}` and `{}`.\n\n| field | A | B | B − A |\n|---|---|---|---|\n",
+                      g.key, g.count, g.first_index, g.first_seed, g.modules_after, i < files.size() ? files[i] : "", plan_a, plan_b);
     for (const FieldDiff& f : g.fields) {
       md += fmt::format("| {} | {} | {} | {} |\n", f.field, f.a, f.b, f.delta ? mib_signed(f.delta) : "");
     }
+    md += fmt::format("\n**Rests on:** plan fields: {}.", kDiffPlanRestsOn);
+    if (!g.rests_on_a.empty() && g.rests_on_a == g.rests_on_b) {
+      md += fmt::format(" Verdicts (both): {}.", g.rests_on_a);
+    } else {
+      if (!g.rests_on_a.empty()) md += fmt::format(" Verdict A ({}): {}.", g.verdict_a, g.rests_on_a);
+      if (!g.rests_on_b.empty()) md += fmt::format(" Verdict B ({}): {}.", g.verdict_b, g.rests_on_b);
+    }
+    md += "\n";
   }
   return md;
 }

@@ -40,6 +40,9 @@ struct FieldDiff {
   std::string field;
   std::string a, b;
   std::int64_t delta = 0;
+  // Byte fields: A's and B's bytes (for a module set: the bytes of the modules on that side only).
+  bool bytes = false;
+  std::int64_t a_bytes = 0, b_bytes = 0;
 };
 
 // A group of cases whose plans differ in the same fields (or whose verdicts differ the same way).
@@ -52,6 +55,9 @@ struct DiffGroup {
   Scenario minimal;                  // shrunk, under A (== original without shrinking)
   std::vector<FieldDiff> fields;     // of the minimal case
   std::string verdict_a, verdict_b;  // of the minimal case ("pass", or the signature)
+  // What each verdict rests on (the oracle's words: exact bytes, a modelled allocator, a
+  // modelled activation); empty without verdicts.
+  std::string rests_on_a, rests_on_b;
   std::size_t modules_before = 0, modules_after = 0;
   std::uint64_t shrink_execs = 0;
 };
@@ -82,5 +88,9 @@ DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend);
 // diff.json (`vramfuzz.diff/1`) and diff.md; `files[i]` is where group i's minimal case was written.
 std::string diff_json(const DiffConfig& cfg, const DiffResult& r, const std::vector<std::string>& files, const std::string& command_line);
 std::string diff_markdown(const DiffConfig& cfg, const DiffResult& r, const std::vector<std::string>& files);
+
+// What a difference in plan fields rests on: both predictors' own numbers for the same case.
+inline constexpr std::string_view kDiffPlanRestsOn =
+    "exact: each plan field is the predictor's own number for the same case (nothing is executed to compare plans)";
 
 }  // namespace vf

@@ -78,6 +78,12 @@ document.querySelectorAll('.legend button[data-series]').forEach(function (b) {
 
 double to_mib_d(double bytes) { return bytes / static_cast<double>(MiB); }
 
+}  // namespace
+
+std::string_view report_css() { return kCss; }
+
+namespace {
+
 // A tick step of 1, 2 or 5 x 10^k that gives about `want` ticks over `span`.
 double nice_step(double span, int want) {
   if (span <= 0) return 1;

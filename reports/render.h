@@ -20,6 +20,12 @@ std::string link_from(const std::string& path, const std::string& report_dir);
 std::string junit_xml(const Json& summary, const std::string& report_dir);
 std::string markdown_summary(const Json& summary, const std::string& report_dir);
 std::string html_report(const Json& summary, const std::string& report_dir);
+// diff.html from a diff.json document (vramfuzz.diff/1, harness/diff.h): the counts, the groups
+// by size with what differs, and per group its fields as A / B bars, what they rest on and the
+// commands that plan its minimal case under both.
+std::string diff_html(const Json& diff, const std::string& report_dir);
+// The stylesheet report.html and diff.html share.
+std::string_view report_css();
 
 // The one-line verdict: "2 new signatures", "all 3 signatures known", "nothing found".
 std::string verdict_line(const Json& summary);

@@ -232,6 +232,11 @@ TEST_F(Cli, DiffOfAReserveChangeGroupsShrinksAndWritesReplayableCases) {
   EXPECT_TRUE(shrank);
   const std::string md = read_file(dir_ / "d" / "diff.md");
   EXPECT_NE(md.find("against `comfy:dec2025` (B)"), std::string::npos);
+  EXPECT_NE(md.find("**Rests on:** plan fields: exact:"), std::string::npos);
+  const std::string html = read_file(dir_ / "d" / "diff.html");
+  EXPECT_NE(html.find("<svg class=\"diffbars\""), std::string::npos);
+  EXPECT_NE(html.find("B's overrides: reserve=600MiB"), std::string::npos) << html.substr(0, 2000);
+  EXPECT_NE(d.out.find("html: d/diff.html"), std::string::npos) << d.out;
   EXPECT_NE(md.find("`reserve=600MiB`"), std::string::npos);
   // The same --out again is refused; --clean replaces it.
   expect_bad_input({"diff", "--against", "comfy:dec2025", "--cases", "5", "--out", "d"}, "holds an earlier diff (diff.json)");

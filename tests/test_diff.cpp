@@ -11,6 +11,7 @@
 #include "harness/diff.h"
 #include "harness/generate.h"
 #include "harness/predict.h"
+#include "reports/render.h"
 
 namespace vf {
 namespace {
@@ -40,6 +41,9 @@ TEST(Diff, AReserveChangeIsNamedWithItsBytesAndATolerancePassesIt) {
   EXPECT_EQ(fields[0].a, "400.00 MiB");
   EXPECT_EQ(fields[0].b, "600.00 MiB");
   EXPECT_EQ(fields[0].delta, 200 * static_cast<std::int64_t>(MiB));
+  EXPECT_TRUE(fields[0].bytes);
+  EXPECT_EQ(fields[0].a_bytes, 400 * static_cast<std::int64_t>(MiB));
+  EXPECT_EQ(fields[0].b_bytes, 600 * static_cast<std::int64_t>(MiB));
   for (const FieldDiff& f : compare_plans(s, predict(s), predict(b), 200 * MiB)) EXPECT_NE(f.field, "reserve");
 }
 
@@ -99,6 +103,69 @@ TEST(Diff, AGroupIsShrunkAndItsMinimalCaseStillDiffersTheSameWay) {
   EXPECT_TRUE(shrank);
   // Groups come most cases first.
   for (std::size_t i = 1; i < r.groups.size(); ++i) EXPECT_GE(r.groups[i - 1].count, r.groups[i].count);
+}
+
+// diff.json, diff.md and diff.html say per group what its plan fields and verdicts rest on; the
+// HTML draws each byte field's A and B and renders from diff.json alone.
+TEST(Diff, EveryReportSaysWhatAGroupRestsOnAndTheHtmlDrawsItsBytes) {
+  Catalog catalog;
+  DiffConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = 120;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.against = "comfy:nov2025";
+  cfg.shrink_execs = 40;
+  auto backend = make_backend("sim");
+  const DiffResult r = run_diff(cfg, catalog, *backend);
+  ASSERT_FALSE(r.groups.empty());
+  std::vector<std::string> files;
+  bool verdict_group = false;
+  for (std::size_t i = 0; i < r.groups.size(); ++i) {
+    files.push_back(fmt::format("differences/{:02}-g/case.json", i + 1));
+    const DiffGroup& g = r.groups[i];
+    // Every case ran under both (verdicts on): a side that failed says what its verdict rests on.
+    if (g.verdict_a != "pass") {
+      EXPECT_FALSE(g.rests_on_a.empty()) << g.key << " " << g.verdict_a;
+    }
+    if (g.verdict_b != "pass") {
+      EXPECT_FALSE(g.rests_on_b.empty()) << g.key << " " << g.verdict_b;
+    }
+    verdict_group |= g.key.find("verdict:") != std::string::npos;
+  }
+  const report::Json j = report::Json::parse(diff_json(cfg, r, files, "vramfuzz diff --against comfy:nov2025"));
+  std::size_t byte_fields = 0;
+  for (const auto& g : j["groups"]) {
+    EXPECT_EQ(g["rests_on"]["plans"], std::string(kDiffPlanRestsOn));
+    EXPECT_EQ(g["plan_b"].get<std::string>().rfind("vramfuzz plan differences/", 0), 0u) << g["plan_b"];
+    EXPECT_NE(g["plan_b"].get<std::string>().find("--policy comfy:nov2025"), std::string::npos) << g["plan_b"];
+    for (const auto& f : g["fields"]) {
+      if (!f.contains("a_bytes")) continue;
+      ++byte_fields;
+      EXPECT_EQ(f["b_bytes"].get<std::int64_t>() - f["a_bytes"].get<std::int64_t>(), f["delta"].get<std::int64_t>()) << f.dump();
+    }
+  }
+  EXPECT_GT(byte_fields, 0u);
+  const std::string md = diff_markdown(cfg, r, files);
+  std::size_t rests = 0;
+  for (std::size_t at = md.find("**Rests on:** plan fields: exact:"); at != std::string::npos; at = md.find("**Rests on:**", at + 1)) ++rests;
+  EXPECT_EQ(rests, r.groups.size());
+  if (verdict_group) {
+    EXPECT_NE(md.find("Verdict"), std::string::npos);
+  }
+  const std::string html = report::diff_html(j, ".");
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("vramfuzz diff: <code>comfy:dec2025</code> (A) against <code>comfy:nov2025</code> (B)"), std::string::npos);
+  EXPECT_NE(html.find("<svg class=\"diffbars\""), std::string::npos);
+  for (const auto& g : j["groups"]) {
+    EXPECT_NE(html.find(report::xml_escape(g["key"].get<std::string>())), std::string::npos) << g["key"];
+    EXPECT_NE(html.find(report::xml_escape(g["plan_a"].get<std::string>())), std::string::npos);
+  }
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  // No difference: the page says so.
+  report::Json none = j;
+  none["groups"] = report::Json::array();
+  none["counts"]["groups"] = 0;
+  EXPECT_NE(report::diff_html(none, ".").find("Every case planned the same under both."), std::string::npos);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "harness/campaign.h"
 #include "harness/core/json_in.h"
+#include "harness/diff.h"
 #include "reports/json_util.h"
 #include "reports/render.h"
 #include "reports/summary.h"
@@ -577,6 +578,40 @@ TEST_F(Browser, ScreenshotIsNotBlankAndShowsTheTimeline) {
   EXPECT_GT(bands, 2000u) << "the weight transients' and activations' bands";
   EXPECT_GT(blue, 300u) << "the reserved line";
   EXPECT_GT(orange, 100u) << "the predicted + reserve line";
+}
+
+// diff.html in a browser: it renders without console messages, and the A / B bars are drawn
+// (blue #2563eb and orange #ea580c, solid).
+TEST_F(Browser, DiffHtmlRendersAndDrawsEachFieldsBars) {
+  Catalog catalog;
+  SimBackend sim;
+  DiffConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = 60;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.against = "comfy:nov2025";
+  cfg.shrink_execs = 20;
+  const DiffResult r = run_diff(cfg, catalog, sim);
+  ASSERT_FALSE(r.groups.empty());
+  const fs::path page = dir() / "diff.html";
+  std::ofstream(page) << report::diff_html(Json::parse(diff_json(cfg, r, {}, "vramfuzz diff --against comfy:nov2025")), dir().string());
+  const test::Proc dom = run_chromium({"--dump-dom"}, "file://" + page.string());
+  ASSERT_EQ(dom.exit_code, 0) << test::describe(dom);
+  EXPECT_TRUE(console_lines(dom.err).empty()) << test::describe(dom);
+  EXPECT_NE(dom.out.find("diffbars"), std::string::npos);
+  const fs::path png = dir() / "diff.png";
+  const test::Proc shot = run_chromium({"--screenshot=" + png.string(), "--window-size=1200,1600"}, "file://" + page.string());
+  ASSERT_TRUE(fs::exists(png)) << test::describe(shot);
+  const Rgb img = read_png(png.string());
+  ASSERT_EQ(img.width, 1200u);
+  std::size_t blue = 0, orange = 0;
+  for (std::size_t i = 0; i + 2 < img.px.size(); i += 3) {
+    const int R = img.px[i], G = img.px[i + 1], B = img.px[i + 2];
+    if (std::abs(R - 0x25) <= 4 && std::abs(G - 0x63) <= 4 && std::abs(B - 0xeb) <= 4) ++blue;
+    if (std::abs(R - 0xea) <= 4 && std::abs(G - 0x58) <= 4 && std::abs(B - 0x0c) <= 4) ++orange;
+  }
+  EXPECT_GT(blue, 500u) << "A's bars";
+  EXPECT_GT(orange, 500u) << "B's bars";
 }
 
 }  // namespace

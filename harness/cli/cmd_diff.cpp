@@ -1,5 +1,5 @@
 // vramfuzz diff: the same generated cases under two predictors (harness/diff.h), each difference
-// grouped, shrunk and written as a case file, with diff.json and diff.md.
+// grouped, shrunk and written as a case file, with diff.json, diff.md and diff.html.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -17,6 +17,7 @@
 #include "harness/diff.h"
 #include "harness/generate.h"
 #include "harness/repro.h"
+#include "reports/render.h"
 
 namespace vf::cli {
 namespace {
@@ -91,7 +92,7 @@ int do_diff(const DiffFlags& f) {
   cfg.verdicts = !f.no_verdicts;
   const OutDir out_dir(f.out, OutDir::Options{"--out", f.clean, true});
   namespace fs = std::filesystem;
-  for (const char* stale : {"diff.json", "diff.md", "differences"}) {
+  for (const char* stale : {"diff.json", "diff.md", "diff.html", "differences"}) {
     const fs::path p = fs::path(f.out) / stale;
     if (!fs::exists(p)) continue;
     if (!f.clean) throw InputError("--out", fmt::format("{} holds an earlier diff ({}): give another --out, or --clean", f.out, stale));
@@ -114,15 +115,17 @@ int do_diff(const DiffFlags& f) {
     if (g.modules_after != g.modules_before) write_file_atomic((fs::path(f.out) / dir / "original.json").string(), scenario_to_json(g.original));
     files.push_back(dir + "/case.json");
   }
-  write_file_atomic((fs::path(f.out) / "diff.json").string(), diff_json(cfg, r, files, command_line));
+  const std::string json = diff_json(cfg, r, files, command_line);
+  write_file_atomic((fs::path(f.out) / "diff.json").string(), json);
   write_file_atomic((fs::path(f.out) / "diff.md").string(), diff_markdown(cfg, r, files));
+  write_file_atomic((fs::path(f.out) / "diff.html").string(), report::diff_html(report::Json::parse(json), f.out));
   std::string text = fmt::format("diff: {} cases in {:.2f} s, {} the same; plans differ in {}, verdicts in {}, {} unplanned by one side\n", r.cases,
                                  r.seconds, r.same, r.plans_differ, r.verdicts_differ, r.errors);
   for (std::size_t i = 0; i < r.groups.size(); ++i) {
     const DiffGroup& g = r.groups[i];
     text += fmt::format("  {} case(s): {} ({} -> {} modules) {}\n", g.count, g.key, g.modules_before, g.modules_after, files[i]);
   }
-  text += fmt::format("diff: {}/diff.json\nmarkdown: {}/diff.md\n", f.out, f.out);
+  text += fmt::format("diff: {}/diff.json\nmarkdown: {}/diff.md\nhtml: {}/diff.html\n", f.out, f.out, f.out);
   std::fputs(text.c_str(), stdout);
   return r.groups.empty() ? kExitOk : kExitFindings;
 }
