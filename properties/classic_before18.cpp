@@ -2,7 +2,8 @@
 // without a cast hook apart (`git show 806369b:harness/predictors/comfy_classic.cpp`): the oracle
 // of PipelineProps.CastHookModelsPlanAsBefore. It is frozen on purpose: do not fix or extend it.
 // When a later change means to move the plans of cast-hook-only models, that property and this
-// copy go together (so far once: the VAE decode batch, 864a1a2).
+// copy go together (so far twice: the VAE decode batch, 864a1a2; a GGUF weight's term counted by
+// its packed bytes, as ComfyUI-GGUF's numel() does).
 #include "properties/classic_before18.h"
 
 #include <algorithm>
@@ -26,6 +27,11 @@ i64 as_signed(Bytes b) { return static_cast<i64>(b); }  // inputs are capped far
 
 // Bytes of a buffer of `numel` elements in the compute dtype.
 Bytes compute_copy(const Tensor& t, Dtype compute) { return t.numel * compute_elem_bytes(compute); }
+
+// The offload-cost terms' count: numel() of the stored weight, a GGUF one's packed bytes.
+Bytes counted_copy(const Tensor& t, Dtype compute) {
+  return (dtype_info(t.dtype).gguf_quantized ? t.bytes : t.numel) * compute_elem_bytes(compute);
+}
 
 // Tensors ComfyUI counts in the offload cost and converts at forward time: the module's
 // parameters (weight, bias, norm scale, embedding table), not the fp8 scales or buffers.
@@ -337,10 +343,10 @@ Bytes frozen_offload_cost(const Module& m, Dtype compute, bool lora, const Comfy
     if (!is_parameter(t)) continue;
     if (lora && t.role == TensorRole::weight) {
       // (a) a patched weight: numel x manual-cast bytes x LOWVRAM_PATCH_ESTIMATE_MATH_FACTOR
-      cost += scale_bytes(compute_copy(t, compute), c.lora_math_factor, "policy.lora_math_factor");
+      cost += scale_bytes(counted_copy(t, compute), c.lora_math_factor, "policy.lora_math_factor");
     } else if (needs_conversion(t.dtype, compute)) {
       // (b) the #11171 upcast/dequant term: one compute-dtype copy
-      cost += compute_copy(t, compute);
+      cost += counted_copy(t, compute);
     }
   }
   return cost;

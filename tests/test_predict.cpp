@@ -110,6 +110,32 @@ TEST(Predict, OffloadCostTerms) {
   EXPECT_EQ(offload_cost(m, Dtype::bf16, false, preset_constants(Preset::nov2025)), m.bytes);
 }
 
+// A GGUF weight is ComfyUI-GGUF's GGMLTensor, whose numel() counts its packed bytes (run on
+// ComfyUI-GGUF 795e451, torch 2.15): the term is packed bytes x the compute size, not the
+// dequantized copy the forward makes.
+TEST(Predict, AGgufWeightsTermCountsItsPackedBytesAsComfyUiGgufsNumelDoes) {
+  const ComfyConstants dec = preset_constants(Preset::dec2025);
+  auto gguf = [](Dtype d, Bytes packed) {
+    Module m;
+    m.tensors.push_back(Tensor{"weight", {3072, 3072}, d, TensorRole::weight, 3072u * 3072u, packed});
+    m.bytes = packed;
+    return m;
+  };
+  // q8_0: 3072 rows x 96 blocks x 34 B = 10,027,008 B; the term 2 B each: 20,054,016 (the bf16
+  // copy the forward makes is 18,874,368: budgeted 6 % over).
+  const Module q8 = gguf(Dtype::q8_0, 3072u * 96u * 34u);
+  EXPECT_EQ(offload_cost(q8, Dtype::bf16, false, dec), 10027008u + 20054016u);
+  // q6_k: 3072 x 12 blocks x 210 B = 7,741,440 B; the term 15,482,880, 3,391,488 B short of
+  // the 18,874,368 B copy.
+  const Module q6 = gguf(Dtype::q6_k, 3072u * 12u * 210u);
+  EXPECT_EQ(offload_cost(q6, Dtype::bf16, false, dec), 7741440u + 15482880u);
+  // LoRA on it: the packed count x 2 B x LOWVRAM_PATCH_ESTIMATE_MATH_FACTOR 2.
+  EXPECT_EQ(offload_cost(q6, Dtype::bf16, true, dec), 7741440u + 2u * 15482880u);
+  // An fp8 weight's numel() is its logical element count (a torch dtype): unchanged.
+  Module f8 = gguf(Dtype::fp8_e4m3fn, 3072u * 3072u);
+  EXPECT_EQ(offload_cost(f8, Dtype::bf16, false, dec), 9437184u + 18874368u);
+}
+
 TEST(Predict, EvictionUnloadsCheapestModulesUntilTheShortfallIsCovered) {
   // Model A: 2 + 8 + 30 MiB (bf16), model B: 40 MiB. Device 100 MiB, R = 10, floor 10: I = 20.
   // Loading B: free 60 < 1.1 x 40 + 20 = 64, shortfall 4 MiB: A gives up a1 (2 MiB, not enough)

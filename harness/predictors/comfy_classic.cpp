@@ -21,6 +21,16 @@ i64 as_signed(Bytes b) { return static_cast<i64>(b); }  // inputs are capped far
 // Bytes of a buffer of `numel` elements in the compute dtype.
 Bytes compute_copy(const Tensor& t, Dtype compute) { return t.numel * compute_elem_bytes(compute); }
 
+// What ComfyUI's offload-cost terms count: `weight.numel() * manual_cast_dtype.itemsize`. A GGUF
+// weight is ComfyUI-GGUF's GGMLTensor, a torch tensor over the packed bytes (uint8) whose `shape`
+// alone is the logical one, so its numel() is the packed byte count: run on ComfyUI-GGUF 795e451
+// with torch 2.15, a 3072 x 3072 weight counts 10,027,008 in q8_0 and 7,741,440 in q6_k, against
+// 9,437,184 logical elements. So the term over-counts q8_0 by 6 % and under-counts the 2-6 bit
+// types, whose dequantized copy (compute_copy) is what the forward allocates.
+Bytes counted_copy(const Tensor& t, Dtype compute) {
+  return (dtype_info(t.dtype).gguf_quantized ? t.bytes : t.numel) * compute_elem_bytes(compute);
+}
+
 // Tensors ComfyUI counts in the offload cost and converts at forward time: the module's
 // parameters (weight, bias, norm scale, embedding table), not the fp8 scales or buffers.
 bool is_parameter(const Tensor& t) {
@@ -440,10 +450,10 @@ Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstan
     if (!is_parameter(t)) continue;
     if (lora && t.role == TensorRole::weight) {
       // (a) a patched weight: numel x manual-cast bytes x LOWVRAM_PATCH_ESTIMATE_MATH_FACTOR
-      cost += scale_bytes(compute_copy(t, compute), c.lora_math_factor, "policy.lora_math_factor");
+      cost += scale_bytes(counted_copy(t, compute), c.lora_math_factor, "policy.lora_math_factor");
     } else if (needs_conversion(t.dtype, compute)) {
-      // (b) the #11171 upcast/dequant term: one compute-dtype copy
-      cost += compute_copy(t, compute);
+      // (b) the #11171 upcast/dequant term: one compute-dtype copy, as numel() counts it
+      cost += counted_copy(t, compute);
     }
   }
   return cost;
