@@ -41,6 +41,32 @@ std::uint32_t index_of(const ModelSpec& m, std::string_view name) {
   return static_cast<std::uint32_t>(&module_named(m, name) - m.modules.data());
 }
 
+// A dynamic load reports the free memory load_models_gpu started from, before free_memory
+// unloaded the legacy CLIP to make room (as a classic load reports it, and as the real planner's
+// state reads through the ComfyUI adapter): 24302.25 MiB available less CLIP-L's 234.72 MiB.
+TEST(DynamicStaging, ALoadsFreeMemoryIsWhatItStartedFromBeforeItsEvictions) {
+  Catalog catalog;
+  const Scenario s = parse_scenario_json(
+      R"({"device": {"total": "24GiB"}, "allocator": "async", "policy": "comfy:sep2026",
+          "models": [{"id": "clip", "source": "catalog:clip-l", "compute": "bf16", "patcher": "legacy"},
+                     {"id": "dit", "source": "catalog:flux1-dev", "compute": "bf16"}],
+          "pipeline": [{"op": "load", "model": "clip"}, {"op": "forward", "model": "clip"},
+                       {"op": "load", "model": "dit"}, {"op": "forward", "model": "dit"}]})",
+      catalog, "legacy-then-dynamic.json");
+  const Plan plan = predict(s);
+  ASSERT_EQ(plan.loads.size(), 2u);
+  const LoadPlan& dit = plan.loads[1];
+  ASSERT_TRUE(dit.dynamic);
+  ASSERT_EQ(dit.evictions.size(), 1u);
+  EXPECT_EQ(dit.evictions[0].model, 0u);
+  EXPECT_EQ(dit.evictions[0].modules.size(), 99u);  // all of CLIP-L
+  EXPECT_EQ(dit.evictions[0].bytes, s.models[0].spec->bytes);
+  EXPECT_EQ(dit.free_before, s.device.available() - s.models[0].spec->bytes);
+  EXPECT_EQ(format_mib(dit.free_before), "24067.53 MiB");
+  // On the device and in neither of the log's figures: containers' own parameters (none here).
+  EXPECT_EQ(dit.uncounted, dit.staging.uncounted);
+}
+
 TEST(DynamicStaging, Flux2TextEncoderStages17180MBWithTheEmbeddingFirstAndForceLoadsItsNorms) {
   const Scenario s = te_scenario(24 * GiB);
   const Plan plan = predict(s);

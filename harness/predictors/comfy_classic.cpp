@@ -242,6 +242,9 @@ class ComfyPlanner {
   // free (ComfyUI subtracts their loaded size from the requirement instead); then staging.
   LoadPlan load_dynamic(std::uint32_t stage, std::uint32_t m) {
     const ModelSpec& model = spec(m);
+    // What load_models_gpu started from, before it unloaded anything (as a classic load reports
+    // it, and as the real planner's state reads through the ComfyUI adapter).
+    const Bytes started_free = free_now();
     LoadPlan evictions;
     Bytes extra_mem = c_.inference_floor + c_.reserve;
     if (model.kind == ModelKind::diffusion) {
@@ -251,7 +254,7 @@ class ComfyPlanner {
     }
     free_memory(scale_bytes(model.bytes - std::min(model.bytes, state_[m].loaded), c_.unload_factor, "policy.unload_factor") + extra_mem,
                 m, evictions);
-    LoadPlan lp = stage_dynamic(s_, stage, m, free_now());
+    LoadPlan lp = stage_dynamic(s_, stage, m, started_free);
     lp.evictions = std::move(evictions.evictions);
     lp.extra_mem = extra_mem;
     ModelState& st = state_[m];

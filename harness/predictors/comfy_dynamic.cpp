@@ -124,6 +124,7 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
   st.vbar_end = cursor;
   lp.loaded = st.forced_bytes;
   lp.offloaded = st.staged;
+  lp.uncounted = st.uncounted;  // on the device, in neither of the log's figures
   lp.log_line = fmt::format("Model {} prepared for dynamic VRAM loading. {}MB Staged. {} patches attached.{}", ref.id,
                             st.staged / MiB, st.patches,
                             st.forced > 0 ? fmt::format(" Force pre-loaded {} weights: {} KB.", st.forced, st.forced_bytes / KiB) : "");
