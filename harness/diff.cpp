@@ -225,6 +225,26 @@ std::vector<FieldDiff> compare_plans(const Scenario& s, const Plan& a, const Pla
       module_set(out, at + ".staging.forced_modules", spec, x.staging.forced_module, y.staging.forced_module);
       bytes_field(out, at + ".staging.vbar_request", static_cast<std::int64_t>(x.staging.vbar_request),
                   static_cast<std::int64_t>(y.staging.vbar_request), tolerance);
+      bytes_field(out, at + ".staging.staged", static_cast<std::int64_t>(x.staging.staged), static_cast<std::int64_t>(y.staging.staged),
+                  tolerance);
+      bytes_field(out, at + ".staging.forced_bytes", static_cast<std::int64_t>(x.staging.forced_bytes),
+                  static_cast<std::int64_t>(y.staging.forced_bytes), tolerance);
+      // Each module's slice in the VBAR: where it starts and how long it is.
+      std::size_t slices = 0;
+      std::string first;
+      for (std::size_t i = 0; i < spec.modules.size(); ++i) {
+        const auto at_of = [](const StagingPlan& st, std::size_t mod) {
+          return std::pair<Bytes, Bytes>(mod < st.slice_offset.size() ? st.slice_offset[mod] : 0,
+                                         mod < st.slice_size.size() ? st.slice_size[mod] : 0);
+        };
+        if (at_of(x.staging, i) == at_of(y.staging, i)) continue;
+        if (first.empty()) {
+          first = fmt::format("{} at {} for {} B, not {} for {} B", spec.modules[i].name, at_of(y.staging, i).first, at_of(y.staging, i).second,
+                              at_of(x.staging, i).first, at_of(x.staging, i).second);
+        }
+        ++slices;
+      }
+      if (slices != 0) out.push_back({at + ".staging.slices", "its slices", fmt::format("{} module(s) placed otherwise; the first: {}", slices, first), 0});
     }
   }
   count_field(out, "loads", a.loads.size(), b.loads.size());
@@ -385,7 +405,7 @@ std::string diff_markdown(const DiffConfig& cfg, const DiffResult& r, const std:
   }
   md += fmt::format("{} cases (seed {}), {} the same{}; plans differ in {}, verdicts in {}, {} could not be planned by one side; "
                     "{} group(s) of differences.\n\n",
-                    r.cases, cfg.seed, r.same, cfg.tolerance ? fmt::format(" within {}", mib(cfg.tolerance)) : "", r.plans_differ,
+                    r.cases, cfg.seed, r.same, cfg.tolerance ? fmt::format(" within {}", format_size(cfg.tolerance)) : "", r.plans_differ,
                     r.verdicts_differ, r.errors, r.groups.size());
   if (r.groups.empty()) return md + "Every case planned the same under both.\n";
   md += "| what differs | cases | modules (first case → minimal) | verdict A / B | minimal case |\n|---|---:|---|---|---|\n";

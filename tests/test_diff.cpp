@@ -74,6 +74,36 @@ TEST(Diff, ModulesOnTheDeviceUnderOneSideOnlyAreCountedWithTheirBytes) {
   FAIL() << "no partial load in 200 seeds";
 }
 
+// Under dynamic VRAM the staging is compared: the order, the force-loaded set, the bytes staged
+// and force-loaded, and where each module's slice lies in the VBAR.
+TEST(Diff, AStagingSliceMovedOrResizedIsNamedWithItsModule) {
+  Catalog catalog;
+  for (std::uint64_t seed = 1; seed < 100; ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:sep2026");
+    const Plan a = predict(s);
+    if (a.loads.empty() || !a.loads[0].dynamic) continue;
+    const StagingPlan& st = a.loads[0].staging;
+    std::size_t i = 0;
+    while (i < st.slice_size.size() && st.slice_size[i] == 0) ++i;
+    if (i == st.slice_size.size()) continue;
+    EXPECT_TRUE(compare_plans(s, a, a, 0).empty());
+    Plan b = a;
+    b.loads[0].staging.slice_offset[i] += 512;
+    b.loads[0].staging.staged += 1024;
+    const auto fields = compare_plans(s, a, b, 0);
+    ASSERT_EQ(fields.size(), 2u);
+    EXPECT_EQ(fields[0].field, "loads[0].staging.staged");
+    EXPECT_EQ(fields[0].delta, 1024);
+    EXPECT_EQ(fields[1].field, "loads[0].staging.slices");
+    const ModelSpec& spec = *s.models[a.loads[0].model].spec;
+    EXPECT_EQ(fields[1].b, fmt::format("1 module(s) placed otherwise; the first: {} at {} for {} B, not {} for {} B", spec.modules[i].name,
+                                       st.slice_offset[i] + 512, st.slice_size[i], st.slice_offset[i], st.slice_size[i]));
+    EXPECT_TRUE(compare_plans(s, a, b, 1024).size() == 1u);  // the byte field is within the tolerance, the slice is not
+    return;
+  }
+  FAIL() << "no dynamic load with a slice in 100 seeds";
+}
+
 TEST(Diff, AGroupIsShrunkAndItsMinimalCaseStillDiffersTheSameWay) {
   Catalog catalog;
   DiffConfig cfg;

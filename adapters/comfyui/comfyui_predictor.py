@@ -122,6 +122,96 @@ def install_fake_cuda(torch, dev):
 
 
 # --------------------------------------------------------------------------------------------
+# comfy-aimdo, for a dynamic VRAM runtime
+# --------------------------------------------------------------------------------------------
+DYNAMIC_RUNTIMES = ("comfy:sep2026",)
+VBAR_PAGE = 32 << 20  # aimdo's VBAR_PAGE_SIZE
+
+
+def install_fake_aimdo(dev):
+    """comfy-aimdo without a device: its VBAR and host buffers as objects that hold nothing.
+
+    ModelPatcherDynamic.load asks the VBAR for one slice per staged module; the slices are placed
+    by aimdo's own Python ModelVBAR.alloc (512-byte aligned, in call order, MemoryError past the
+    reservation), run unchanged on an object with no native VBAR behind it. Nothing is faulted at
+    plan time, so loaded_size() and what free_memory() can free are 0, as for a VBAR that has not
+    run a forward. Host buffers (pinned RAM) are RAM, not VRAM: empty."""
+    import comfy_aimdo.host_buffer as hb
+    import comfy_aimdo.model_vbar as mv
+
+    real_alloc = mv.ModelVBAR.alloc
+
+    class PlanningVBAR:
+        def __init__(self, size, device):
+            self.device = device
+            self.max_size = int(size)
+            self.offset = 0
+            self.base_addr = 0
+
+        alloc = real_alloc
+
+        def pages(self):
+            return min(-(-self.max_size // VBAR_PAGE), dev.total // VBAR_PAGE)
+
+        def prioritize(self, malloc_async_clamp=None):
+            pass
+
+        def deprioritize(self):
+            pass
+
+        def loaded_size(self):
+            return 0
+
+        def free_memory(self, size_bytes):
+            return 0
+
+        def unpin(self, alloc, size):
+            pass
+
+        def set_watermark_limit(self, size_bytes):
+            pass
+
+        def set_watermark(self, size_bytes):
+            pass
+
+        def get_nr_pages(self):
+            return self.pages()
+
+        def get_watermark(self):
+            return 0
+
+        def get_residency(self):
+            return [0] * self.pages()
+
+    class PlanningHostBuffer:
+        def __init__(self, size=0, prewarm=0, max_grow_size=0, mark_cold=True):
+            self.size = 0
+            self.prewarm = int(prewarm)
+
+        def get_raw_address(self):
+            return 0
+
+        def extend(self, size, reallocate=False, register=True):
+            self.size += int(size)
+            return 0
+
+        def register(self, offset, size):
+            pass
+
+        def unregister(self, offset):
+            pass
+
+        def truncate(self, size, do_unregister=True):
+            self.size = int(size)
+
+    mv.ModelVBAR = PlanningVBAR
+    mv.vbar_unpin = lambda alloc: None
+    mv.vbars_analyze = lambda device=None: 0
+    mv.vbars_reset_watermark_limits = lambda: None
+    hb.HostBuffer = PlanningHostBuffer
+
+
+# --------------------------------------------------------------------------------------------
 # dtypes and sizes (vramfuzz's storage rules, harness/core/dtype.cpp)
 # --------------------------------------------------------------------------------------------
 GGUF_BLOCKS = {"q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
@@ -167,9 +257,11 @@ class ComfyAdapter:
             raise SystemExit(f"comfyui_predictor: {self.comfy_path} is not a ComfyUI checkout "
                              "(no comfy/model_management.py); give --comfyui PATH or COMFYUI_PATH")
         sys.path.insert(0, self.comfy_path)
-        # ComfyUI's own command line: the classic (estimate-based) planner, no pinned host memory
-        # (pinning needs a real CUDA host allocator; it is RAM, not VRAM).
-        argv = ["--disable-pinned-memory", "--disable-dynamic-vram"]
+        # ComfyUI's own command line: no pinned host memory (pinning needs a real CUDA host
+        # allocator; it is RAM, not VRAM); the classic (estimate-based) planner unless the runtime
+        # is dynamic VRAM, which main.py turns on once comfy-aimdo initialised (below).
+        self.dynamic = runtime in DYNAMIC_RUNTIMES
+        argv = ["--disable-pinned-memory"] + ([] if self.dynamic else ["--disable-dynamic-vram"])
         import torch
         self.torch = torch
         self.dev = FakeDevice()
@@ -204,6 +296,15 @@ class ComfyAdapter:
         self.offload_device = torch.device(*OFFLOAD_DEVICE_SPEC)
         self.defaults = {"EXTRA_RESERVED_VRAM": mm.EXTRA_RESERVED_VRAM, "NUM_STREAMS": mm.NUM_STREAMS}
         self.patcher_class = make_patcher_class(comfy.model_patcher.ModelPatcher)
+        self.dynamic_patcher_class = None
+        if self.dynamic:
+            # What main.py does when comfy-aimdo initialised: ModelPatcherDynamic is the core
+            # patcher and aimdo_enabled switches the op classes and free-memory queries over.
+            import comfy.memory_management
+            install_fake_aimdo(self.dev)
+            comfy.memory_management.aimdo_enabled = True
+            self.dynamic_patcher_class = make_patcher_class(comfy.model_patcher.ModelPatcherDynamic)
+            comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
         self.models = []  # the models of the current request (their patchers hold them)
         self.install_move_tracking()
         self.install_meta_weights()
@@ -260,6 +361,12 @@ class ComfyAdapter:
     def bytes_on_device(self):
         total = 0
         for m in self.models:
+            if getattr(m, "dynamic", False):
+                # ModelPatcherDynamic moves no module: it force-loads single weights and buffers
+                # (counted in model_loaded_weight_memory) and stages the rest in the VBAR, which
+                # holds no memory until a forward faults it in.
+                total += int(getattr(m.root, "model_loaded_weight_memory", 0)) + int(getattr(m.root, "vf_uncounted_on_device", 0))
+                continue
             for mod, size in m.sizes:
                 if mod._vf_on:
                     total += size
@@ -370,7 +477,15 @@ class ComfyAdapter:
         root.vf_index = {id(o): i for i, o in enumerate(root.vf_objs)}
         root.vf_tensor_count = {n: len(m["tensors"]) for n, m in zip(names, modules)}
         model = types.SimpleNamespace(root=root, sizes=sizes, names=names, spec=spec)
-        model.patcher = self.patcher_class(root, load_device=self.load_device, offload_device=self.offload_device)
+        # Under dynamic VRAM every model is loaded by ModelPatcherDynamic, except one the request
+        # marks "patcher": "legacy" (a custom node's own ModelPatcher, e.g. a GGUF loader).
+        model.dynamic = self.dynamic and spec.get("patcher", "dynamic") != "legacy"
+        if model.dynamic:
+            # ComfyUI's loaders record each parameter's and buffer's dtype on its module
+            # (model_management.archive_model_dtypes): ModelPatcherDynamic sizes a slice by it.
+            self.mm.archive_model_dtypes(root)
+        cls = self.dynamic_patcher_class if model.dynamic else self.patcher_class
+        model.patcher = cls(root, load_device=self.load_device, offload_device=self.offload_device)
         if root.vf_lora:
             self.add_lora(model)
         return model
@@ -409,6 +524,12 @@ class ComfyAdapter:
         m = None
         if cast_hook:
             w = by_name.get("weight")
+            if w is None and len(tensors) == 1 and tensors[0].get("role") == "norm":
+                # A norm stored as `scale` (BFL's Flux checkpoints: QKNorm's query_norm.scale):
+                # ComfyUI loads it into its RMSNorm op's `weight`, and the walk counts it so.
+                w = dict(tensors[0], name="weight")
+                tensors = [w]
+                by_name = {"weight": w}
             role = w.get("role") if w else None
             shape = [int(d) for d in w["shape"]] if w else []
             if w is None:
@@ -449,6 +570,10 @@ class ComfyAdapter:
             else:
                 if t["name"] in m._buffers:
                     del m._buffers[t["name"]]
+                # Under aimdo the op classes initialise lazily: `weight` / `bias` are plain None
+                # attributes until a state dict is loaded.
+                if t["name"] in m.__dict__:
+                    del m.__dict__[t["name"]]
                 m.register_parameter(t["name"], torch.nn.Parameter(value, requires_grad=False))
         return m
 
@@ -591,6 +716,8 @@ class ComfyAdapter:
         mm.load_models_gpu([patcher], **kwargs)
         lines = self.capture.stop()
         del patcher
+        if model.dynamic:
+            return self.dynamic_load(stage, model, free_before, mem_req, min_req_in, before, lines), lines
         p = model.patcher
         root = model.root
         resident = self.resident_names(model)
@@ -650,6 +777,85 @@ class ComfyAdapter:
             lp["usable"] = int(usable)
         return lp, lines
 
+    def dynamic_load(self, stage, model, free_before, mem_req, min_req_in, before, lines):
+        """The plan of a load by ModelPatcherDynamic.load: what it staged in the model's VBAR (the
+        slices its loop allocated, in its order, placed by comfy-aimdo's own ModelVBAR.alloc),
+        what it force-loaded, and its log line."""
+        mm = self.mm
+        p = model.patcher
+        root = model.root
+        size_of = {n: s for n, (_, s) in zip(model.names, model.sizes)}
+        obj_of = dict(zip(model.names, root.vf_objs))
+        # ModelPatcherDynamic.load's order: _load_list(for_dynamic=True) sorted ascending on
+        # (offload cost >= 64 KiB, -offload cost, module size, name).
+        loading = p._load_list(for_dynamic=True)
+        loading.sort()
+        walked = [x[-3] for x in loading if x[-3] in size_of]
+        walked_set = set(walked)
+        cost = {x[-3]: int(-x[1]) for x in loading}
+        vbar = p._vbar_get()
+        offsets, sizes = [], []
+        for n in model.names:
+            v = getattr(obj_of[n], "_v", None)
+            # (vbar, address, bytes): the address is base_addr (0 here) + the slice's offset
+            offsets.append(int(v[1]) if v is not None else 0)
+            sizes.append(int(v[2]) if v is not None else 0)
+        backed_up = set(p.backup.keys())
+
+        def keys_of(n):
+            obj = obj_of[n]
+            return [f"{n}.{k}" if n else k for k, _ in obj.named_parameters(recurse=False)]
+
+        forced_modules, uncounted = [], 0
+        for n in model.names:
+            obj = obj_of[n]
+            if n not in walked_set:
+                # Outside the walk: a container's own parameters (moved beside it by _load_list,
+                # counted nowhere) and every buffer (counted): on the device.
+                forced_modules.append(n)
+                uncounted += sum(t.nbytes for t in obj.parameters(recurse=False))
+            elif getattr(obj, "_v", None) is None and any(k in backed_up for k in keys_of(n)):
+                forced_modules.append(n)
+        root.vf_uncounted_on_device = uncounted
+        staged = sum(sizes)
+        vbar_request = int(vbar.max_size) if vbar is not None else 0
+        total = int(self.dev.total)
+        pages = min(-(-vbar_request // VBAR_PAGE), total // VBAR_PAGE)
+        cap = pages * VBAR_PAGE
+        beyond = sum(1 for o, z in zip(offsets, sizes) if z and o + z > cap)
+        line = next((l for l in reversed(lines) if "prepared for dynamic VRAM loading" in l), "")
+        m = re.search(r"(\d+) patches attached", line)
+        patches = int(m.group(1)) if m else 0
+        forced_bytes = int(root.model_loaded_weight_memory)
+        evictions = []
+        for j, names in before.items():
+            now = set(self.resident_names(self.models[j]))
+            gone = [x for x in self.models[j].names if x in names and x not in now]
+            if gone:
+                sz = {x: s for x, (_, s) in zip(self.models[j].names, self.models[j].sizes)}
+                evictions.append({"model": self.models[j].spec["id"], "modules": gone, "bytes": sum(sz[x] for x in gone)})
+        reserve = mm.extra_reserved_memory()
+        inference = mm.minimum_inference_memory()
+        extra_mem = max(inference, mem_req + reserve)
+        min_req = extra_mem if min_req_in is None else max(inference, min_req_in + reserve)
+        return {
+            "stage": stage, "model": model.spec["id"], "dynamic": True,
+            "resident": forced_modules, "lowvram": [], "offload_buffer": 0,
+            "loaded": forced_bytes, "offloaded": int(staged), "uncounted": int(uncounted), "full_load": False,
+            "evictions": evictions,
+            "free_before": int(free_before), "est_max": int(mem_req), "est_min": int(min_req_in if min_req_in is not None else mem_req),
+            "extra_mem": int(extra_mem), "min_req": int(min_req),
+            "sorted": walked, "log_line": line,
+            "staging": {
+                "vbar_request": vbar_request, "vbar_pages": int(pages), "staged": int(staged),
+                "vbar_end": int(vbar.offset) if vbar is not None else 0, "patches": patches, "forced": len(p.backup),
+                "forced_bytes": forced_bytes, "uncounted": int(uncounted), "order": walked,
+                "offload_cost": [cost.get(n, 0) for n in model.names],  # the sort key of walked modules
+                "slice_offset": offsets, "slice_size": sizes, "forced_modules": forced_modules,
+                "slices_beyond_cap": int(beyond),
+            },
+        }
+
     def unload(self, i):
         # unload_model_and_clones(patcher) calls free_memory(1e30, get_torch_device(), keep_loaded);
         # our patchers live on the meta:0 load device, so the same call is made for that device.
@@ -694,14 +900,21 @@ class ComfyAdapter:
             passes = -(-batch // run_batch)
             est = per * run_batch
         resident_total = self.bytes_on_device()
-        offload_buffer = 0 if op == "unload" else int(model.root.model_offload_buffer_memory)
+        offload_buffer = 0 if op == "unload" or model.dynamic else int(model.root.model_offload_buffer_memory)
         allowance = int(max(floor, est))
-        checked = op != "unload"
+        # A dynamic model's stage has no prediction to hold it to (weights are placed at run
+        # time), as vramfuzz's own dynamic presets say.
+        checked = op != "unload" and not model.dynamic
         sp = {"checked": checked, "resident_total": int(resident_total), "offload_buffer": offload_buffer,
               "activation_allowance": allowance, "run_batch": int(run_batch), "passes": int(passes),
               # vramfuzz's peak convention (predictors/comfy_classic.cpp): weights on the device +
               # the offload buffer + the activation allowance. ComfyUI predicts no peak itself.
               "predicted_peak": int(resident_total + offload_buffer + (allowance if checked else 0))}
+        if model.dynamic:
+            # The free memory the patcher reported to the sampler / VAE (ModelPatcherDynamic's
+            # get_free_memory: torch's and aimdo's, what the batching decisions above read).
+            sp["dynamic"] = True
+            sp["patcher_free"] = int(model.patcher.get_free_memory(self.load_device))
         if decode_batch:
             # the samples per decode call (batch_number, at most the batch: the protocol caps
             # decode_batch at the workload's 64)
@@ -810,8 +1023,9 @@ def comfy_version(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--comfyui", default=os.environ.get("COMFYUI_PATH"), help="a ComfyUI checkout (env COMFYUI_PATH)")
-    ap.add_argument("--runtime", default="comfy:dec2025", choices=["comfy:dec2025"],
-                    help="the runtime the plans are for: comfy:dec2025 (the classic, estimate-based path)")
+    ap.add_argument("--runtime", default="comfy:dec2025", choices=["comfy:dec2025"] + list(DYNAMIC_RUNTIMES),
+                    help="the runtime the plans are for: comfy:dec2025 (the classic, estimate-based path, "
+                         "--disable-dynamic-vram) or comfy:sep2026 (dynamic VRAM: ModelPatcherDynamic with comfy-aimdo)")
     ap.add_argument("--name", default="comfyui", help="the name vramfuzz records (default comfyui)")
     ap.add_argument("--no-spec-refs", action="store_true",
                     help="do not say supports.spec_refs (every request then carries every model whole)")

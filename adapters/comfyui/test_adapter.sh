@@ -7,7 +7,11 @@
 # (a) the FLUX.2 text encoder at 11727.62 MiB free on a 12 GiB device: the real planner's line is
 #     10508.42 MB usable, 9385.59/9385.60 MB loaded, 7795.00 MB offloaded, 1120.00 MB buffer,
 #     as comfy:dec2025 prints it;
-# (b) a 50-case sim campaign under the adapter has no error verdicts.
+# (b) a 50-case sim campaign under the adapter has no error verdicts;
+# (c) dynamic VRAM (--runtime comfy:sep2026): the same text encoder through the real
+#     ModelPatcherDynamic prints "17180MB Staged. 0 patches attached. Force pre-loaded 271
+#     weights: 610 KB." and `vramfuzz diff` of comfy:sep2026 against it finds no difference in
+#     the staging order, the slices or the force-loaded set over 30 cases.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -71,5 +75,37 @@ if [ "$cases" -ne 50 ] || [ "$errors" -ne 0 ]; then
     fail=1
 else
     echo "ok (b): 50 cases, no error verdicts"
+fi
+
+# (c) dynamic VRAM
+DYN="$ADAPTER --runtime comfy:sep2026"
+"$VRAMFUZZ" --log-level debug plan "$HERE/flux2-te-12gib.json" --policy exec:"$DYN" > "$TMP/dynamic.txt" 2>&1
+line=$(grep -o '\[comfyui\] Model .* prepared for dynamic VRAM loading\..*' "$TMP/dynamic.txt" | head -1 | sed 's/^\[comfyui\] //')
+echo "real ComfyUI (dynamic): $line"
+if [[ "$line" =~ 'prepared for dynamic VRAM loading. 17180MB Staged. 0 patches attached. Force pre-loaded 271 weights: 610 KB.'$ ]]; then
+    echo "ok (c): ModelPatcherDynamic staged the reference figures"
+else
+    echo "FAIL (c): the dynamic load's line is not the reference's (17180MB staged, 271 weights, 610 KB)"
+    tail -20 "$TMP/dynamic.txt"
+    fail=1
+fi
+"$VRAMFUZZ" diff --policy comfy:sep2026 --against exec:"$DYN" --cases 30 --seed 2 --tolerance 16B --no-shrink --no-verdicts \
+    --out "$TMP/dyndiff" > "$TMP/dyndiff.txt" 2>&1
+rc=$?
+if [ ! -f "$TMP/dyndiff/diff.json" ]; then
+    echo "FAIL (c): the dynamic diff wrote no diff.json (exit $rc)"; tail -30 "$TMP/dyndiff.txt"; exit 1
+fi
+staging=$("$COMFYUI_PYTHON" -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+bad = [g['key'] for g in d['groups'] if 'staging' in g['key'] or 'error' in g['key']]
+print(d['counts']['cases'], len(bad), ';'.join(bad))" "$TMP/dyndiff/diff.json")
+read -r dcases dbad dkeys <<<"$staging"
+echo "dynamic diff: $dcases cases, $dbad groups touching the staging or unplanned"
+if [ "$dcases" -ne 30 ] || [ "$dbad" -ne 0 ]; then
+    echo "FAIL (c): the staging differs from the real ModelPatcherDynamic's (or a case was not planned): $dkeys"
+    fail=1
+else
+    echo "ok (c): staging order, slices and force-loaded modules as the real ModelPatcherDynamic's"
 fi
 exit $fail
