@@ -345,7 +345,12 @@ std::pair<std::string, std::string> plan_commands(const DiffConfig& cfg, const s
   std::string b_sets;
   for (const auto& [k, v] : cfg.against_overrides) b_sets += " --set " + shell_quote(k + "=" + v);
   const std::string f = file.empty() ? std::string("FILE") : shell_quote(file);
-  return {fmt::format("vramfuzz plan {}", f), fmt::format("vramfuzz plan {} --policy {}{}", f, shell_quote(policy_list_flag(cfg.against)), b_sets)};
+  // The case file records A; an external A is named there by its hello name, which `plan` never
+  // starts: its command goes on the line.
+  const std::string a = cfg.gen.policy.value_or("");
+  const std::string a_flag = a.rfind("exec:", 0) == 0 ? " --policy " + shell_quote(policy_list_flag(a)) : std::string();
+  return {fmt::format("vramfuzz plan {}{}", f, a_flag),
+          fmt::format("vramfuzz plan {} --policy {}{}", f, shell_quote(policy_list_flag(cfg.against)), b_sets)};
 }
 
 }  // namespace
@@ -377,7 +382,7 @@ std::string diff_json(const DiffConfig& cfg, const DiffResult& r, const std::vec
       fields.push_back(std::move(x));
     }
     nlohmann::ordered_json rests = {{"plans", kDiffPlanRestsOn}};
-    if (!g.rests_on_a.empty() || !g.rests_on_b.empty()) rests["verdicts"] = {{"a", g.rests_on_a}, {"b", g.rests_on_b}};
+    if (cfg.verdicts) rests["verdicts"] = {{"a", g.rests_on_a}, {"b", g.rests_on_b}};
     groups.push_back({{"key", g.key},
                       {"cases", g.count},
                       {"first_case_index", g.first_index},

@@ -163,12 +163,12 @@ std::vector<std::string> split_policy_list(std::string_view text) {
 }
 
 std::string parse_policy_list(std::string_view text, std::string_view what,
-                              const std::vector<std::pair<std::string, std::string>>& overrides) {
+                              const std::vector<std::pair<std::string, std::string>>& overrides, bool reserve_flag) {
   std::string out;
   for (const std::string& one : split_policy_list(text)) {
     if (one.empty()) throw InputError(std::string(what), fmt::format("an empty policy in \"{}\"", text));
     Policy p = parse_policy(one, what);
-    for (const auto& [k, v] : overrides) apply_policy_override(p, k, v, "--set");
+    for (const auto& [k, v] : overrides) apply_policy_override(p, k, v, reserve_flag && k == "reserve" ? "--reserve" : "--set");
     out += (out.empty() ? "" : ",") + p.label();
   }
   return out;

@@ -33,9 +33,10 @@ struct GenConfig {
 // (its command may hold commas), so it comes last.
 std::vector<std::string> split_policy_list(std::string_view text);
 // `--policy a,b,...`: each policy checked (InputError naming `what`), the list normalised to their
-// labels joined by commas ("comfy:sep2026,comfy:dec2025"); `overrides` must apply to each one.
+// labels joined by commas ("comfy:sep2026,comfy:dec2025"); `overrides` must apply to each one
+// (an error names `--set`, or `--reserve` for the reserve when `reserve_flag`: it came from there).
 std::string parse_policy_list(std::string_view text, std::string_view what,
-                              const std::vector<std::pair<std::string, std::string>>& overrides = {});
+                              const std::vector<std::pair<std::string, std::string>>& overrides = {}, bool reserve_flag = false);
 
 // A parse_policy_list result as a --policy flag's value again: each exec:NAME as the exec:COMMAND
 // that started it (the command a re-run needs; a case records only the name).

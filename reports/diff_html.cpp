@@ -60,7 +60,7 @@ std::string bars_svg(const std::vector<const Json*>& fields) {
 
 }  // namespace
 
-std::string diff_html(const Json& d, const std::string& report_dir) {
+std::string diff_html(const Json& d) {
   const Json cfg = d.value("config", Json::object());
   const Json c = d.value("counts", Json::object());
   const std::string a = get_str(cfg, "policy"), b = get_str(cfg, "against");
@@ -108,7 +108,8 @@ std::string diff_html(const Json& d, const std::string& report_dir) {
                      i + 1, breakable_key(get_str(g, "key")), get_u64(g, "cases"), get_u64(m, "before"), get_u64(m, "after"),
                      xml_escape(get_str(g, "verdict_a").empty() ? "-" : get_str(g, "verdict_a")),
                      xml_escape(get_str(g, "verdict_b").empty() ? "-" : get_str(g, "verdict_b")),
-                     file.empty() ? "" : fmt::format("<a href=\"{}\"><code>{}</code></a>", xml_escape(link_from(file, report_dir)), xml_escape(file)));
+                     // `file` is relative to the diff's folder, where this page is written.
+                     file.empty() ? "" : fmt::format("<a href=\"{}\"><code>{}</code></a>", xml_escape(file), xml_escape(file)));
   }
   h += "</table>\n";
 

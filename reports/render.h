@@ -22,8 +22,9 @@ std::string markdown_summary(const Json& summary, const std::string& report_dir)
 std::string html_report(const Json& summary, const std::string& report_dir);
 // diff.html from a diff.json document (vramfuzz.diff/1, harness/diff.h): the counts, the groups
 // by size with what differs, and per group its fields as A / B bars, what they rest on and the
-// commands that plan its minimal case under both.
-std::string diff_html(const Json& diff, const std::string& report_dir);
+// commands that plan its minimal case under both. It is written into the diff's own folder, which
+// every file the document names is relative to.
+std::string diff_html(const Json& diff);
 // The stylesheet report.html and diff.html share.
 std::string_view report_css();
 

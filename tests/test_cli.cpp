@@ -177,7 +177,7 @@ TEST_F(Cli, ACorpusReplayWhosePredictorFailsIsUndeterminedNotFixed) {
 TEST_F(Cli, AnOverrideTheExternalPredictorDoesNotApplyIsRefused) {
   const std::string minimal = fmt::format("exec:python3 {}/adapters/minimal/minimal_predictor.py", VF_SOURCE_DIR);
   expect_bad_input({"fuzz", "--backend", "sim", "--cases", "3", "--no-shrink", "--policy", minimal, "--reserve", "600MiB", "--out", "o"},
-                   "--set reserve: the external predictor \"minimal-python\" does not apply the override `reserve` (its hello's "
+                   "--reserve reserve: the external predictor \"minimal-python\" does not apply the override `reserve` (its hello's "
                    "supports.overrides: none)");
   EXPECT_FALSE(fs::exists(dir_ / "o" / "summary.json"));
   expect_bad_input({"fuzz", "--backend", "sim", "--cases", "3", "--policy", minimal, "--set", "cfg_mult=2", "--out", "o"},
@@ -188,6 +188,19 @@ TEST_F(Cli, AnOverrideTheExternalPredictorDoesNotApplyIsRefused) {
   // Without overrides it runs.
   const Proc ok = run({"fuzz", "--backend", "sim", "--cases", "3", "--no-shrink", "--policy", minimal, "--out", "o"}, 120);
   EXPECT_TRUE(ok.exit_code == 0 || ok.exit_code == 1) << describe(ok);
+  // One case file that sets one (run/plan under --policy exec:, replay/shrink with --predictor):
+  // bad input naming the file's field, before the case runs.
+  nlohmann::json c = nlohmann::json::parse(read_file(fs::path(VF_SOURCE_DIR) / "adapters/comfyui/flux2-te-12gib.json"));
+  c["policy"] = {{"name", "comfy:dec2025"}, {"overrides", {{"reserve", "600MiB"}}}};
+  write("c.json", c.dump());
+  for (const char* cmd : {"run", "plan"}) {
+    expect_bad_input({cmd, "c.json", "--policy", minimal},
+                     "policy.overrides.reserve: the external predictor \"minimal-python\" does not apply the override `reserve`");
+  }
+  c["policy"] = {{"name", "exec:minimal-python"}, {"version", "1"}, {"runtime", "comfy:dec2025"}, {"overrides", {{"reserve", "600MiB"}}}};
+  write("x.json", c.dump());
+  expect_bad_input({"replay", "x.json", "--predictor", minimal.substr(5)},
+                   "policy.overrides.reserve: the external predictor \"minimal-python\" does not apply the override `reserve`");
 }
 
 // ---- diff ----------------------------------------------------------------------------------------
@@ -235,6 +248,9 @@ TEST_F(Cli, DiffOfAReserveChangeGroupsShrinksAndWritesReplayableCases) {
   EXPECT_NE(md.find("**Rests on:** plan fields: exact:"), std::string::npos);
   const std::string html = read_file(dir_ / "d" / "diff.html");
   EXPECT_NE(html.find("<svg class=\"diffbars\""), std::string::npos);
+  // The minimal cases are linked relative to the page, which lives in the diff's folder.
+  EXPECT_NE(html.find(fmt::format("<a href=\"{}\">", j["groups"][0]["file"].get<std::string>())), std::string::npos);
+  EXPECT_TRUE(fs::exists(dir_ / "d" / j["groups"][0]["file"].get<std::string>()));
   EXPECT_NE(html.find("B's overrides: reserve=600MiB"), std::string::npos) << html.substr(0, 2000);
   EXPECT_NE(d.out.find("html: d/diff.html"), std::string::npos) << d.out;
   EXPECT_NE(md.find("`reserve=600MiB`"), std::string::npos);

@@ -182,7 +182,7 @@ TEST(Diff, EveryReportSaysWhatAGroupRestsOnAndTheHtmlDrawsItsBytes) {
   if (verdict_group) {
     EXPECT_NE(md.find("Verdict"), std::string::npos);
   }
-  const std::string html = report::diff_html(j, ".");
+  const std::string html = report::diff_html(j);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_NE(html.find("vramfuzz diff: <code>comfy:dec2025</code> (A) against <code>comfy:nov2025</code> (B)"), std::string::npos);
   EXPECT_NE(html.find("<svg class=\"diffbars\""), std::string::npos);
@@ -195,7 +195,7 @@ TEST(Diff, EveryReportSaysWhatAGroupRestsOnAndTheHtmlDrawsItsBytes) {
   report::Json none = j;
   none["groups"] = report::Json::array();
   none["counts"]["groups"] = 0;
-  EXPECT_NE(report::diff_html(none, ".").find("Every case planned the same under both."), std::string::npos);
+  EXPECT_NE(report::diff_html(none).find("Every case planned the same under both."), std::string::npos);
 }
 
 }  // namespace

@@ -594,7 +594,7 @@ TEST_F(Browser, DiffHtmlRendersAndDrawsEachFieldsBars) {
   const DiffResult r = run_diff(cfg, catalog, sim);
   ASSERT_FALSE(r.groups.empty());
   const fs::path page = dir() / "diff.html";
-  std::ofstream(page) << report::diff_html(Json::parse(diff_json(cfg, r, {}, "vramfuzz diff --against comfy:nov2025")), dir().string());
+  std::ofstream(page) << report::diff_html(Json::parse(diff_json(cfg, r, {}, "vramfuzz diff --against comfy:nov2025")));
   const test::Proc dom = run_chromium({"--dump-dom"}, "file://" + page.string());
   ASSERT_EQ(dom.exit_code, 0) << test::describe(dom);
   EXPECT_TRUE(console_lines(dom.err).empty()) << test::describe(dom);

@@ -58,7 +58,7 @@ int do_calibrate(const CalibrateFlags& f) {
   }
   {
     Policy probe = parse_policy(*cfg.gen.policy, "--policy", StartCommand::refuse);
-    for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, "--set");
+    for (const auto& [k, v] : cfg.gen.policy_overrides) apply_policy_override(probe, k, v, k == "reserve" && !f.reserve.empty() ? "--reserve" : "--set");
     // Calibration raises one constant until nothing violates; a predictor that does not apply it
     // would be measured at its own reserve every round. Refused now, before any case runs.
     if (probe.predictor == PredictorKind::external) {

@@ -118,7 +118,7 @@ int do_diff(const DiffFlags& f) {
   const std::string json = diff_json(cfg, r, files, command_line);
   write_file_atomic((fs::path(f.out) / "diff.json").string(), json);
   write_file_atomic((fs::path(f.out) / "diff.md").string(), diff_markdown(cfg, r, files));
-  write_file_atomic((fs::path(f.out) / "diff.html").string(), report::diff_html(report::Json::parse(json), f.out));
+  write_file_atomic((fs::path(f.out) / "diff.html").string(), report::diff_html(report::Json::parse(json)));
   std::string text = fmt::format("diff: {} cases in {:.2f} s, {} the same; plans differ in {}, verdicts in {}, {} unplanned by one side\n", r.cases,
                                  r.seconds, r.same, r.plans_differ, r.verdicts_differ, r.errors);
   for (std::size_t i = 0; i < r.groups.size(); ++i) {

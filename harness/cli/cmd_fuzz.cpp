@@ -189,7 +189,7 @@ int do_fuzz(const FuzzFlags& f) {
       }
     }
   }
-  if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy_list(f.policy.policy, "--policy", cfg.gen.policy_overrides);
+  if (!f.policy.policy.empty()) cfg.gen.policy = parse_policy_list(f.policy.policy, "--policy", cfg.gen.policy_overrides, !f.policy.reserve.empty());
   if (!f.policy.allocator.empty()) cfg.gen.allocator = parse_allocator_mode_field(f.policy.allocator, "--allocator");
   if (!f.policy.options.empty()) {
     // Options are per mode (max_split_size_mb means nothing to raw): they need the mode fixed.

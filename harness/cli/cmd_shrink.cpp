@@ -27,6 +27,7 @@ void start_file_predictor(const Scenario& s, const std::string& command) {
     throw InputError("--predictor", fmt::format("`{}` says hello as \"{}\"; the case was made with \"{}\"", command, h.name,
                                                 s.policy.external_name));
   }
+  require_overrides_applied(s);
 }
 
 struct ShrinkFlags {

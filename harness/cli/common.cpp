@@ -8,6 +8,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/core/error.h"
+#include "harness/predictors/external.h"
 #include "harness/repro.h"
 #include "harness/sim/allocator.h"
 
@@ -100,10 +101,13 @@ void PolicyFlags::apply(Scenario& s) const {
         spdlog::warn("--policy {}: the scenario's exact_reserve={} applies to the exact predictor only; dropped", policy, v);
         continue;
       }
-      apply_policy_override(s.policy, k, v, "--policy");
+      // The file's, not a flag's: one the new predictor does not apply is named as the file's
+      // field below.
+      apply_policy_override(s.policy, k, v, "--policy", OverrideFrom::file);
     }
   }
   for (const auto& [k, v] : overrides()) apply_policy_override(s.policy, k, v, k == "reserve" && !reserve.empty() ? "--reserve" : "--set");
+  require_overrides_applied(s);
   if (!activations.empty()) s.activations = parse_activation_flag(activations, "--activations");
   if (!allocator.empty()) {
     const AllocatorMode m = parse_allocator_mode_field(allocator, "--allocator");

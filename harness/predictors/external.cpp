@@ -323,6 +323,15 @@ std::string external_command(const std::string& name) {
   return it == reg.by_name.end() ? std::string() : it->second->command;
 }
 
+void require_overrides_applied(const Scenario& s) {
+  if (s.policy.predictor != PredictorKind::external) return;
+  const PredictorHello* h = find_external(s.policy.external_name);
+  if (!h) return;  // predicting says what to give
+  for (const auto& [key, value] : s.policy.overrides) {
+    if (!h->honours(key)) throw InputError("policy.overrides." + key, unhonoured_override_message(*h, key));
+  }
+}
+
 Plan predict_external(const Scenario& s) {
   Registry& reg = registry();
   const auto it = reg.by_name.find(s.policy.external_name);

@@ -57,6 +57,12 @@ const PredictorHello* find_external(const std::string& name);
 // --policy needs (exec:COMMAND), where a case records only the name.
 std::string external_command(const std::string& name);
 
+// For a command that runs one case file (run, plan, replay, shrink): InputError (exit 2) naming
+// `policy.overrides.KEY` when the file sets an override its (started) predictor's hello says it
+// does not apply. A campaign's corpus replay leaves the check to predict_external instead (that
+// case's error verdict: undetermined).
+void require_overrides_applied(const Scenario& s);
+
 // The plan of the predictor `s.policy` names. PredictorError when it gave none (see above);
 // InputError when no predictor of that name was started from the flags.
 Plan predict_external(const Scenario& s);
