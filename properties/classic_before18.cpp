@@ -2,8 +2,8 @@
 // without a cast hook apart (`git show 806369b:harness/predictors/comfy_classic.cpp`): the oracle
 // of PipelineProps.CastHookModelsPlanAsBefore. It is frozen on purpose: do not fix or extend it.
 // When a later change means to move the plans of cast-hook-only models, that property and this
-// copy go together (so far twice: the VAE decode batch, 864a1a2; a GGUF weight's term counted by
-// its packed bytes, as ComfyUI-GGUF's numel() does).
+// copy go together (so far three times: the VAE decode batch, 864a1a2; a GGUF weight's term
+// counted by its packed bytes, as ComfyUI-GGUF's numel() does; partially_unload's growing buffer).
 #include "properties/classic_before18.h"
 
 #include <algorithm>
@@ -158,25 +158,42 @@ class ComfyPlanner {
       if (shortfall == 0) break;
       Eviction ev;
       ev.model = m;
-      // partially_unload walks modules in ascending offload cost.
+      // partially_unload walks modules in ascending (offload cost, size, name); with the
+      // look-ahead buffer it grows the buffer through a sliding window of the last NS modules it
+      // unloaded and stops once it freed more than the shortfall plus that growth.
       const ModelRef& ref = s_.models[m];
-      std::vector<std::uint32_t> mods;
-      for (std::uint32_t i = 0; i < state_[m].resident.size(); ++i) {
-        if (state_[m].resident[i]) mods.push_back(i);
-      }
+      std::vector<std::uint32_t> mods(state_[m].resident.size());
+      std::iota(mods.begin(), mods.end(), 0u);
       std::vector<Bytes> cost(mods.size());
-      for (std::size_t k = 0; k < mods.size(); ++k) cost[k] = frozen_offload_cost(spec(m).modules[mods[k]], ref.compute, ref.lora, c_);
-      std::vector<std::size_t> idx(mods.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return cost[a] < cost[b]; });
-      for (std::size_t k : idx) {
-        if (ev.bytes >= shortfall) break;
-        const std::uint32_t mod = mods[k];
+      for (const std::uint32_t i : mods) cost[i] = frozen_offload_cost(spec(m).modules[i], ref.compute, ref.lora, c_);
+      std::sort(mods.begin(), mods.end(), [&](std::uint32_t a, std::uint32_t b) {
+        if (cost[a] != cost[b]) return cost[a] < cost[b];
+        if (spec(m).modules[a].bytes != spec(m).modules[b].bytes) return spec(m).modules[a].bytes < spec(m).modules[b].bytes;
+        return spec(m).modules[a].name < spec(m).modules[b].name;
+      });
+      const bool sliding = c_.account == AccountMode::lookahead;
+      const Bytes old_buffer = state_[m].offload_buffer;
+      Bytes buffer = old_buffer;
+      std::vector<Bytes> window;
+      if (sliding && !mods.empty()) window.assign(ns_, std::min<Bytes>(old_buffer / (ns_ + 1), spec(m).modules[mods[0]].bytes));
+      for (const std::uint32_t mod : mods) {
+        if (sliding ? shortfall + (buffer - old_buffer) < ev.bytes : ev.bytes >= shortfall) break;
+        if (!state_[m].resident[mod]) continue;
+        Bytes potential = cost[mod];
+        for (const Bytes w : window) potential += w;
         state_[m].resident[mod] = 0;
         state_[m].loaded -= spec(m).modules[mod].bytes;
         ev.bytes += spec(m).modules[mod].bytes;
         ev.modules.push_back(mod);
+        if (sliding) {
+          buffer = std::max(buffer, potential);
+          if (!window.empty()) {
+            window.erase(window.begin());
+            window.push_back(spec(m).modules[mod].bytes);
+          }
+        }
       }
+      if (sliding) state_[m].offload_buffer = buffer;
       if (state_[m].loaded == 0) state_[m].offload_buffer = 0;
       lp.evictions.push_back(std::move(ev));
     }

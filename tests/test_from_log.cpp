@@ -417,7 +417,9 @@ constexpr const char* kThreeModelLog =
     "loaded completely; 13803.06 MB usable, 11353.01 MB loaded, full load: True\n"
     "100%|\xe2\x96\x88\xe2\x96\x88\xe2\x96\x88| 20/20 [00:28<00:00,  1.41s/it]\n"
     "Requested to load AutoencodingEngine\n"
-    "loaded completely; 198.24 MB usable, 159.87 MB loaded, full load: True\n"
+    // What ComfyUI v0.31.0's own planner prints for this VAE load (read through
+    // adapters/comfyui): partially_unload freed 1184.39 MB of the TE, its 96 MB buffer growth on top.
+    "loaded completely; 294.24 MB usable, 159.87 MB loaded, full load: True\n"
     "!!! Exception during processing !!! CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 23.99 GiB of which "
     "2.81 GiB is free. Including non-PyTorch memory, this process has 20.91 GiB memory in use. Of the allocated memory 19.43 GiB is "
     "allocated by PyTorch, and 1.11 GiB is reserved by PyTorch but unallocated.\n"

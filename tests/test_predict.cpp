@@ -136,28 +136,32 @@ TEST(Predict, AGgufWeightsTermCountsItsPackedBytesAsComfyUiGgufsNumelDoes) {
   EXPECT_EQ(offload_cost(f8, Dtype::bf16, false, dec), 9437184u + 18874368u);
 }
 
-TEST(Predict, EvictionUnloadsCheapestModulesUntilTheShortfallIsCovered) {
-  // Model A: 2 + 8 + 30 MiB (bf16), model B: 40 MiB. Device 100 MiB, R = 10, floor 10: I = 20.
-  // Loading B: free 60 < 1.1 x 40 + 20 = 64, shortfall 4 MiB: A gives up a1 (2 MiB, not enough)
-  // and a2 (8 MiB): 10 MiB evicted, free 70, budget 70 - 20 = 50 > 40: B loads completely.
-  const Scenario s = scenario(
-      "100MiB",
-      {model_json("A", "text_encoder",
-                  {module_json("a1", 1024, 1024, "bf16"), module_json("a2", 2048, 2048, "bf16"),
-                   module_json("a3", 3840, 4096, "bf16")}),
-       model_json("B", "text_encoder", {module_json("b1", 5120, 4096, "bf16")})},
-      R"([{"op":"load","model":"A"},{"op":"forward","model":"A"},{"op":"load","model":"B"},{"op":"forward","model":"B"}])");
+TEST(Predict, EvictionUnloadsCheapestModulesUntilTheShortfallAndTheBufferGrowthAreCovered) {
+  // Model A: eight 2 MiB modules a1..a8 and a 30 MiB one (bf16, 46 MiB), model B: 40 MiB.
+  // Device 106 MiB, R = 10, floor 10: I = 20. A loads completely; free 60. Loading B: 60 < 1.1 x
+  // 40 + 20 = 64, shortfall 4 MiB. partially_unload (look-ahead, NS = 2) walks a1, a2, ... and
+  // grows A's buffer through a window of the last 2 unloaded sizes, seeded min(0 / 3, 2 MiB) = 0:
+  // potentials 2, 4, 6, 6 ... MiB, so it stops only once freed > 4 + 6: after a6, 12 MiB (the
+  // old rule, freed >= shortfall, stopped after a2). Free 72, budget 72 - 20 = 52 > 40: B loads
+  // completely; A keeps a7, a8 and the 30 MiB module (34 MiB) with a 6 MiB buffer.
+  std::vector<std::string> a;
+  for (int i = 1; i <= 8; ++i) a.push_back(module_json(fmt::format("a{}", i), 1024, 1024, "bf16"));
+  a.push_back(module_json("big", 3840, 4096, "bf16"));
+  const std::string pipeline = R"([{"op":"load","model":"A"},{"op":"forward","model":"A"},{"op":"load","model":"B"},{"op":"forward","model":"B"},{"op":"forward","model":"A"}])";
+  const std::string b = model_json("B", "text_encoder", {module_json("b1", 5120, 4096, "bf16")});
+  const Scenario s = scenario("106MiB", {model_json("A", "text_encoder", a), b}, pipeline);
   const Plan p = predict(s);
   ASSERT_EQ(p.loads.size(), 2u);
   EXPECT_TRUE(p.loads[0].full_load);
   EXPECT_EQ(p.loads[1].free_before, 60 * MiB);
   ASSERT_EQ(p.loads[1].evictions.size(), 1u);
   EXPECT_EQ(p.loads[1].evictions[0].model, 0u);
-  EXPECT_EQ(p.loads[1].evictions[0].modules, (std::vector<std::uint32_t>{0, 1}));
-  EXPECT_EQ(p.loads[1].evictions[0].bytes, 10 * MiB);
+  EXPECT_EQ(p.loads[1].evictions[0].modules, (std::vector<std::uint32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(p.loads[1].evictions[0].bytes, 12 * MiB);
   EXPECT_TRUE(p.loads[1].full_load);
-  EXPECT_EQ(p.loads[1].usable, static_cast<std::int64_t>(50 * MiB));
-  EXPECT_EQ(p.stages[3].resident_total, 70 * MiB);  // a3 30 + B 40
+  EXPECT_EQ(p.loads[1].usable, static_cast<std::int64_t>(52 * MiB));
+  EXPECT_EQ(p.stages[3].resident_total, 74 * MiB);  // A's 34 + B's 40
+  EXPECT_EQ(p.stages[4].offload_buffer, 6 * MiB);   // A's buffer, grown by the unload
   // Lowering frees the evicted weights, then empties the cache (soft_empty_cache).
   const Program prog = lower(s, p);
   EXPECT_EQ(check_program(prog), "");
@@ -166,8 +170,15 @@ TEST(Predict, EvictionUnloadsCheapestModulesUntilTheShortfallIsCovered) {
     if (op.phase == Phase::evict && op.kind == OpKind::free) ++evict_frees;
     if (op.phase == Phase::evict && op.kind == OpKind::empty_cache) ++empties;
   }
-  EXPECT_EQ(evict_frees, 2);
+  EXPECT_EQ(evict_frees, 6);
   EXPECT_EQ(empties, 1);
+  // Before the look-ahead buffer (nov2025) partially_unload stopped once the shortfall was
+  // freed: a1 and a2, 4 MiB, and A's buffer stays 0.
+  const Plan before = predict(scenario("106MiB", {model_json("A", "text_encoder", a), b}, pipeline, "comfy:nov2025"));
+  ASSERT_EQ(before.loads[1].evictions.size(), 1u);
+  EXPECT_EQ(before.loads[1].evictions[0].modules, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(before.loads[1].evictions[0].bytes, 4 * MiB);
+  EXPECT_EQ(before.stages[4].offload_buffer, 0u);
 }
 
 TEST(Predict, LargestAccountingBuffersNsTimesTheLargestModule) {

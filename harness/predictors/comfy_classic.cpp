@@ -203,28 +203,61 @@ class ComfyPlanner {
         ev.bytes += b;
         ev.modules.push_back(mod);
       };
-      // partially_unload walks the listed modules in ascending offload cost. It cannot move the
-      // unlisted ones, nor a raw module whose weight a LoRA patched (no cast hook to patch it
-      // on the fly).
+      // partially_unload walks the module list in ascending (offload cost, size, name). It cannot
+      // move the unlisted ones, nor a raw module whose weight a LoRA patched (no cast hook to
+      // patch it on the fly); modules not on the device are passed over.
       std::vector<std::uint32_t> mods;
       for (std::uint32_t i = 0; i < st.resident.size(); ++i) {
+        if (walk_kind(spec(m).modules[i]) != Walk::unlisted) mods.push_back(i);
+      }
+      std::vector<Bytes> cost(spec(m).modules.size(), 0);
+      for (const std::uint32_t i : mods) cost[i] = offload_cost(spec(m).modules[i], ref.compute, ref.lora, c_);
+      std::sort(mods.begin(), mods.end(), [&](std::uint32_t a, std::uint32_t b) {
+        const Module& x = spec(m).modules[a];
+        const Module& y = spec(m).modules[b];
+        if (cost[a] != cost[b]) return cost[a] < cost[b];
+        if (x.bytes != y.bytes) return x.bytes < y.bytes;
+        return x.name < y.name;
+      });
+      auto movable = [&](std::uint32_t i) {
         const Module& mod = spec(m).modules[i];
         const Walk w = walk_kind(mod);
-        const bool movable = w == Walk::cast || (w == Walk::raw && !(ref.lora && has_weight(mod)));
-        if (st.resident[i] && movable) mods.push_back(i);
-      }
-      std::vector<Bytes> cost(mods.size());
-      for (std::size_t k = 0; k < mods.size(); ++k) cost[k] = offload_cost(spec(m).modules[mods[k]], ref.compute, ref.lora, c_);
-      std::vector<std::size_t> idx(mods.size());
-      std::iota(idx.begin(), idx.end(), 0);
-      std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return cost[a] < cost[b]; });
+        return st.resident[i] && (w == Walk::cast || (w == Walk::raw && !(ref.lora && has_weight(mod))));
+      };
       // model_unload: a shortfall of at least what ComfyUI counts as loaded detaches the whole
       // model; a smaller one unloads partially, and detaches too when that cannot cover it.
       // Detached, everything left on the device goes and nothing counts as loaded.
       const bool detach = shortfall >= st.loaded;
-      for (std::size_t k : idx) {
-        if (!detach && ev.bytes >= shortfall) break;
-        evict(mods[k]);
+      if (!detach) {
+        // With the look-ahead buffer (PR #11096) partially_unload grows the model's offload
+        // buffer as it goes: each module it sends to host memory may be cast on the fly next to
+        // the NUM_STREAMS modules sent before it (a sliding window seeded with
+        // min(B / (NS + 1), the list's first module)), and it stops only once it has freed more
+        // than the shortfall plus that growth (reference/comfyui-accounting.md 2.4 step 6).
+        const bool sliding = c_.account == AccountMode::lookahead;
+        const Bytes old_buffer = st.offload_buffer;
+        Bytes buffer = old_buffer;
+        std::vector<Bytes> window;
+        if (sliding && !mods.empty()) window.assign(ns_, std::min<Bytes>(old_buffer / (ns_ + 1), spec(m).modules[mods[0]].bytes));
+        for (const std::uint32_t i : mods) {
+          if (sliding ? shortfall + (buffer - old_buffer) < ev.bytes : ev.bytes >= shortfall) break;
+          if (!movable(i)) continue;
+          const Bytes potential = cost[i] + std::accumulate(window.begin(), window.end(), Bytes{0});
+          evict(i);
+          if (sliding) {
+            buffer = std::max(buffer, potential);
+            if (!window.empty()) {
+              window.erase(window.begin());
+              window.push_back(spec(m).modules[i].bytes);
+            }
+          }
+        }
+        if (sliding) st.offload_buffer = buffer;
+      } else {
+        // Detached: what partially_unload could move first, in its order, then the rest.
+        for (const std::uint32_t i : mods) {
+          if (movable(i)) evict(i);
+        }
       }
       if (detach || ev.bytes < shortfall) {
         for (std::uint32_t i = 0; i < st.resident.size(); ++i) {
