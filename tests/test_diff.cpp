@@ -23,6 +23,16 @@ Scenario generated(std::uint64_t seed, Catalog& catalog, const char* policy) {
   return generate_scenario(c, cfg, catalog);
 }
 
+// The look-ahead buffer's arrival (nov2025 -> dec2025): many cases' plans differ.
+DiffConfig dec2025_against_nov2025(std::uint64_t cases) {
+  DiffConfig cfg;
+  cfg.seed = 1;
+  cfg.cases = cases;
+  cfg.gen.policy = "comfy:dec2025";
+  cfg.against = "comfy:nov2025";
+  return cfg;
+}
+
 TEST(Diff, TheSamePlanHasNoDifferences) {
   Catalog catalog;
   for (std::uint64_t seed = 1; seed <= 20; ++seed) {
@@ -106,11 +116,7 @@ TEST(Diff, AStagingSliceMovedOrResizedIsNamedWithItsModule) {
 
 TEST(Diff, AGroupIsShrunkAndItsMinimalCaseStillDiffersTheSameWay) {
   Catalog catalog;
-  DiffConfig cfg;
-  cfg.seed = 1;
-  cfg.cases = 120;
-  cfg.gen.policy = "comfy:dec2025";
-  cfg.against = "comfy:nov2025";
+  const DiffConfig cfg = dec2025_against_nov2025(120);
   auto backend = make_backend("sim");
   const DiffResult r = run_diff(cfg, catalog, *backend);
   EXPECT_EQ(r.cases, 120u);
@@ -139,11 +145,7 @@ TEST(Diff, AGroupIsShrunkAndItsMinimalCaseStillDiffersTheSameWay) {
 // HTML draws each byte field's A and B and renders from diff.json alone.
 TEST(Diff, EveryReportSaysWhatAGroupRestsOnAndTheHtmlDrawsItsBytes) {
   Catalog catalog;
-  DiffConfig cfg;
-  cfg.seed = 1;
-  cfg.cases = 120;
-  cfg.gen.policy = "comfy:dec2025";
-  cfg.against = "comfy:nov2025";
+  DiffConfig cfg = dec2025_against_nov2025(120);
   cfg.shrink_execs = 40;
   auto backend = make_backend("sim");
   const DiffResult r = run_diff(cfg, catalog, *backend);

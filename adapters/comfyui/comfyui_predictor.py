@@ -735,18 +735,8 @@ class ComfyAdapter:
             loaded = int(root.model_loaded_weight_memory)
         offloaded = sum(size_of[n] for n in lowvram)
         total = sum(size_of.values())
-        # R, the floor I, extra_mem and min_req: load_models_gpu's local arithmetic, mirrored.
-        reserve = mm.extra_reserved_memory()
-        inference = mm.minimum_inference_memory()
-        extra_mem = max(inference, mem_req + reserve)
-        min_req = extra_mem if min_req_in is None else max(inference, min_req_in + reserve)
-        evictions = []
-        for j, names in before.items():
-            now = set(self.resident_names(self.models[j]))
-            gone = [n for n in self.models[j].names if n in names and n not in now]
-            if gone:
-                sz = {n: s for n, (_, s) in zip(self.models[j].names, self.models[j].sizes)}
-                evictions.append({"model": self.models[j].spec["id"], "modules": gone, "bytes": sum(sz[n] for n in gone)})
+        extra_mem, min_req = self.reservations(mem_req, min_req_in)
+        evictions = self.evictions_since(before)
         calls = getattr(p, "vf_calls", [])
         usable = None
         for c in calls:
@@ -777,11 +767,30 @@ class ComfyAdapter:
             lp["usable"] = int(usable)
         return lp, lines
 
+    def reservations(self, mem_req, min_req_in):
+        """extra_mem and min_req: load_models_gpu's local arithmetic (R, the floor I), mirrored."""
+        mm = self.mm
+        reserve = mm.extra_reserved_memory()
+        inference = mm.minimum_inference_memory()
+        extra_mem = max(inference, mem_req + reserve)
+        min_req = extra_mem if min_req_in is None else max(inference, min_req_in + reserve)
+        return extra_mem, min_req
+
+    def evictions_since(self, before):
+        """The modules of other models that left the device since `before` (their resident names)."""
+        evictions = []
+        for j, names in before.items():
+            now = set(self.resident_names(self.models[j]))
+            gone = [n for n in self.models[j].names if n in names and n not in now]
+            if gone:
+                sz = {n: s for n, (_, s) in zip(self.models[j].names, self.models[j].sizes)}
+                evictions.append({"model": self.models[j].spec["id"], "modules": gone, "bytes": sum(sz[n] for n in gone)})
+        return evictions
+
     def dynamic_load(self, stage, model, free_before, mem_req, min_req_in, before, lines):
         """The plan of a load by ModelPatcherDynamic.load: what it staged in the model's VBAR (the
         slices its loop allocated, in its order, placed by comfy-aimdo's own ModelVBAR.alloc),
         what it force-loaded, and its log line."""
-        mm = self.mm
         p = model.patcher
         root = model.root
         size_of = {n: s for n, (_, s) in zip(model.names, model.sizes)}
@@ -827,17 +836,8 @@ class ComfyAdapter:
         m = re.search(r"(\d+) patches attached", line)
         patches = int(m.group(1)) if m else 0
         forced_bytes = int(root.model_loaded_weight_memory)
-        evictions = []
-        for j, names in before.items():
-            now = set(self.resident_names(self.models[j]))
-            gone = [x for x in self.models[j].names if x in names and x not in now]
-            if gone:
-                sz = {x: s for x, (_, s) in zip(self.models[j].names, self.models[j].sizes)}
-                evictions.append({"model": self.models[j].spec["id"], "modules": gone, "bytes": sum(sz[x] for x in gone)})
-        reserve = mm.extra_reserved_memory()
-        inference = mm.minimum_inference_memory()
-        extra_mem = max(inference, mem_req + reserve)
-        min_req = extra_mem if min_req_in is None else max(inference, min_req_in + reserve)
+        evictions = self.evictions_since(before)
+        extra_mem, min_req = self.reservations(mem_req, min_req_in)
         return {
             "stage": stage, "model": model.spec["id"], "dynamic": True,
             "resident": forced_modules, "lowvram": [], "offload_buffer": 0,
