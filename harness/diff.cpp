@@ -410,7 +410,7 @@ std::string diff_markdown(const DiffConfig& cfg, const DiffResult& r, const std:
   }
   md += fmt::format("{} cases (seed {}), {} the same{}; plans differ in {}, verdicts in {}, {} could not be planned by one side; "
                     "{} group(s) of differences.\n\n",
-                    r.cases, cfg.seed, r.same, cfg.tolerance ? fmt::format(" within {}", format_size(cfg.tolerance)) : "", r.plans_differ,
+                    r.cases, cfg.seed, r.same, cfg.tolerance ? fmt::format(" within {}", cfg.tolerance < MiB ? fmt::format("{} B", cfg.tolerance) : format_size(cfg.tolerance)) : "", r.plans_differ,
                     r.verdicts_differ, r.errors, r.groups.size());
   if (r.groups.empty()) return md + "Every case planned the same under both.\n";
   md += "| what differs | cases | modules (first case → minimal) | verdict A / B | minimal case |\n|---|---:|---|---|---|\n";
