@@ -9,6 +9,7 @@
 #include <numeric>
 #include <unordered_map>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -269,10 +270,26 @@ double parse_double_text(std::string_view v, double lo, double hi, const std::st
 
 }  // namespace
 
+namespace {
+
+// The override keys, in the order docs/formats.md lists them: every preset's, then the dynamic
+// presets' own (what policy_override_keys selects from and the unknown-key error lists).
+constexpr std::string_view kPresetOverrideKeys[] = {"reserve",          "inference_floor", "weight_floor",     "min_weight_ratio",
+                                                    "unload_factor",    "cfg_mult",        "cond_batch_safety", "lora_math_factor",
+                                                    "account",          "dequant_term",    "num_streams",      "flash_attention",
+                                                    "lora_patch_dtype", "patch_sync"};
+constexpr std::string_view kDynamicOverrideKeys[] = {"vram_headroom", "poll_ms", "malloc_headroom"};
+
+std::string joined(std::span<const std::string_view> keys) {
+  std::string out;
+  for (const std::string_view k : keys) out += (out.empty() ? "" : ", ") + std::string(k);
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string_view> policy_override_keys(const Policy& p) {
-  std::vector<std::string_view> keys = {"reserve",          "inference_floor", "weight_floor",      "min_weight_ratio", "unload_factor",
-                                        "cfg_mult",         "cond_batch_safety", "lora_math_factor", "account",          "dequant_term",
-                                        "num_streams",      "flash_attention", "lora_patch_dtype",  "patch_sync"};
+  std::vector<std::string_view> keys(std::begin(kPresetOverrideKeys), std::end(kPresetOverrideKeys));
   if (p.predictor == PredictorKind::exact) keys.emplace_back("exact_reserve");
   if (p.dynamic()) {
     if (p.preset != Preset::feb2026) keys.emplace_back("vram_headroom");
@@ -296,7 +313,7 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
     }
   }
   ComfyConstants& c = p.constants;
-  const bool dynamic_key = key == "vram_headroom" || key == "poll_ms" || key == "malloc_headroom";
+  const bool dynamic_key = std::find(std::begin(kDynamicOverrideKeys), std::end(kDynamicOverrideKeys), key) != std::end(kDynamicOverrideKeys);
   if (dynamic_key && !p.dynamic()) {
     throw InputError(path, fmt::format("applies to the dynamic VRAM presets only (comfy:feb2026, comfy:sep2026), not {}", p.label()));
   }
@@ -357,10 +374,8 @@ void apply_policy_override(Policy& p, std::string_view key, std::string_view val
   } else if (key == "patch_sync") {
     c.patch_sync = parse_bool_text(value, path);
   } else {
-    throw InputError(path, "unknown policy constant (known: reserve, inference_floor, weight_floor, min_weight_ratio, "
-                           "unload_factor, cfg_mult, cond_batch_safety, lora_math_factor, account, dequant_term, "
-                           "num_streams, flash_attention, lora_patch_dtype, patch_sync, exact_reserve; dynamic presets: "
-                           "vram_headroom, poll_ms, malloc_headroom)");
+    throw InputError(path, fmt::format("unknown policy constant (known: {}, exact_reserve; dynamic presets: {})", joined(kPresetOverrideKeys),
+                                       joined(kDynamicOverrideKeys)));
   }
   // Keep the latest value of each key once, in the order first given, for round-tripping.
   auto it = std::find_if(p.overrides.begin(), p.overrides.end(), [&](const auto& kv) { return kv.first == key; });

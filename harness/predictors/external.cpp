@@ -327,9 +327,7 @@ void require_overrides_applied(const Scenario& s) {
   if (s.policy.predictor != PredictorKind::external) return;
   const PredictorHello* h = find_external(s.policy.external_name);
   if (!h) return;  // predicting says what to give
-  for (const auto& [key, value] : s.policy.overrides) {
-    if (!h->honours(key)) throw InputError("policy.overrides." + key, unhonoured_override_message(*h, key));
-  }
+  if (const std::string* key = h->unapplied(s.policy)) throw InputError("policy.overrides." + *key, unhonoured_override_message(*h, *key));
 }
 
 Plan predict_external(const Scenario& s) {
@@ -374,9 +372,7 @@ Plan predict_external(const Scenario& s) {
   }
   // A case (read from a file) that sets an override this predictor says it does not apply: it
   // cannot be planned as written. The case's error, not the process's failure.
-  for (const auto& [key, value] : s.policy.overrides) {
-    if (!p.hello.honours(key)) throw PredictorError(unhonoured_override_message(p.hello, key), false);
-  }
+  if (const std::string* key = p.hello.unapplied(s.policy)) throw PredictorError(unhonoured_override_message(p.hello, *key), false);
   const std::uint64_t id = p.next_id++;
   std::string line;
   if (const std::string err = p.process->exchange(p.hello.spec_refs ? request_line(s, id, p.refs) : request_line(s, id), line,

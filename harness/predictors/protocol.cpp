@@ -334,6 +334,13 @@ bool PredictorHello::honours(std::string_view key) const {
   return !overrides || std::find(overrides->begin(), overrides->end(), key) != overrides->end();
 }
 
+const std::string* PredictorHello::unapplied(const Policy& p) const {
+  for (const auto& [key, value] : p.overrides) {
+    if (!honours(key)) return &key;
+  }
+  return nullptr;
+}
+
 PredictorHello parse_hello(const nlohmann::json& doc, const std::string& origin) {
   const JsonIn j(doc, origin);
   if (!j.is_object()) j.fail("expected the hello object {\"schema\": \"vramfuzz.predictor/1\", \"type\": \"hello\", ...}");

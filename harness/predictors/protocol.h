@@ -41,6 +41,8 @@ struct PredictorHello {
   // one is that case's error (it cannot be planned as written), never silently planned without.
   std::optional<std::vector<std::string>> overrides;
   bool honours(std::string_view key) const;
+  // The first of `p`'s overrides it does not apply, or nullptr.
+  const std::string* unapplied(const Policy& p) const;
 };
 
 // The hello line a predictor writes; parse_hello reads one (InputError naming the field, the
