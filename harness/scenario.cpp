@@ -1326,7 +1326,30 @@ std::size_t repeat_run(const std::vector<Module>& modules, std::size_t i) {
 
 namespace {
 
-nlohmann::json model_json(const ModelRef& m) {
+// The modules of an inline spec, each run of repeats as one entry.
+nlohmann::json modules_json(const ModelSpec& spec) {
+  nlohmann::json mods = nlohmann::json::array();
+  for (std::size_t i = 0; i < spec.modules.size();) {
+    const Module& mod = spec.modules[i];
+    // A run of modules NAME.0, NAME.1, ... with the same tensors is written as one entry with
+    // "repeat" (what the reader expands back to the same modules).
+    const std::size_t run = repeat_run(spec.modules, i);
+    nlohmann::json tj = nlohmann::json::array();
+    for (const Tensor& t : mod.tensors) {
+      tj.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"role", role_name(t.role)}});
+    }
+    nlohmann::json mj = {{"name", run > 1 ? mod.name.substr(0, mod.name.size() - 2) : mod.name}};
+    if (run > 1) mj["repeat"] = run;
+    mj["tensors"] = std::move(tj);
+    if (!mod.cast_hook) mj["cast_hook"] = false;
+    mods.push_back(std::move(mj));
+    i += run;
+  }
+  return mods;
+}
+
+// `modules`: false leaves an inline spec's modules out (append_model_json writes them itself).
+nlohmann::json model_json(const ModelRef& m, bool modules = true) {
   nlohmann::json j;
   j["id"] = m.id;
   if (m.source == "inline") {
@@ -1339,24 +1362,7 @@ nlohmann::json model_json(const ModelRef& m) {
                  {"widest", spec.arch.widest},                   {"text_tokens", spec.arch.text_tokens},
                  {"patch", spec.arch.patch},                     {"temporal_down", spec.arch.temporal_down},
                  {"gated", spec.arch.gated},                     {"kept_hidden_states", spec.arch.kept_hidden_states}};
-    nlohmann::json mods = nlohmann::json::array();
-    for (std::size_t i = 0; i < spec.modules.size();) {
-      const Module& mod = spec.modules[i];
-      // A run of modules NAME.0, NAME.1, ... with the same tensors is written as one entry with
-      // "repeat" (what the reader expands back to the same modules).
-      const std::size_t run = repeat_run(spec.modules, i);
-      nlohmann::json tj = nlohmann::json::array();
-      for (const Tensor& t : mod.tensors) {
-        tj.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", dtype_name(t.dtype)}, {"role", role_name(t.role)}});
-      }
-      nlohmann::json mj = {{"name", run > 1 ? mod.name.substr(0, mod.name.size() - 2) : mod.name}};
-      if (run > 1) mj["repeat"] = run;
-      mj["tensors"] = std::move(tj);
-      if (!mod.cast_hook) mj["cast_hook"] = false;
-      mods.push_back(std::move(mj));
-      i += run;
-    }
-    j["modules"] = std::move(mods);
+    if (modules) j["modules"] = modules_json(spec);
   } else if (m.source.rfind("file:", 0) == 0) {
     j["source"] = m.source;
     j["family"] = family_name(m.spec->family);  // detected or given: either way it reloads the same
@@ -1429,9 +1435,12 @@ SpecRefScope::SpecRefScope(std::unordered_map<std::uint64_t, std::shared_ptr<con
 }
 SpecRefScope::~SpecRefScope() { g_spec_refs = saved_; }
 
-std::string scenario_to_json(const Scenario& s, int indent) { return scenario_to_ordered_json(s).dump(indent); }
+std::string scenario_to_json(const Scenario& s, int indent) { return indent < 0 ? scenario_json_compact(s) : scenario_to_ordered_json(s).dump(indent); }
 
-nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
+namespace {
+
+// What scenario_to_ordered_json writes before "models" (into a new document) and after it.
+nlohmann::ordered_json scenario_head_json(const Scenario& s) {
   nlohmann::ordered_json j;
   j["schema"] = kScenarioSchema;
   if (!s.name.empty()) j["name"] = s.name;
@@ -1466,9 +1475,10 @@ nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
     for (const auto& [k, v] : s.policy.overrides) ov[k] = option_value_json(v);
     j["policy"] = {{"name", s.policy.label()}, {"overrides", ov}};
   }
-  nlohmann::json models = nlohmann::json::array();
-  for (const ModelRef& m : s.models) models.push_back(model_json(m));
-  j["models"] = std::move(models);
+  return j;
+}
+
+void add_scenario_tail_json(const Scenario& s, nlohmann::ordered_json& j) {
   j["workload"] = workload_json(s.workload);
   if (s.knee_of) j["knee_of"] = workload_json(*s.knee_of);
   if (s.offload_streams) j["offload_streams"] = *s.offload_streams;
@@ -1477,7 +1487,137 @@ nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
   j["pipeline"] = std::move(pipe);
   if (nlohmann::json a = activation_spec_json(s.activations); !a.is_null()) j["activations"] = std::move(a);
   if (s.from_log) j["from_log"] = from_log_json(*s.from_log);
+}
+
+// Appends `text` as a JSON string exactly as nlohmann's dump writes it. Printable ASCII without
+// a quote or backslash (every name vramfuzz's catalog and generator make) is copied; anything
+// else goes through nlohmann itself, so escapes and its UTF-8 check are its own.
+void append_json_string(std::string& out, std::string_view text) {
+  for (const char c : text) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
+      out += nlohmann::json(std::string(text)).dump();
+      return;
+    }
+  }
+  out += '"';
+  out += text;
+  out += '"';
+}
+
+void append_uint(std::string& out, std::uint64_t v) {
+  const fmt::format_int f(v);
+  out.append(f.data(), f.size());
+}
+
+// The modules of an inline spec as model_json writes them: [{"cast_hook":false,"name":...,
+// "repeat":N,"tensors":[{"dtype":...,"name":...,"role":...,"shape":[...]}]}] (nlohmann::json
+// orders keys alphabetically; cast_hook and repeat only when they are written).
+void append_modules_json(std::string& out, const ModelSpec& spec) {
+  out += '[';
+  for (std::size_t i = 0; i < spec.modules.size();) {
+    const Module& mod = spec.modules[i];
+    const std::size_t run = repeat_run(spec.modules, i);
+    if (i != 0) out += ',';
+    out += '{';
+    if (!mod.cast_hook) out += "\"cast_hook\":false,";
+    out += "\"name\":";
+    append_json_string(out, run > 1 ? std::string_view(mod.name).substr(0, mod.name.size() - 2) : std::string_view(mod.name));
+    if (run > 1) {
+      out += ",\"repeat\":";
+      append_uint(out, run);
+    }
+    out += ",\"tensors\":[";
+    for (std::size_t t = 0; t < mod.tensors.size(); ++t) {
+      const Tensor& x = mod.tensors[t];
+      if (t != 0) out += ',';
+      out += "{\"dtype\":";
+      append_json_string(out, dtype_name(x.dtype));
+      out += ",\"name\":";
+      append_json_string(out, x.name);
+      out += ",\"role\":";
+      append_json_string(out, role_name(x.role));
+      out += ",\"shape\":[";
+      for (std::size_t d = 0; d < x.shape.size(); ++d) {
+        if (d != 0) out += ',';
+        append_uint(out, x.shape[d]);
+      }
+      out += "]}";
+    }
+    out += "]}";
+    i += run;
+  }
+  out += ']';
+}
+
+}  // namespace
+
+nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
+  nlohmann::ordered_json j = scenario_head_json(s);
+  nlohmann::json models = nlohmann::json::array();
+  for (const ModelRef& m : s.models) models.push_back(model_json(m));
+  j["models"] = std::move(models);
+  add_scenario_tail_json(s, j);
   return j;
+}
+
+void append_model_json(std::string& out, const ModelRef& m, const ModelTextOptions& o) {
+  if (m.source != "inline") {
+    nlohmann::json j = model_json(m);
+    if (o.spec_ref) j["spec_ref"] = *o.spec_ref;
+    out += j.dump();
+    return;
+  }
+  // The document without its modules (a few fields), written by nlohmann, with the modules
+  // written here in their place: "modules" is written as null and its text replaced. The first
+  // `,"modules":null` is that key's: inside a string nlohmann writes a quote as \", so no string
+  // holds that sequence, and only "id" (a string) comes before it.
+  nlohmann::json j = model_json(m, /*modules=*/false);
+  if (o.spec_held) {
+    for (const char* k : {"kind", "family", "memory_usage_factor", "arch"}) j.erase(k);
+  } else {
+    j["modules"] = nullptr;
+  }
+  std::string text = j.dump();
+  if (o.spec_ref) {
+    text.pop_back();  // the closing brace: spec_ref goes last, as the protocol's writer put it
+    text += ",\"spec_ref\":";
+    append_uint(text, *o.spec_ref);
+    text += '}';
+  }
+  if (o.spec_held) {
+    out += text;
+    return;
+  }
+  constexpr std::string_view kPlaceholder = ",\"modules\":null";
+  const std::size_t at = text.find(kPlaceholder);
+  if (at == std::string::npos) throw InfraError("append_model_json: the modules placeholder is missing");
+  out.append(text, 0, at);
+  out += ",\"modules\":";
+  append_modules_json(out, *m.spec);
+  out.append(text, at + kPlaceholder.size());
+}
+
+std::string scenario_json_compact(const Scenario& s, CallableRef<void(std::string&, std::size_t)> model) {
+  // The head's and the tail's text around the models': {HEAD,"models":[...],TAIL}. Both are
+  // objects with keys (schema and seed; workload and pipeline).
+  std::string out = scenario_head_json(s).dump();
+  out.pop_back();
+  out += ",\"models\":[";
+  for (std::size_t i = 0; i < s.models.size(); ++i) {
+    if (i != 0) out += ',';
+    model(out, i);
+  }
+  out += ']';
+  nlohmann::ordered_json tail = nlohmann::ordered_json::object();
+  add_scenario_tail_json(s, tail);
+  const std::string t = tail.dump();
+  out += ',';
+  out.append(t, 1);
+  return out;
+}
+
+std::string scenario_json_compact(const Scenario& s) {
+  return scenario_json_compact(s, [&](std::string& out, std::size_t i) { append_model_json(out, s.models[i]); });
 }
 
 // ---- fingerprint ------------------------------------------------------------------------------

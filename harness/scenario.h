@@ -15,6 +15,7 @@
 
 #include "harness/activation_source.h"
 #include "harness/core/bytes.h"
+#include "harness/core/callable_ref.h"
 #include "harness/core/dtype.h"
 #include "harness/core/workload.h"
 #include "models/catalog.h"
@@ -351,8 +352,25 @@ class SpecRefScope {
  private:
   std::unordered_map<std::uint64_t, std::shared_ptr<const ModelSpec>>* saved_;
 };
-// The same document, before it is written (for writers that add to it: the predictor protocol).
+// The same document, before it is written (for writers that add to it).
 nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s);
+
+// The compact text of scenario_to_ordered_json(s), byte for byte (scenario_to_json(s, -1)), with
+// the models' modules (most of the text, and most of the cost of building a document) written
+// straight into the string. `model(out, i)` appends model i's object; the first form writes each
+// with append_model_json.
+std::string scenario_json_compact(const Scenario& s);
+std::string scenario_json_compact(const Scenario& s, CallableRef<void(std::string&, std::size_t)> model);
+// How the predictor protocol writes a model (protocol.h, SpecRefs): `spec_ref` appended as the
+// last key; `spec_held`: the predictor holds the spec, so an inline model's kind, family,
+// memory_usage_factor, arch and modules are left out.
+struct ModelTextOptions {
+  std::optional<std::uint64_t> spec_ref;
+  bool spec_held = false;
+};
+// Appends one model's compact JSON: what scenario_to_ordered_json writes for it, byte for byte,
+// with `o` applied.
+void append_model_json(std::string& out, const ModelRef& m, const ModelTextOptions& o = {});
 
 // A structural fingerprint of everything scenario_to_json writes, computed without writing it
 // (the shrinker keys its candidate cache with it): scenarios whose canonical JSON differs have

@@ -102,6 +102,76 @@ TEST(PredictorProtocol, ARequestCarriesEveryModelInlineAndNothingThePlannerDoesN
   }
 }
 
+// The request is written as text (scenario_json_compact), not through a document: the text is
+// the document's, byte for byte, on generated cases (catalog and synthetic models, repeats,
+// modules without the cast hook) and on names that need escaping.
+TEST(PredictorProtocol, TheCompactTextIsTheDocumentsByteForByte) {
+  Catalog catalog;
+  std::size_t repeats = 0, hookless = 0;
+  for (std::uint64_t seed = 1; seed <= 120; ++seed) {
+    Scenario s = generated(seed, catalog, seed % 2 ? "comfy:dec2025" : "comfy:sep2026");
+    ASSERT_EQ(scenario_json_compact(s), scenario_to_ordered_json(s).dump()) << "seed " << seed;
+    // The same models inline, as a request carries them.
+    for (ModelRef& m : s.models) {
+      m.source = "inline";
+      m.catalog_full.reset();
+      m.catalog_source.clear();
+      for (std::size_t i = 0; i < m.spec->modules.size(); ++i) repeats += repeat_run(m.spec->modules, i) > 1;
+      for (const Module& mod : m.spec->modules) hookless += !mod.cast_hook;
+    }
+    ASSERT_EQ(scenario_json_compact(s), scenario_to_ordered_json(s).dump()) << "seed " << seed << " inline";
+  }
+  EXPECT_GT(hookless, 0u);  // the cases above did write "cast_hook": false
+  Scenario s = generated(3, catalog, "comfy:dec2025");
+  auto spec = std::make_shared<ModelSpec>(*s.models[0].spec);
+  // A run of repeats (written as one entry with "repeat": 4) after the first module.
+  for (int k = 3; k >= 0; --k) {
+    Module copy = spec->modules[0];
+    copy.name = fmt::format("stack.{}", k);
+    spec->modules.insert(spec->modules.begin() + 1, copy);
+  }
+  for (std::size_t i = 0; i < spec->modules.size(); ++i) repeats += repeat_run(spec->modules, i) > 1;
+  EXPECT_GT(repeats, 0u);
+  spec->modules[0].name = "a \"quoted\" \\ name\twith\ncontrol \x01 and UTF-8 \xc3\xa9";
+  spec->modules[0].tensors[0].name = "w\x7f";
+  s.models[0].spec = spec;
+  s.models[0].source = "inline";
+  s.models[0].id = "id \"x\"";
+  EXPECT_EQ(scenario_json_compact(s), scenario_to_ordered_json(s).dump());
+  EXPECT_NE(scenario_json_compact(s).find(R"("a \"quoted\" \\ name\twith\ncontrol \u0001 and UTF-8 é")"), std::string::npos);
+  EXPECT_NE(scenario_json_compact(s).find(R"({"name":"stack","repeat":4,"tensors":)"), std::string::npos);
+  // Invalid UTF-8 is refused by both alike (nlohmann's own check).
+  spec->modules[0].name = "bad \xff";
+  EXPECT_THROW((void)scenario_to_ordered_json(s).dump(), nlohmann::json::type_error);
+  EXPECT_THROW((void)scenario_json_compact(s), nlohmann::json::type_error);
+}
+
+// With spec refs a held spec is its spec_ref; a new one is written whole, spec_ref its last key.
+TEST(PredictorProtocol, ARequestsModelsKeepTheirKeyOrderWithASpecRefLast) {
+  Catalog catalog;
+  const Scenario s = generated(11, catalog, "comfy:dec2025");
+  SpecRefs refs;
+  const auto keys = [](const nlohmann::ordered_json& m) {
+    std::vector<std::string> k;
+    for (auto it = m.begin(); it != m.end(); ++it) k.push_back(it.key());
+    return k;
+  };
+  const nlohmann::ordered_json first = nlohmann::ordered_json::parse(request_line(s, 1, refs));
+  const nlohmann::ordered_json second = nlohmann::ordered_json::parse(request_line(s, 2, refs));
+  const std::vector<std::string> whole = keys(first["scenario"]["models"][0]);
+  ASSERT_GE(whole.size(), 10u);
+  EXPECT_EQ(whole.front(), "arch");
+  EXPECT_EQ(whole.back(), "spec_ref");
+  EXPECT_TRUE(std::is_sorted(whole.begin(), whole.end() - 1));
+  const std::vector<std::string> held = keys(second["scenario"]["models"][0]);
+  EXPECT_EQ(held.back(), "spec_ref");
+  for (const char* k : {"arch", "kind", "family", "memory_usage_factor", "modules"}) {
+    EXPECT_EQ(std::count(held.begin(), held.end(), k), 0) << k;
+    EXPECT_EQ(std::count(whole.begin(), whole.end(), k), 1) << k;
+  }
+  for (const char* k : {"compute", "id", "lora", "source"}) EXPECT_EQ(std::count(held.begin(), held.end(), k), 1) << k;
+}
+
 TEST(PredictorProtocol, ARepliedPlanIsCheckedAgainstTheCase) {
   Catalog catalog;
   const Scenario s = generated(3, catalog, "comfy:dec2025");

@@ -389,11 +389,12 @@ PredictorHello parse_hello(const nlohmann::json& doc, const std::string& origin)
 
 namespace {
 
-// The request's scenario and view, models inline. `stub`: per model, write its spec as an empty
-// one (the caller replaces it with a spec_ref).
+// The request's scenario and view, models inline. `refs`: per model, the spec_ref written with
+// it; `sent`: per model, whether the predictor holds its spec already (then only the spec_ref
+// stands for it). Written as text: a request is mostly the modules of new specs, and building a
+// document for them cost five times the rest of a built-in case.
 std::string request_text(const Scenario& s, std::uint64_t id, const std::vector<std::uint64_t>* refs, const std::vector<std::uint8_t>* sent,
                          const std::vector<std::uint64_t>& forget) {
-  static const std::shared_ptr<const ModelSpec> kStub = std::make_shared<const ModelSpec>();
   Scenario r;
   r.device = s.device;
   r.allocator = s.allocator;
@@ -405,12 +406,11 @@ std::string request_text(const Scenario& s, std::uint64_t id, const std::vector<
   r.stages = s.stages;
   r.seed = s.seed;
   r.models.reserve(s.models.size());
-  for (std::size_t i = 0; i < s.models.size(); ++i) {
-    ModelRef x = s.models[i];
+  for (const ModelRef& m : s.models) {
+    ModelRef x = m;
     x.source = "inline";
     x.catalog_full.reset();
     x.catalog_source.clear();
-    if (sent && (*sent)[i]) x.spec = kStub;  // the predictor holds it: only its spec_ref is written
     r.models.push_back(std::move(x));
   }
   const Bytes free = s.device.available();
@@ -421,19 +421,16 @@ std::string request_text(const Scenario& s, std::uint64_t id, const std::vector<
   view["torch_active"] = 0;
   view["allocator_backend"] = allocator_backend(s.allocator.mode);
   view["expandable_segments"] = s.allocator.mode == AllocatorMode::caching_expandable;
-  if (!refs) return fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},\"scenario\":{}}}\n", id, view.dump(), scenario_to_json(r, -1));
-  ojson doc = scenario_to_ordered_json(r);
-  ojson& models = doc["models"];
-  for (std::size_t i = 0; i < s.models.size(); ++i) {
-    ojson& m = models[i];
-    if ((*sent)[i]) {
-      for (const char* k : {"kind", "family", "memory_usage_factor", "arch", "modules"}) m.erase(k);
-    }
-    m["spec_ref"] = (*refs)[i];
-  }
   std::string out = fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},", id, view.dump());
   if (!forget.empty()) out += fmt::format("\"forget\":{},", ojson(forget).dump());
-  return out + fmt::format("\"scenario\":{}}}\n", doc.dump());
+  out += "\"scenario\":";
+  out += refs ? scenario_json_compact(r,
+                                      [&](std::string& text, std::size_t i) {
+                                        append_model_json(text, r.models[i], ModelTextOptions{(*refs)[i], (*sent)[i] != 0});
+                                      })
+              : scenario_json_compact(r);
+  out += "}\n";
+  return out;
 }
 
 }  // namespace
