@@ -690,8 +690,15 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       tensor.dtype = parse_dtype_field(x.at("dtype"));
       // One tensor too large for 64 bits is its shape's fault; a model whose total overflows is
       // the fault of the tensor that takes it over.
-      const std::uint64_t numel = tensor_numel(tensor.shape, sj.path());
-      const Bytes bytes = tensor_bytes(tensor.dtype, tensor.shape, sj.path());
+      // Checked without a path (an overflow is rare; building the path for every tensor is not).
+      std::uint64_t numel = 0;
+      Bytes bytes = 0;
+      try {
+        numel = tensor_numel(tensor.shape, "");
+        bytes = tensor_bytes(tensor.dtype, tensor.shape, "");
+      } catch (const InputError& e) {
+        throw InputError(sj.path(), e.what());
+      }
       if (__builtin_add_overflow(model_bytes, bytes, &model_bytes) || __builtin_add_overflow(model_numel, numel, &model_numel)) {
         x.fail(fmt::format("the model's total size overflows 64 bits with this tensor ({} bytes)", bytes));
       }

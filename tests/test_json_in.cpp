@@ -3,6 +3,8 @@
 // path is built only for the message, and messages never carry a whole value.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -101,6 +103,36 @@ TEST(JsonIn, DuplicateKeyThrownByTheLowLevelParserToo) {
     FAIL() << "deep line accepted";
   } catch (const JsonTooDeep& e) {
     EXPECT_EQ(e.byte(), 6u + 64u);
+  }
+}
+
+// Paths are built when asked for, from links the values share: a value read through temporaries
+// keeps its path after they are gone, and every form of step renders as before.
+TEST(JsonIn, APathIsBuiltWhenAskedAndOutlivesTheValuesAboveIt) {
+  const nlohmann::json doc = parse_json_unique(R"({"models": [{"modules": [{"tensors": [{"shape": [3, -4]}]}]}], "": {"x": 1}})");
+  const JsonIn shape = JsonIn(doc, "scenario").at("models").at(0).at("modules").at(std::size_t{0}).at("tensors").at(0).at("shape");
+  EXPECT_EQ(shape.path(), "scenario.models[0].modules[0].tensors[0].shape");
+  const JsonIn second = shape.at(1);  // its parent's link, made once, shared
+  EXPECT_EQ(second.path(), "scenario.models[0].modules[0].tensors[0].shape[1]");
+  try {
+    (void)second.u64();
+    FAIL() << "a negative integer was read as a size";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.models[0].modules[0].tensors[0].shape[1]");
+  }
+  // From an unnamed root, the first key has no dot.
+  const JsonIn root(doc, "");
+  EXPECT_EQ(root.at("models").path(), "models");
+  EXPECT_EQ(root.at("models").at(0).path(), "models[0]");
+  const std::optional<JsonIn> x = root.at("").opt("x");
+  ASSERT_TRUE(x);
+  EXPECT_EQ(x->raw(), 1);
+  // A missing key is named with the path above it.
+  try {
+    (void)root.at("models").at(0).at("id");
+    FAIL() << "a missing key was read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "models[0].id");
   }
 }
 

@@ -19,7 +19,13 @@
 
 namespace vf {
 
-void JsonIn::fail(const std::string& message) const { throw InputError(path_, message); }
+JsonIn::JsonIn(const nlohmann::json& j, std::string path) : j_(&j) {
+  auto root = std::make_shared<Link>();
+  root->root = std::move(path);
+  self_ = std::move(root);
+}
+
+void JsonIn::fail(const std::string& message) const { throw InputError(path(), message); }
 
 std::string JsonIn::type_name() const {
   if (j_->is_null()) return "null";
@@ -45,8 +51,46 @@ std::string path_key(std::string_view key) {
 
 }  // namespace
 
+const std::shared_ptr<const JsonIn::Link>& JsonIn::link() const {
+  if (!self_) {
+    auto l = std::make_shared<Link>();
+    l->up = up_;
+    l->key = key_;
+    l->index = index_;
+    l->is_index = is_index_;
+    self_ = std::move(l);
+  }
+  return self_;
+}
+
+void JsonIn::render(const Link* l, std::string& out) {
+  if (!l->up) {
+    out += l->root;
+    return;
+  }
+  render(l->up.get(), out);
+  if (l->is_index) {
+    out += fmt::format("[{}]", l->index);
+  } else {
+    if (!out.empty()) out += '.';
+    out += path_key(l->key);
+  }
+}
+
+std::string JsonIn::path() const {
+  std::string out;
+  if (self_) {
+    render(self_.get(), out);
+    return out;
+  }
+  const Link step{up_, {}, key_, index_, is_index_};
+  render(&step, out);
+  return out;
+}
+
 std::string JsonIn::child(std::string_view key) const {
-  return path_.empty() ? path_key(key) : fmt::format("{}.{}", path_, path_key(key));
+  std::string p = path();
+  return p.empty() ? path_key(key) : fmt::format("{}.{}", p, path_key(key));
 }
 
 void JsonIn::expect_object(std::initializer_list<std::string_view> allowed_keys) const {
@@ -68,7 +112,7 @@ JsonIn JsonIn::at(std::string_view key) const {
   if (!j_->is_object()) fail("expected an object, got " + type_name());
   auto it = j_->find(key);
   if (it == j_->end()) throw InputError(child(key), "required field is missing");
-  return JsonIn(*it, child(key));
+  return JsonIn(*it, link(), it.key(), 0, false);
 }
 
 std::optional<JsonIn> JsonIn::opt(std::string_view key) const {
@@ -78,7 +122,7 @@ std::optional<JsonIn> JsonIn::opt(std::string_view key) const {
   // null is not "the default": a generated file with `"allocator": null` would otherwise run as
   // raw without a word. No field of our formats gives null a meaning on input.
   if (it->is_null()) throw InputError(child(key), "null is not allowed (leave the field out for its default)");
-  return JsonIn(*it, child(key));
+  return JsonIn(*it, link(), it.key(), 0, false);
 }
 
 void JsonIn::expect_array() const {
@@ -92,7 +136,7 @@ std::size_t JsonIn::size() const {
 
 JsonIn JsonIn::at(std::size_t i) const {
   expect_array();
-  return JsonIn((*j_)[i], fmt::format("{}[{}]", path_, i));
+  return JsonIn((*j_)[i], link(), {}, i, true);
 }
 
 std::string JsonIn::str() const {
@@ -148,7 +192,7 @@ double JsonIn::number_in(double lo, double hi) const {
 }
 
 Bytes JsonIn::bytes() const {
-  if (j_->is_string()) return parse_size(j_->get<std::string>(), path_);
+  if (j_->is_string()) return parse_size(j_->get<std::string>(), path());
   if (j_->is_number()) return u64();
   fail("expected a size (bytes, or a string like \"24GiB\"), got " + type_name());
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -17,12 +18,15 @@
 
 namespace vf {
 
+// A value's path is built only when something asks for it (an error, path()): a reader walks
+// millions of values and names almost none. Each value holds its parent's link and its own step
+// (a key of the document, or an index); a link is made, once, for a value that has children.
 class JsonIn {
  public:
-  JsonIn(const nlohmann::json& j, std::string path) : j_(&j), path_(std::move(path)) {}
+  JsonIn(const nlohmann::json& j, std::string path);
 
   const nlohmann::json& raw() const { return *j_; }
-  const std::string& path() const { return path_; }
+  std::string path() const;
 
   // Objects.
   void expect_object(std::initializer_list<std::string_view> allowed_keys) const;
@@ -52,10 +56,28 @@ class JsonIn {
   [[noreturn]] void fail(const std::string& message) const;
 
  private:
+  // One step of a path, shared by every value below it: the root's given path, or a key (a
+  // string of the document, which outlives every JsonIn over it) or an index under `up`.
+  struct Link {
+    std::shared_ptr<const Link> up;
+    std::string root;
+    std::string_view key;
+    std::size_t index = 0;
+    bool is_index = false;
+  };
+  JsonIn(const nlohmann::json& j, std::shared_ptr<const Link> up, std::string_view key, std::size_t index, bool is_index)
+      : j_(&j), up_(std::move(up)), key_(key), index_(index), is_index_(is_index) {}
+  // This value's link, made on first use and kept (a JsonIn is not shared between threads).
+  const std::shared_ptr<const Link>& link() const;
+  static void render(const Link* l, std::string& out);
   std::string type_name() const;
   std::string child(std::string_view key) const;
   const nlohmann::json* j_;
-  std::string path_;
+  std::shared_ptr<const Link> up_;  // null for the root (its path is in self_)
+  std::string_view key_;
+  std::size_t index_ = 0;
+  bool is_index_ = false;
+  mutable std::shared_ptr<const Link> self_;
 };
 
 // A key given twice in one JSON object. nlohmann keeps the last value silently; every reader of
