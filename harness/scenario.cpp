@@ -1569,15 +1569,21 @@ nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
 
 void append_model_json(std::string& out, const ModelRef& m, const ModelTextOptions& o) {
   if (m.source != "inline") {
-    nlohmann::json j = model_json(m);
-    if (o.spec_ref) j["spec_ref"] = *o.spec_ref;
-    out += j.dump();
+    // No spec to hold or leave out: a catalog or file model names its source.
+    std::string text = model_json(m).dump();
+    if (o.spec_ref) {
+      text.pop_back();  // spec_ref last, as for an inline model
+      text += ",\"spec_ref\":";
+      append_uint(text, *o.spec_ref);
+      text += '}';
+    }
+    out += text;
     return;
   }
   // The document without its modules (a few fields), written by nlohmann, with the modules
   // written here in their place: "modules" is written as null and its text replaced. The first
   // `,"modules":null` is that key's: inside a string nlohmann writes a quote as \", so no string
-  // holds that sequence, and only "id" (a string) comes before it.
+  // holds that sequence; the keys before it ("arch" first, so the comma is there) are fixed names.
   nlohmann::json j = model_json(m, /*modules=*/false);
   if (o.spec_held) {
     for (const char* k : {"kind", "family", "memory_usage_factor", "arch"}) j.erase(k);
