@@ -1568,28 +1568,17 @@ nlohmann::ordered_json scenario_to_ordered_json(const Scenario& s) {
 }
 
 void append_model_json(std::string& out, const ModelRef& m, const ModelTextOptions& o) {
-  if (m.source != "inline") {
-    // No spec to hold or leave out: a catalog or file model names its source.
-    std::string text = model_json(m).dump();
-    if (o.spec_ref) {
-      text.pop_back();  // spec_ref last, as for an inline model
-      text += ",\"spec_ref\":";
-      append_uint(text, *o.spec_ref);
-      text += '}';
-    }
-    out += text;
-    return;
-  }
-  // The document without its modules (a few fields), written by nlohmann, with the modules
-  // written here in their place: "modules" is written as null and its text replaced. The first
-  // `,"modules":null` is that key's: inside a string nlohmann writes a quote as \", so no string
-  // holds that sequence; the keys before it ("arch" first, so the comma is there) are fixed names.
+  // The document without its modules (a few fields), written by nlohmann, with an inline spec's
+  // modules written here in their place: "modules" is written as null and its text replaced. The
+  // first `,"modules":null` is that key's: inside a string nlohmann writes a quote as \", so no
+  // string holds that sequence; the keys before it ("arch" first, so the comma is there) are
+  // fixed names. A catalog or file model has no spec to write or leave out.
+  const bool writes_modules = m.source == "inline" && !o.spec_held;
   nlohmann::json j = model_json(m, /*modules=*/false);
-  if (o.spec_held) {
+  if (m.source == "inline" && o.spec_held) {
     for (const char* k : {"kind", "family", "memory_usage_factor", "arch"}) j.erase(k);
-  } else {
-    j["modules"] = nullptr;
   }
+  if (writes_modules) j["modules"] = nullptr;
   std::string text = j.dump();
   if (o.spec_ref) {
     text.pop_back();  // the closing brace: spec_ref goes last, as the protocol's writer put it
@@ -1597,7 +1586,7 @@ void append_model_json(std::string& out, const ModelRef& m, const ModelTextOptio
     append_uint(text, *o.spec_ref);
     text += '}';
   }
-  if (o.spec_held) {
+  if (!writes_modules) {
     out += text;
     return;
   }
