@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -134,6 +135,130 @@ TEST(JsonIn, APathIsBuiltWhenAskedAndOutlivesTheValuesAboveIt) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.path(), "models[0].id");
   }
+}
+
+// ---- the fast path ------------------------------------------------------------------------------
+
+// Equal documents, type for type (nlohmann's == calls 0 and 0u and 0.0 equal).
+bool same_json(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.type() != b.type()) return false;
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (auto x = a.begin(), y = b.begin(); x != a.end(); ++x, ++y) {
+      if (x.key() != y.key() || !same_json(*x, *y)) return false;
+    }
+    return true;
+  }
+  if (a.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      if (!same_json(a[k], b[k])) return false;
+    }
+    return true;
+  }
+  return a == b;
+}
+
+// Whether the fast path took `text`; where it did, its document must be nlohmann's.
+bool fast_agrees(std::string_view text, bool& taken) {
+  const std::optional<nlohmann::json> fast = parse_json_fast(text);
+  taken = fast.has_value();
+  if (!fast) return true;
+  nlohmann::json reference;
+  try {
+    reference = nlohmann::json::parse(text);
+  } catch (const std::exception&) {
+    return false;  // it took what nlohmann refuses
+  }
+  return same_json(*fast, reference);
+}
+
+TEST(JsonIn, TheFastPathTakesTheEdgesOfJsonAsNlohmannDoesOrLeavesThem) {
+  struct Case {
+    const char* text;
+    bool taken;
+  };
+  const Case cases[] = {
+      {"0", true}, {"-0", true}, {"-0.0", true}, {"1e5", true}, {"1E+5", true}, {"2.5e-3", true}, {"0e0", true},
+      {"18446744073709551615", true}, {"-9223372036854775808", true}, {"9223372036854775808", true},
+      {"18446744073709551616", false}, {"-9223372036854775809", false}, {"1e400", false}, {"1e-400", false},
+      {"01", false}, {"1.", false}, {".5", false}, {"-", false}, {"+1", false}, {"1e", false}, {"0x10", false},
+      {R"("a\"b\\c\/d\b\f\n\r\t")", true}, {R"("\u0041")", false}, {"\"caf\xc3\xa9\"", false}, {"\"a\tb\"", false},
+      {"\"\x7f\"", true}, {R"("\x")", false}, {"\"open", false},
+      {" {\"a\" : [1, 2.5, true, false, null, {}, []] }\r\n", true}, {R"({"a":1,"a":2})", false}, {R"({"a":1,})", false},
+      {"[1,]", false}, {"[1 2]", false}, {"{\"a\"}", false}, {"", false}, {"   ", false}, {"[] []", false},
+      {"\xef\xbb\xbf{}", false}, {"tru", false}, {"nulll", false}};
+  for (const Case& c : cases) {
+    bool taken = false;
+    EXPECT_TRUE(fast_agrees(c.text, taken)) << c.text;
+    EXPECT_EQ(taken, c.taken) << c.text;
+  }
+  bool nul = false;
+  EXPECT_TRUE(fast_agrees(std::string_view("[1]\0", 4), nul));
+  EXPECT_FALSE(nul);
+  // Nesting: up to kMaxJsonDepth levels, not one more (parse_json_unique's error names its bracket).
+  bool taken = false;
+  EXPECT_TRUE(fast_agrees(nested(kMaxJsonDepth), taken));
+  EXPECT_TRUE(taken);
+  EXPECT_TRUE(fast_agrees(nested(kMaxJsonDepth + 1), taken));
+  EXPECT_FALSE(taken);
+  EXPECT_EQ(parse_json_unique(R"({"n":-0,"u":7})")["n"].type(), nlohmann::json::value_t::number_integer);
+  EXPECT_EQ(parse_json_unique(R"({"n":-0,"u":7})")["u"].type(), nlohmann::json::value_t::number_unsigned);
+}
+
+// Every JSON file of the project (scenarios, repros, corpus entries, reports) is taken by the fast
+// path with nlohmann's document, and so is every mutation of one that the fast path takes at all:
+// whatever it is unsure of it leaves to nlohmann, whose errors are the ones users see.
+TEST(JsonIn, TheFastPathsDocumentIsNlohmannsOnTheProjectsFilesAndTheirMutations) {
+  std::vector<std::filesystem::path> files;
+  for (const char* dir : {"fuzz/corpus", "tests/data", "examples", "adapters", "reports", "docs"}) {
+    const std::filesystem::path root = std::filesystem::path(VF_SOURCE_DIR) / dir;
+    if (!std::filesystem::exists(root)) continue;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      if (e.is_regular_file() && e.path().extension() == ".json" && e.file_size() < (4u << 20)) files.push_back(e.path());
+    }
+  }
+  ASSERT_GT(files.size(), 20u);
+  std::uint64_t rng = 0x5eed;
+  const auto next = [&rng] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return rng >> 33;
+  };
+  const std::string specials = "\"{}[],:\\-+.0123456789eE \nut\x01\x80";
+  std::size_t base_taken = 0, mutated_taken = 0, mutations = 0;
+  for (const auto& f : files) {
+    const std::string text = read_text_file(f.string());
+    bool taken = false;
+    ASSERT_TRUE(fast_agrees(text, taken)) << f;
+    const bool plain = text.find("\\u") == std::string::npos &&
+                       std::none_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
+    bool valid = true;
+    try {
+      (void)parse_json_text(text, f.string());
+    } catch (const InputError&) {
+      valid = false;  // a corpus entry that is bad input on purpose
+    }
+    if (plain && valid) {
+      EXPECT_TRUE(taken) << f << ": the fast path left a plain valid document to nlohmann";
+    }
+    base_taken += taken ? 1 : 0;
+    for (int m = 0; m < 60 && !text.empty(); ++m) {
+      std::string t = text;
+      const std::size_t at = next() % t.size();
+      switch (next() % 4) {
+        case 0: t[at] = specials[next() % specials.size()]; break;
+        case 1: t.erase(at, 1 + next() % 8); break;
+        case 2: t.insert(at, 1, specials[next() % specials.size()]); break;
+        default: t.resize(at); break;
+      }
+      ++mutations;
+      ASSERT_TRUE(fast_agrees(t, taken)) << f << " mutation " << m << " at byte " << at;
+      mutated_taken += taken ? 1 : 0;
+    }
+  }
+  EXPECT_GT(base_taken, files.size() / 2);
+  EXPECT_GT(mutated_taken, 0u);
+  EXPECT_LT(mutated_taken, mutations);
 }
 
 TEST(JsonIn, LongKeysAreCutInPaths) {

@@ -1,5 +1,6 @@
 #include "harness/core/json_in.h"
 
+#include <charconv>
 #include <cmath>
 #include <cerrno>
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -361,7 +363,200 @@ class UniqueDomBuilder {
 
 }  // namespace
 
+namespace {
+
+// The common case of parse_json_unique, about four times faster than nlohmann's lexer: a strict
+// recursive descent straight into the document. It takes only what it is sure of and gives up
+// (nullopt) on everything else: any syntax error, a duplicate key, nesting past kMaxJsonDepth, a
+// number outside int64/uint64/finite double, a string with a byte >= 0x80 or a \u escape, a
+// byte-order mark. parse_json_unique then parses the same text with nlohmann, whose document
+// and errors (with their byte offsets) are the reference: the fast path never words an error.
+class FastJson {
+ public:
+  explicit FastJson(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  std::optional<nlohmann::json> document() {
+    nlohmann::json root;
+    skip_space();
+    if (!value(root, 0)) return std::nullopt;
+    skip_space();
+    if (p_ != end_) return std::nullopt;
+    return root;
+  }
+
+ private:
+  using json = nlohmann::json;
+
+  void skip_space() {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+
+  bool literal(std::string_view word) {
+    if (static_cast<std::size_t>(end_ - p_) < word.size() || std::memcmp(p_, word.data(), word.size()) != 0) return false;
+    p_ += word.size();
+    return true;
+  }
+
+  bool value(json& out, int depth) {
+    if (p_ == end_) return false;
+    switch (*p_) {
+      case '{': return object(out, depth + 1);
+      case '[': return array(out, depth + 1);
+      case '"': {
+        std::string s;
+        if (!string(s)) return false;
+        out = std::move(s);
+        return true;
+      }
+      case 't': out = true; return literal("true");
+      case 'f': out = false; return literal("false");
+      case 'n': out = nullptr; return literal("null");
+      default: return number(out);
+    }
+  }
+
+  bool object(json& out, int depth) {
+    if (depth > kMaxJsonDepth) return false;
+    ++p_;  // {
+    out = json::object();
+    auto& members = out.get_ref<json::object_t&>();
+    skip_space();
+    if (p_ != end_ && *p_ == '}') {
+      ++p_;
+      return true;
+    }
+    for (;;) {
+      skip_space();
+      if (p_ == end_ || *p_ != '"') return false;
+      std::string key;
+      if (!string(key)) return false;
+      skip_space();
+      if (p_ == end_ || *p_ != ':') return false;
+      ++p_;
+      skip_space();
+      const auto [it, inserted] = members.emplace(std::move(key), nullptr);
+      if (!inserted || !value(it->second, depth)) return false;
+      skip_space();
+      if (p_ == end_) return false;
+      if (*p_ == '}') {
+        ++p_;
+        return true;
+      }
+      if (*p_++ != ',') return false;
+    }
+  }
+
+  bool array(json& out, int depth) {
+    if (depth > kMaxJsonDepth) return false;
+    ++p_;  // [
+    out = json::array();
+    auto& elements = out.get_ref<json::array_t&>();
+    skip_space();
+    if (p_ != end_ && *p_ == ']') {
+      ++p_;
+      return true;
+    }
+    for (;;) {
+      skip_space();
+      if (!value(elements.emplace_back(), depth)) return false;
+      skip_space();
+      if (p_ == end_) return false;
+      if (*p_ == ']') {
+        ++p_;
+        return true;
+      }
+      if (*p_++ != ',') return false;
+    }
+  }
+
+  // At the opening quote. Printable ASCII and the two-character escapes only.
+  bool string(std::string& out) {
+    ++p_;
+    const char* run = p_;
+    for (;;) {
+      while (p_ != end_) {
+        const auto c = static_cast<unsigned char>(*p_);
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x80) break;
+        ++p_;
+      }
+      if (p_ == end_) return false;
+      out.append(run, static_cast<std::size_t>(p_ - run));
+      const char c = *p_++;
+      if (c == '"') return true;
+      if (c != '\\' || p_ == end_) return false;  // a control byte, a byte >= 0x80
+      switch (*p_++) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        default: return false;  // \u (surrogates, UTF-8) and anything invalid: nlohmann's
+      }
+      run = p_;
+    }
+  }
+
+  // JSON's grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?. An integer is an unsigned or
+  // (negative) signed one where it fits, as nlohmann makes it; every other number a double.
+  bool number(json& out) {
+    const char* start = p_;
+    const bool negative = p_ != end_ && *p_ == '-';
+    if (negative) ++p_;
+    const auto digit = [this] { return p_ != end_ && *p_ >= '0' && *p_ <= '9'; };
+    if (!digit()) return false;
+    if (*p_ == '0') {
+      ++p_;
+    } else {
+      while (digit()) ++p_;
+    }
+    bool integral = true;
+    if (p_ != end_ && *p_ == '.') {
+      integral = false;
+      ++p_;
+      if (!digit()) return false;
+      while (digit()) ++p_;
+    }
+    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
+      integral = false;
+      ++p_;
+      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+      if (!digit()) return false;
+      while (digit()) ++p_;
+    }
+    if (integral) {
+      if (negative) {
+        std::int64_t v = 0;
+        const auto r = std::from_chars(start, p_, v);
+        if (r.ec != std::errc() || r.ptr != p_) return false;  // beyond int64: nlohmann makes it a double
+        out = v;
+      } else {
+        std::uint64_t v = 0;
+        const auto r = std::from_chars(start, p_, v);
+        if (r.ec != std::errc() || r.ptr != p_) return false;
+        out = v;
+      }
+      return true;
+    }
+    double v = 0;
+    const auto r = std::from_chars(start, p_, v);
+    if (r.ec != std::errc() || r.ptr != p_ || !std::isfinite(v)) return false;  // underflow, overflow: nlohmann's
+    out = v;
+    return true;
+  }
+
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace
+
+std::optional<nlohmann::json> parse_json_fast(std::string_view text) { return FastJson(text).document(); }
+
 nlohmann::json parse_json_unique(std::string_view text) {
+  if (std::optional<nlohmann::json> fast = parse_json_fast(text)) return std::move(*fast);
   nlohmann::json root;
   UniqueDomBuilder builder(root, text);
   nlohmann::json::sax_parse(text.begin(), text.end(), &builder);

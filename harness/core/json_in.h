@@ -125,6 +125,10 @@ std::string json_excerpt(const nlohmann::json& value);
 // JSONL trace); the others use parse_json_text. Time and memory are linear in the text: a key's
 // path is built only when an error names it.
 nlohmann::json parse_json_unique(std::string_view text);
+// parse_json_unique's fast path, for its tests: the same document where it is sure of the text,
+// nullopt where nlohmann must parse it (any error, a \u escape, a byte >= 0x80 in a string, a
+// number at the edge of its type: json_in.cpp FastJson).
+std::optional<nlohmann::json> parse_json_fast(std::string_view text);
 // Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ..."), a
 // duplicate key InputError(path of the key, "key given twice in one object ..."), too deep a
 // nesting InputError(origin, "... nested deeper than 64 levels at byte N (at PATH)").
