@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -156,10 +157,10 @@ void judge_knee(const Scenario& s, CaseResult& r, Backend& backend) {
 
 }  // namespace
 
-CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace) {
+CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace, SentAhead* ahead) {
   CaseResult r;
   try {
-    r.plan = predict(s);
+    r.plan = ahead && ahead->sent() ? predict_external(s, ahead) : predict(s);
   } catch (const PredictorError& e) {
     // An external predictor gave no plan: the case's error (a campaign goes on, the predictor is
     // restarted), or the end of the campaign once it has been given up.
@@ -374,6 +375,44 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   const std::uint64_t stride = std::max<std::uint32_t>(1, cfg.shard_count);
+  // Case i, generated before it runs. Generation depends on the seed alone, never on a result, so
+  // the next cases (and their class G pairs, which run only if their case passes) are generated
+  // and their requests sent to an external predictor before case i is lowered and executed: the
+  // predictor plans the next cases while this one executes. A request not needed after all (the pair of a case that
+  // failed, a case past the time budget) is abandoned. Built-in predictors send nothing.
+  struct Generated {
+    std::uint64_t index = 0;
+    std::uint64_t seed = 0;
+    std::optional<PrngChoices> choices;
+    Scenario s;
+    SentAhead request;
+    std::optional<Scenario> pair;  // s a step smaller, where i is a pair's index and s can shrink
+    SentAhead pair_request;
+  };
+  const auto generate = [&](std::uint64_t i) {
+    auto g = std::make_unique<Generated>();
+    g->index = i;
+    g->seed = case_seed(cfg.seed, i);
+    g->s = generate_scenario(g->choices.emplace(g->seed), cfg.gen, catalog);
+    if (cfg.knee_every != 0 && i % cfg.knee_every == 0) {
+      if (const std::optional<Workload> smaller = knee_smaller(g->s.workload, g->seed)) {
+        g->pair = g->s;
+        g->pair->knee_of = g->s.workload;
+        g->pair->workload = *smaller;
+      }
+    }
+    return g;
+  };
+  const auto send_ahead = [](Generated& g) {
+    if (g.s.policy.predictor != PredictorKind::external) return;
+    if (!g.request.sent()) g.request = send_external_ahead(g.s);
+    if (g.pair && !g.pair_request.sent()) g.pair_request = send_external_ahead(*g.pair);
+  };
+  // How many cases ahead of the one executing are generated and sent: enough that neither side
+  // waits on the other's slower cases. Only for a campaign with an external predictor.
+  const std::size_t ahead = cfg.gen.policy && cfg.gen.policy->find("exec:") != std::string::npos ? 4 : 0;
+  std::deque<std::unique_ptr<Generated>> queued;  // generated, not yet run: cases next_index - k*stride
+  std::uint64_t next_index = cfg.shard_index;     // the next case to generate
   for (std::uint64_t i = cfg.shard_index;; i += stride) {
     if (cfg.cases != 0 && i >= cfg.cases) break;
     if (cfg.seconds > 0 && elapsed() >= cfg.seconds) break;
@@ -382,10 +421,18 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       out.stopped = true;
       break;
     }
-    const std::uint64_t seed = case_seed(cfg.seed, i);
-    PrngChoices choices(seed);
-    const Scenario s = generate_scenario(choices, cfg.gen, catalog);
-    CaseResult r = run_case(s, backend, false);
+    while (queued.size() <= ahead && (cfg.cases == 0 || next_index < cfg.cases)) {
+      queued.push_back(generate(next_index));
+      send_ahead(*queued.back());
+      next_index += stride;
+    }
+    const std::unique_ptr<Generated> current = std::move(queued.front());
+    queued.pop_front();
+    send_ahead(*current);  // not sent yet if the predictor was down (restarted at the claim)
+    const std::uint64_t seed = current->seed;
+    PrngChoices& choices = *current->choices;
+    const Scenario& s = current->s;
+    CaseResult r = run_case(s, backend, false, &current->request);
     ++out.cases;
     if (out.environment.empty()) out.environment = r.exec.environment;
     for (const std::string& w : r.exec.warnings) spdlog::warn("case {} (seed {}): {}", i, seed, w);
@@ -484,14 +531,11 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     // shards pair the same cases as the whole campaign); that one failing is a knee finding.
     if (!passed || cfg.knee_every == 0 || i % cfg.knee_every != 0 || (cfg.should_stop && cfg.should_stop())) continue;
     if (cfg.seconds > 0 && elapsed() >= cfg.seconds) continue;
-    const std::optional<Workload> smaller = knee_smaller(s.workload, seed);
-    if (!smaller) continue;
-    Scenario pair = s;
-    pair.knee_of = s.workload;
-    pair.workload = *smaller;
+    if (!current->pair) continue;
+    const Scenario& pair = *current->pair;
     ++out.knee_pairs;
     ++cell.knee_pairs;
-    CaseResult pr = run_case(pair, backend, false);
+    CaseResult pr = run_case(pair, backend, false, &current->pair_request);
     if (pr.verdict.kind == VerdictKind::error) {
       // The pair's own error (or its larger half's) is counted like a case's.
       ++out.errors;

@@ -30,9 +30,12 @@ struct CaseResult {
 struct ShrinkResult;  // harness/shrink.h
 struct CampaignResult;
 
+class SentAhead;  // harness/predictors/external.h
+
 // Runs one scenario on `backend`. Never throws for a case that could be built: backend faults
-// become an `error` verdict.
-CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace);
+// become an `error` verdict. `ahead`: s's request, sent to its external predictor before (the
+// campaign's pipelining); its reply is the plan.
+CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace, SentAhead* ahead = nullptr);
 
 // A workload for people: "1024x768", "512x512 batch 4", "832x480 33 frames".
 std::string workload_label(const Workload& w);

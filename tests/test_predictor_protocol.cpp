@@ -535,6 +535,76 @@ TEST_F(ExternalPredictor, AnOverrideThePredictorDoesNotApplyIsRefusedNotSent) {
   EXPECT_NE(run_case(s, *backend_, false).verdict.kind, VerdictKind::error);
 }
 
+// Pipelining: the predictor answers request k only once request k+1 has arrived (else an error
+// reply after 0.3 s), so a campaign that waited for each reply before sending the next request
+// would get an error on every case. The last case has no next one: its error is the only one.
+TEST_F(ExternalPredictor, ACampaignSendsTheNextCasesRequestBeforeItWaitsForThisOnes) {
+  for (const std::uint32_t knee_every : {0u, 1u}) {
+    SCOPED_TRACE(knee_every);
+    Catalog catalog;
+    CampaignConfig cfg;
+    cfg.seed = 3;
+    cfg.cases = 8;
+    cfg.knee_every = knee_every;  // 1: every passing case's pair, sent ahead with it
+    cfg.shrink = false;
+    cfg.gen.policy = parse_policy_list(faulty("needs-ahead"), "--policy");
+    const CampaignResult r = run_campaign(cfg, catalog, *backend_);
+    EXPECT_EQ(r.cases, 8u);
+    if (knee_every == 0) {
+      EXPECT_EQ(r.errors, 1u) << "the campaign waited for a reply before sending the next request";
+    } else {
+      // The last request is the last case's pair, answered (with the error) only if that case
+      // passed; a pair whose smaller half failed would re-run its larger half unannounced (none
+      // of these eight does).
+      EXPECT_GT(r.knee_pairs, 3u);
+      EXPECT_LE(r.errors, 1u) << "the campaign waited for a reply before sending the next request";
+    }
+  }
+}
+
+TEST_F(ExternalPredictor, RequestsSentAheadAreClaimedInAnyOrderAndAnAbandonedOneIsDropped) {
+  const Scenario s1 = case_under(faulty("ok"), 5), s2 = case_under(faulty("ok"), 6), s3 = case_under(faulty("ok"), 7);
+  const std::string want1 = plan_json(s1, predict(s1)).dump(), want3 = plan_json(s3, predict(s3)).dump();
+  SentAhead a1 = send_external_ahead(s1), a2 = send_external_ahead(s2), a3 = send_external_ahead(s3);
+  ASSERT_TRUE(a1.sent() && a2.sent() && a3.sent());
+  EXPECT_EQ(plan_json(s3, predict_external(s3, &a3)).dump(), want3);  // the replies to 1 and 2 are kept meanwhile
+  EXPECT_FALSE(a3.sent());                                            // claimed
+  a2.abandon();
+  EXPECT_FALSE(a2.sent());
+  EXPECT_EQ(plan_json(s1, predict_external(s1, &a1)).dump(), want1);
+  // A request not sent (or abandoned) is sent at its claim; the dropped reply is not taken for it.
+  EXPECT_EQ(plan_json(s2, predict_external(s2, &a2)).dump(), plan_json(s2, predict(s2)).dump());
+  // A built-in case sends nothing ahead.
+  Catalog catalog;
+  EXPECT_FALSE(send_external_ahead(generated(5, catalog, "comfy:dec2025")).sent());
+}
+
+TEST_F(ExternalPredictor, ARequestLostWithACrashedProcessIsSentAgainToTheNextOne) {
+  const std::filesystem::path state = std::filesystem::temp_directory_path() / fmt::format("vf-ahead-crash-once-{}", ::getpid());
+  std::filesystem::remove(state);
+  const Scenario s1 = case_under(faulty("crash-once", state.string()), 5), s2 = case_under(faulty("crash-once", state.string()), 6);
+  SentAhead a1 = send_external_ahead(s1), a2 = send_external_ahead(s2);
+  ASSERT_TRUE(a1.sent() && a2.sent());
+  const CaseResult r1 = run_case(s1, *backend_, false, &a1);
+  EXPECT_EQ(r1.verdict.kind, VerdictKind::error);
+  EXPECT_NE(r1.verdict.message.find("exited with status 3"), std::string::npos) << r1.verdict.message;
+  // a2 went to the process that crashed: the restarted one gets it anew, and answers.
+  const CaseResult r2 = run_case(s2, *backend_, false, &a2);
+  EXPECT_NE(r2.verdict.kind, VerdictKind::error) << r2.verdict.message;
+  std::filesystem::remove(state);
+}
+
+TEST_F(ExternalPredictor, ATimeoutBehindAnUnansweredEarlierRequestSaysSo) {
+  // Its own process (the other timeout test's is killed, and nothing is sent ahead to a stopped one).
+  const Scenario s1 = case_under(faulty("timeout", "ahead"), 5), s2 = case_under(faulty("timeout", "ahead"), 6);
+  SentAhead a1 = send_external_ahead(s1), a2 = send_external_ahead(s2);
+  ASSERT_TRUE(a1.sent() && a2.sent());
+  const Verdict v = run_case(s2, *backend_, false, &a2).verdict;
+  EXPECT_EQ(v.kind, VerdictKind::error);
+  EXPECT_NE(v.message.find("no reply within 0.5 s (--predictor-timeout); it had not answered request "), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find(" either, sent before it"), std::string::npos) << v.message;
+}
+
 TEST_F(ExternalPredictor, AWrongSchemaOrNoHelloCannotStart) {
   try {
     (void)parse_policy(faulty("schema"), "--policy");

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <thread>
@@ -27,6 +29,8 @@ ExternalSettings g_settings;
 
 // The longest line a predictor may write: a plan for a million-module model is tens of MB.
 constexpr std::size_t kMaxLineBytes = std::size_t{1} << 30;
+// What each pipe asks to hold (F_SETPIPE_SZ; Linux caps it at /proc/sys/fs/pipe-max-size).
+constexpr int kPipeBytes = 1 << 20;
 
 using Clock = std::chrono::steady_clock;
 
@@ -91,9 +95,13 @@ class Process {
     from_ = out[0];
     ::fcntl(to_, F_SETFL, ::fcntl(to_, F_GETFL) | O_NONBLOCK);
     ::fcntl(from_, F_SETFL, ::fcntl(from_, F_GETFL) | O_NONBLOCK);
-    buffer_.clear();
+    ++runs_;
+    // Room for a request or two to wait in the pipes while the other side is busy (best effort:
+    // the default 64 KiB stays where the system refuses).
+    ::fcntl(to_, F_SETPIPE_SZ, kPipeBytes);
+    ::fcntl(from_, F_SETPIPE_SZ, kPipeBytes);
     std::string line;
-    const std::string got = exchange("", line, g_settings.hello_timeout_s);
+    const std::string got = read_line(line, deadline_in(g_settings.hello_timeout_s), g_settings.hello_timeout_s, 0);
     if (!got.empty()) {
       kill_now();
       throw PredictorError(fmt::format("predictor `{}` said no hello: {}", shown(command_), got), true);
@@ -113,71 +121,64 @@ class Process {
     }
   }
 
-  // Writes `request` (may be empty) and reads one line into `line`, within `timeout_s`. Returns
-  // "" on success, else what went wrong (the process is then killed).
-  std::string exchange(const std::string& request, std::string& line, double timeout_s) {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-    std::size_t written = 0;
-    std::size_t scanned = 0;
-    char chunk[65536];
+  // Queues request `id` (one line, '\n'-terminated) and writes as much of it as the pipe takes now;
+  // the rest goes out while a reply is awaited. Requests are answered in the order sent.
+  void send(std::uint64_t id, const std::string& request) {
+    out_.append(request);
+    queued_ += request.size();
+    in_flight_.push_back(InFlight{id, queued_ - request.size(), queued_, false});
+    if (broken_.empty()) flush();
+  }
+
+  // Waits for the reply to request `id` (sent, not yet claimed) into `line`, within `timeout_s`,
+  // writing what is still queued meanwhile. The replies to requests sent before it are kept for
+  // their own claims (or dropped, if abandoned). "" on success, else what went wrong (the process
+  // is then killed, and every request in flight is lost).
+  std::string await(std::uint64_t id, std::string& line, double timeout_s) {
+    if (const auto it = replies_.find(id); it != replies_.end()) {
+      line = std::move(it->second);
+      replies_.erase(it);
+      return "";
+    }
+    const auto deadline = deadline_in(timeout_s);
     for (;;) {
-      if (const auto nl = buffer_.find('\n', scanned); nl != std::string::npos) {
-        line.assign(buffer_, 0, nl);
-        buffer_.erase(0, nl + 1);
-        if (written < request.size()) {
-          // A reply before the whole request was read: a protocol error on its own.
-          kill_now();
-          return fmt::format("replied before reading the whole request ({} of {} bytes)", written, request.size());
-        }
+      std::string got;
+      if (std::string err = read_line(got, deadline, timeout_s, id); !err.empty()) return err;
+      if (in_flight_.empty()) {
+        kill_now();
+        return fmt::format("wrote a line no request asked for: \"{}\"", shown(got));
+      }
+      const InFlight f = in_flight_.front();
+      if (written_ < f.end) {
+        // A reply before the whole request was read: a protocol error on its own.
+        kill_now();
+        return fmt::format("replied before reading the whole request ({} of {} bytes)", written_ - f.begin, f.end - f.begin);
+      }
+      in_flight_.pop_front();
+      if (f.id == id) {
+        line = std::move(got);
         return "";
       }
-      scanned = buffer_.size();
-      if (buffer_.size() > kMaxLineBytes) {
-        kill_now();
-        return fmt::format("wrote a line longer than {} MiB without a newline", kMaxLineBytes >> 20);
-      }
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        kill_now();
-        return fmt::format("no reply within {:g} s (--predictor-timeout)", timeout_s);
-      }
-      const int wait_ms = static_cast<int>(std::min<std::int64_t>(
-          1 + std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count(), 1000));
-      pollfd fds[2];
-      int n = 0;
-      fds[n++] = pollfd{from_, POLLIN, 0};
-      if (written < request.size()) fds[n++] = pollfd{to_, POLLOUT, 0};
-      const int r = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        kill_now();
-        return fmt::format("poll failed: {}", std::strerror(err));
-      }
-      if (n == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
-        const ssize_t w = ::write(to_, request.data() + written, request.size() - written);
-        if (w > 0) {
-          written += static_cast<std::size_t>(w);
-        } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
-          // EPIPE: it closed its stdin or exited; its status says which.
-          return died(fmt::format("stopped reading its stdin ({})", std::strerror(errno)));
-        }
-      }
-      if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
-        const ssize_t got = ::read(from_, chunk, sizeof chunk);
-        if (got > 0) {
-          buffer_.append(chunk, static_cast<std::size_t>(got));
-        } else if (got == 0) {
-          return died(buffer_.empty() ? "closed its stdout"
-                                      : fmt::format("closed its stdout after \"{}\" without a newline", shown(buffer_)));
-        } else if (errno != EAGAIN && errno != EINTR) {
-          const int err = errno;
-          kill_now();
-          return fmt::format("read failed: {}", std::strerror(err));
-        }
-      }
+      if (!f.abandoned) replies_[f.id] = std::move(got);
     }
   }
+
+  // Request `id` will not be claimed: its reply, kept or still to come, is dropped.
+  void abandon(std::uint64_t id) {
+    replies_.erase(id);
+    for (InFlight& f : in_flight_) {
+      if (f.id == id) f.abandoned = true;
+    }
+  }
+
+  // Whether request `id` of this process's current run has a reply kept or still to come.
+  bool pending(std::uint64_t id) const {
+    if (replies_.count(id)) return true;
+    return std::any_of(in_flight_.begin(), in_flight_.end(), [id](const InFlight& f) { return f.id == id && !f.abandoned; });
+  }
+
+  // Counts the process's starts: a request sent before a restart was lost with the process.
+  std::uint64_t run() const { return runs_; }
 
   // Kills the process group at once and reaps it.
   void kill_now() {
@@ -212,6 +213,98 @@ class Process {
   }
 
  private:
+  struct InFlight {
+    std::uint64_t id;
+    std::uint64_t begin, end;  // its bytes in the stream written to the process
+    bool abandoned;
+  };
+
+  static Clock::time_point deadline_in(double seconds) {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+  // Writes queued bytes until the pipe is full. A failed write (EPIPE: the process closed its
+  // stdin or exited) is kept in broken_ for the next read_line to report.
+  void flush() {
+    while (out_pos_ < out_.size()) {
+      const ssize_t w = ::write(to_, out_.data() + out_pos_, out_.size() - out_pos_);
+      if (w > 0) {
+        out_pos_ += static_cast<std::size_t>(w);
+        written_ += static_cast<std::uint64_t>(w);
+      } else if (w < 0 && errno == EINTR) {
+        continue;
+      } else {
+        if (w < 0 && errno != EAGAIN) broken_ = std::strerror(errno);
+        break;
+      }
+    }
+    if (out_pos_ == out_.size() || !broken_.empty()) {
+      out_.clear();
+      out_pos_ = 0;
+    } else if (out_pos_ > (std::size_t{1} << 20) && out_pos_ > out_.size() / 2) {
+      out_.erase(0, out_pos_);
+      out_pos_ = 0;
+    }
+  }
+
+  // Reads the process's next line into `line` by `deadline`, writing what is queued meanwhile.
+  // `awaited`: the request whose reply is wanted (0: the hello), for the messages. "" on success,
+  // else what went wrong (the process is then killed).
+  std::string read_line(std::string& line, Clock::time_point deadline, double timeout_s, std::uint64_t awaited) {
+    std::size_t scanned = 0;
+    char chunk[65536];
+    for (;;) {
+      if (const auto nl = buffer_.find('\n', scanned); nl != std::string::npos) {
+        line.assign(buffer_, 0, nl);
+        buffer_.erase(0, nl + 1);
+        return "";
+      }
+      scanned = buffer_.size();
+      if (buffer_.size() > kMaxLineBytes) {
+        kill_now();
+        return fmt::format("wrote a line longer than {} MiB without a newline", kMaxLineBytes >> 20);
+      }
+      // EPIPE: it closed its stdin or exited; its status says which.
+      if (!broken_.empty()) return died(fmt::format("stopped reading its stdin ({})", broken_));
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        std::string earlier;
+        if (!in_flight_.empty() && in_flight_.front().id != awaited) {
+          earlier = fmt::format("; it had not answered request {} either, sent before it", in_flight_.front().id);
+        }
+        kill_now();
+        return fmt::format("no reply within {:g} s (--predictor-timeout){}", timeout_s, earlier);
+      }
+      const int wait_ms = static_cast<int>(std::min<std::int64_t>(
+          1 + std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count(), 1000));
+      pollfd fds[2];
+      int n = 0;
+      fds[n++] = pollfd{from_, POLLIN, 0};
+      if (out_pos_ < out_.size()) fds[n++] = pollfd{to_, POLLOUT, 0};
+      const int r = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        kill_now();
+        return fmt::format("poll failed: {}", std::strerror(err));
+      }
+      if (n == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) flush();
+      if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+        const ssize_t got = ::read(from_, chunk, sizeof chunk);
+        if (got > 0) {
+          buffer_.append(chunk, static_cast<std::size_t>(got));
+        } else if (got == 0) {
+          return died(buffer_.empty() ? "closed its stdout"
+                                      : fmt::format("closed its stdout after \"{}\" without a newline", shown(buffer_)));
+        } else if (errno != EAGAIN && errno != EINTR) {
+          const int err = errno;
+          kill_now();
+          return fmt::format("read failed: {}", std::strerror(err));
+        }
+      }
+    }
+  }
+
   // The process is gone (or going): its exit status, reaped within a second, completes `what`.
   std::string died(const std::string& what) {
     int status = 0;
@@ -236,13 +329,26 @@ class Process {
     to_ = from_ = -1;
     pid_ = -1;
     buffer_.clear();
+    out_.clear();
+    out_pos_ = 0;
+    written_ = queued_ = 0;
+    broken_.clear();
+    in_flight_.clear();
+    replies_.clear();
   }
 
   std::string command_;
   pid_t pid_ = -1;
   int to_ = -1;
   int from_ = -1;
-  std::string buffer_;
+  std::string buffer_;  // read, not yet a whole line
+  std::string out_;     // queued for writing from out_pos_
+  std::size_t out_pos_ = 0;
+  std::uint64_t written_ = 0, queued_ = 0;  // bytes written to and queued for the process
+  std::string broken_;                      // why writing failed
+  std::deque<InFlight> in_flight_;          // sent, reply not yet read: the order of the replies
+  std::map<std::uint64_t, std::string> replies_;  // read before their claim
+  std::uint64_t runs_ = 0;
 };
 
 struct Predictor {
@@ -254,6 +360,9 @@ struct Predictor {
   std::string last_failure;
   std::uint64_t next_id = 1;
   SpecRefs refs;  // the specs this process holds (hello.spec_refs); none after a restart
+  // For the closing line: how much of the pipelining worked, and how long vramfuzz waited.
+  std::uint64_t requests = 0, claimed_ahead = 0;
+  Clock::duration waited{};
 };
 
 class Registry {
@@ -330,7 +439,11 @@ void require_overrides_applied(const Scenario& s) {
   if (const std::string* key = h->unapplied(s.policy)) throw InputError("policy.overrides." + *key, unhonoured_override_message(*h, *key));
 }
 
-Plan predict_external(const Scenario& s) {
+namespace {
+
+// The predictor `s` names, running and able to take `s`; throws (InputError, PredictorError) why
+// not. A restart here resets what the process holds.
+Predictor& ready_predictor(const Scenario& s) {
   Registry& reg = registry();
   const auto it = reg.by_name.find(s.policy.external_name);
   if (it == reg.by_name.end()) {
@@ -373,10 +486,66 @@ Plan predict_external(const Scenario& s) {
   // A case (read from a file) that sets an override this predictor says it does not apply: it
   // cannot be planned as written. The case's error, not the process's failure.
   if (const std::string* key = p.hello.unapplied(s.policy)) throw PredictorError(unhonoured_override_message(p.hello, *key), false);
+  return p;
+}
+
+std::uint64_t send_request(Predictor& p, const Scenario& s) {
   const std::uint64_t id = p.next_id++;
+  ++p.requests;
+  p.process->send(id, p.hello.spec_refs ? request_line(s, id, p.refs) : request_line(s, id));
+  return id;
+}
+
+}  // namespace
+
+SentAhead& SentAhead::operator=(SentAhead&& o) noexcept {
+  if (this != &o) {
+    abandon();
+    name_ = std::move(o.name_);
+    id_ = std::exchange(o.id_, 0);
+    run_ = o.run_;
+  }
+  return *this;
+}
+
+void SentAhead::abandon() {
+  if (id_ == 0) return;
+  Registry& reg = registry();
+  if (const auto it = reg.by_name.find(name_); it != reg.by_name.end() && it->second->process->run() == run_) {
+    it->second->process->abandon(id_);
+  }
+  id_ = 0;
+}
+
+SentAhead send_external_ahead(const Scenario& s) {
+  SentAhead out;
+  if (s.policy.predictor != PredictorKind::external) return out;
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(s.policy.external_name);
+  if (it == reg.by_name.end()) return out;
+  Predictor& p = *it->second;
+  if (p.given_up || !p.process->running() || p.hello.runtime != s.policy.preset || p.hello.unapplied(s.policy)) return out;
+  out.name_ = p.hello.name;
+  out.run_ = p.process->run();
+  out.id_ = send_request(p, s);
+  return out;
+}
+
+Plan predict_external(const Scenario& s, SentAhead* ahead) {
+  Predictor& p = ready_predictor(s);
+  std::uint64_t id = 0;
+  if (ahead && ahead->sent() && ahead->name_ == p.hello.name && ahead->run_ == p.process->run() && p.process->pending(ahead->id_)) {
+    id = std::exchange(ahead->id_, 0);
+    ++p.claimed_ahead;
+  } else {
+    if (ahead) ahead->abandon();  // lost with the process it went to
+    id = send_request(p, s);
+  }
   std::string line;
-  if (const std::string err = p.process->exchange(p.hello.spec_refs ? request_line(s, id, p.refs) : request_line(s, id), line,
-                                                         g_settings.reply_timeout_s); !err.empty()) fail_case(p, err);
+  const auto waiting = Clock::now();
+  const std::string err = p.process->await(id, line, g_settings.reply_timeout_s);
+  p.waited += Clock::now() - waiting;
+  if (!err.empty()) fail_case(p, err);
   nlohmann::json doc;
   try {
     doc = parse_json_unique(line);
@@ -418,6 +587,18 @@ Plan predict_external(const Scenario& s) {
   }
 }
 
-void stop_external_predictors() { registry().stop_all(); }
+void stop_external_predictors() {
+  Registry& reg = registry();
+  for (auto& [cmd, p] : reg.by_command) {
+    if (p->requests == 0) continue;
+    // Whether the predictor kept up: waiting that is a large part of a run's time is the
+    // predictor's own cost (docs/predictor-protocol.md, "Cost").
+    spdlog::info("external predictor \"{}\": {} requests, {} of them sent ahead of their claim; {:.2f} s waiting for replies",
+                 p->hello.name, p->requests, p->claimed_ahead, std::chrono::duration<double>(p->waited).count());
+    p->requests = p->claimed_ahead = 0;
+    p->waited = {};
+  }
+  reg.stop_all();
+}
 
 }  // namespace vf

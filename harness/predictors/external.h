@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "harness/core/error.h"
 #include "harness/predict.h"
@@ -63,9 +64,41 @@ std::string external_command(const std::string& name);
 // case's error verdict: undetermined).
 void require_overrides_applied(const Scenario& s);
 
+// A request sent ahead of its claim (pipelining): a campaign sends the next case's request before
+// it lowers and executes this one, so the predictor plans while vramfuzz executes. Move-only;
+// destroyed unclaimed, it is abandoned (the reply, when it comes, is dropped). Replies still
+// arrive in the order the requests were sent, so a predictor needs nothing new to be pipelined.
+class SentAhead {
+ public:
+  SentAhead() = default;
+  SentAhead(SentAhead&& o) noexcept { *this = std::move(o); }
+  SentAhead& operator=(SentAhead&& o) noexcept;
+  SentAhead(const SentAhead&) = delete;
+  SentAhead& operator=(const SentAhead&) = delete;
+  ~SentAhead() { abandon(); }
+  bool sent() const { return id_ != 0; }
+  // Drops it now (its reply will not be claimed).
+  void abandon();
+
+ private:
+  friend SentAhead send_external_ahead(const Scenario& s);
+  friend Plan predict_external(const Scenario& s, SentAhead* ahead);
+  std::string name_;        // the predictor's
+  std::uint64_t id_ = 0;    // the request's; 0: nothing sent
+  std::uint64_t run_ = 0;   // which start of the process it went to
+};
+
+// Sends `s`'s request to its external predictor now, to be claimed by predict_external(s, &it)
+// with the same `s`. Sends nothing (an empty SentAhead) where s is not external or cannot be sent
+// as it is (no such predictor, given up, not running, an override it does not apply):
+// predict_external then sends it, or says why not, at the claim. Never throws PredictorError.
+SentAhead send_external_ahead(const Scenario& s);
+
 // The plan of the predictor `s.policy` names. PredictorError when it gave none (see above);
-// InputError when no predictor of that name was started from the flags.
-Plan predict_external(const Scenario& s);
+// InputError when no predictor of that name was started from the flags. With `ahead` (made by
+// send_external_ahead from this same `s`) the reply to that request is claimed, if the process it
+// went to still runs; otherwise the request is sent now.
+Plan predict_external(const Scenario& s, SentAhead* ahead = nullptr);
 
 // Closes every predictor's stdin and waits briefly for each to exit (then kills it). Called at
 // exit; safe to call more than once.

@@ -12,10 +12,13 @@ offloaded), error (an error reply), bad-id (a reply to another request), error-a
 replies, then error replies), crash-after-N (N good replies, then it exits 3; every restart
 exits 3 on its first request: STATE_FILE marks the first process), honours-reserve (a working
 predictor whose hello says supports.overrides ["reserve"], and whose plan's reserve is the
-request's `reserve` override in bytes).
+request's `reserve` override in bytes), needs-ahead (answers request k only once request k+1 has
+arrived; one that does not arrive within 0.3 s of k gets an error reply "not sent ahead": a
+campaign that pipelines its requests gets that error on its last case only).
 """
 import json
 import os
+import select
 import sys
 import time
 
@@ -28,6 +31,29 @@ MIB = 1 << 20
 def say(obj):
     sys.stdout.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
     sys.stdout.flush()
+
+
+def lines_ahead():
+    """Yields (line, whether the next line had arrived within 0.3 s of it), reading stdin unbuffered."""
+    buf = b""
+    pending = None
+    while True:
+        while b"\n" not in buf:
+            ready, _, _ = select.select([0], [], [], 0.3 if pending is not None else None)
+            if not ready:
+                yield pending, False
+                pending = None
+                continue
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                if pending is not None:
+                    yield pending, False
+                return
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        if pending is not None:
+            yield pending, True
+        pending = line.decode()
 
 
 def main():
@@ -46,7 +72,12 @@ def main():
             mode = "crash"
         else:
             open(state, "w").close()
-    for line in sys.stdin:
+    for line in (lines_ahead() if mode == "needs-ahead" else sys.stdin):
+        if mode == "needs-ahead":
+            line, ahead = line
+            if not ahead:
+                say({"type": "error", "id": json.loads(line)["id"], "message": "not sent ahead: no request followed it within 0.3 s"})
+                continue
         request = json.loads(line)
         rid = request["id"]
         for kind in ("error-after-", "crash-after-"):
