@@ -110,6 +110,7 @@ bool Aimdo::release_page(Vbar& mv, std::uint64_t page) {
   if (!p.mapped || p.pins != 0) return false;
   device_.unmap_pages(mv.base + page * kVbarPage, kVbarPage, kVbarPage);
   p.mapped = false;
+  mv.mapped_below = std::min(mv.mapped_below, page);
   --mv.resident;
   --resident_pages_;
   ++stats_.pages_evicted;
@@ -138,6 +139,13 @@ std::uint64_t Aimdo::vbars_free(std::int64_t bytes) {
 }
 
 std::uint64_t Aimdo::absent_from(const Vbar& mv, std::uint64_t cursor) const {
+  if (cursor <= mv.mapped_below && cursor < mv.watermark) {
+    // Every page below mapped_below is mapped: the scan would step over them all.
+    cursor = std::min(mv.mapped_below, mv.watermark);
+    while (cursor < mv.watermark && mv.pages[cursor].mapped) ++cursor;
+    mv.mapped_below = std::max(mv.mapped_below, cursor);
+    return cursor;
+  }
   while (cursor < mv.watermark && mv.pages[cursor].mapped) ++cursor;
   return cursor;
 }

@@ -186,6 +186,9 @@ class Aimdo {
     std::uint64_t watermark_limit = 0;
     std::uint64_t resident = 0;
     std::vector<Page> pages;
+    // Every page below it is mapped (a lower bound on the first absent page): the miss check's
+    // cursor starts there instead of rescanning the resident prefix on every fault.
+    mutable std::uint64_t mapped_below = 0;
   };
   struct CastBuffer {
     DeviceAddr base = 0;
