@@ -405,8 +405,9 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
   };
   const auto send_ahead = [](Generated& g) {
     if (g.s.policy.predictor != PredictorKind::external) return;
-    if (!g.request.sent()) g.request = send_external_ahead(g.s);
-    if (g.pair && !g.pair_request.sent()) g.pair_request = send_external_ahead(*g.pair);
+    // Not sent yet, or lost with a process that died since: (again) to the running one.
+    if (!g.request.live()) g.request = send_external_ahead(g.s);
+    if (g.pair && !g.pair_request.live()) g.pair_request = send_external_ahead(*g.pair);
   };
   // How many cases ahead of the one executing are generated and sent: enough that neither side
   // waits on the other's slower cases. Only for a campaign with an external predictor.
@@ -421,14 +422,20 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       out.stopped = true;
       break;
     }
-    while (queued.size() <= ahead && (cfg.cases == 0 || next_index < cfg.cases)) {
+    if (queued.empty()) {
       queued.push_back(generate(next_index));
-      send_ahead(*queued.back());
       next_index += stride;
     }
     const std::unique_ptr<Generated> current = std::move(queued.front());
     queued.pop_front();
-    send_ahead(*current);  // not sent yet if the predictor was down (restarted at the claim)
+    // In the order they run: this case, those queued (again where a restart lost them), then new ones.
+    send_ahead(*current);
+    for (const auto& g : queued) send_ahead(*g);
+    while (queued.size() < ahead && (cfg.cases == 0 || next_index < cfg.cases)) {
+      queued.push_back(generate(next_index));
+      send_ahead(*queued.back());
+      next_index += stride;
+    }
     const std::uint64_t seed = current->seed;
     PrngChoices& choices = *current->choices;
     const Scenario& s = current->s;

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -594,15 +597,69 @@ TEST_F(ExternalPredictor, ARequestLostWithACrashedProcessIsSentAgainToTheNextOne
   std::filesystem::remove(state);
 }
 
-TEST_F(ExternalPredictor, ATimeoutBehindAnUnansweredEarlierRequestSaysSo) {
+// Stuck on a request sent before this case's: that request's failure. This case is asked again
+// of a fresh process (which here hangs on it too: its own timeout, so two in all).
+TEST_F(ExternalPredictor, ATimeoutBehindAnEarlierRequestIsAskedAgainOfAFreshProcess) {
   // Its own process (the other timeout test's is killed, and nothing is sent ahead to a stopped one).
   const Scenario s1 = case_under(faulty("timeout", "ahead"), 5), s2 = case_under(faulty("timeout", "ahead"), 6);
   SentAhead a1 = send_external_ahead(s1), a2 = send_external_ahead(s2);
   ASSERT_TRUE(a1.sent() && a2.sent());
+  const auto start = std::chrono::steady_clock::now();
   const Verdict v = run_case(s2, *backend_, false, &a2).verdict;
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1000));
   EXPECT_EQ(v.kind, VerdictKind::error);
-  EXPECT_NE(v.message.find("no reply within 0.5 s (--predictor-timeout); it had not answered request "), std::string::npos) << v.message;
-  EXPECT_NE(v.message.find(" either, sent before it"), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("external predictor \"faulty-timeout-ahead\": no reply within 0.5 s (--predictor-timeout)"), std::string::npos)
+      << v.message;
+  EXPECT_FALSE(a1.live());  // lost with the first process
+}
+
+// The predictor answers in order: a request queued behind others gets the whole timeout from the
+// reply before it, not from when it was sent (0.5 s here; four 0.3 s plans ahead of it).
+TEST_F(ExternalPredictor, ARequestQueuedBehindOthersHasItsOwnTimeout) {
+  std::vector<Scenario> cases;
+  std::vector<SentAhead> ahead;
+  for (std::uint64_t seed = 5; seed < 9; ++seed) cases.push_back(case_under(faulty("slow"), seed));
+  for (const Scenario& s : cases) ahead.push_back(send_external_ahead(s));
+  const Verdict v = run(case_under(faulty("slow"), 9));  // asked now, answered fifth
+  EXPECT_NE(v.kind, VerdictKind::error) << v.message;
+  for (std::size_t k = 0; k < cases.size(); ++k) EXPECT_NE(run_case(cases[k], *backend_, false, &ahead[k]).verdict.kind, VerdictKind::error);
+}
+
+// A reply already written is read even when a later request sent ahead found the pipe broken.
+TEST_F(ExternalPredictor, AReplyWrittenBeforeTheProcessDiedIsStillRead) {
+  const std::filesystem::path state = std::filesystem::temp_directory_path() / fmt::format("vf-broken-pipe-{}", ::getpid());
+  std::filesystem::remove(state);
+  const std::string cmd = faulty("crash-after-1", state.string());
+  const Scenario s1 = case_under(cmd, 5), s2 = case_under(cmd, 6), s3 = case_under(cmd, 7);
+  SentAhead a1 = send_external_ahead(s1), a2 = send_external_ahead(s2);
+  ASSERT_TRUE(a1.sent() && a2.sent());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // it answers 1 and exits on 2
+  SentAhead a3 = send_external_ahead(s3);                        // into the closed pipe
+  const CaseResult r1 = run_case(s1, *backend_, false, &a1);
+  EXPECT_NE(r1.verdict.kind, VerdictKind::error) << r1.verdict.message;
+  const CaseResult r2 = run_case(s2, *backend_, false, &a2);
+  EXPECT_EQ(r2.verdict.kind, VerdictKind::error);
+  EXPECT_NE(r2.verdict.message.find("exited with status 3"), std::string::npos) << r2.verdict.message;
+  std::filesystem::remove(state);
+}
+
+// A process that dies on a request sent before this case's (here another case's, sent ahead)
+// fails that request, not this case: this one is asked again of a fresh process, and the case
+// whose request it died on is asked again at its own claim.
+TEST_F(ExternalPredictor, AFailureOnAnEarlierRequestIsNotTheWaitingCasesError) {
+  const std::filesystem::path state = std::filesystem::temp_directory_path() / fmt::format("vf-second-once-{}", ::getpid());
+  std::filesystem::remove(state);
+  const std::string cmd = faulty("crash-second-once", state.string());
+  const Scenario s1 = case_under(cmd, 5), s2 = case_under(cmd, 6), s3 = case_under(cmd, 7);
+  SentAhead a1 = send_external_ahead(s1), a2 = send_external_ahead(s2);
+  ASSERT_TRUE(a1.sent() && a2.sent());
+  const CaseResult r3 = run_case(s3, *backend_, false);  // behind 1 (answered) and 2 (it dies on it)
+  EXPECT_NE(r3.verdict.kind, VerdictKind::error) << r3.verdict.message;
+  EXPECT_TRUE(std::filesystem::exists(state));
+  const CaseResult r1 = run_case(s1, *backend_, false, &a1), r2 = run_case(s2, *backend_, false, &a2);
+  EXPECT_NE(r1.verdict.kind, VerdictKind::error) << r1.verdict.message;  // lost with the process: sent again
+  EXPECT_NE(r2.verdict.kind, VerdictKind::error) << r2.verdict.message;
+  std::filesystem::remove(state);
 }
 
 TEST_F(ExternalPredictor, AWrongSchemaOrNoHelloCannotStart) {

@@ -130,28 +130,36 @@ class Process {
     if (broken_.empty()) flush();
   }
 
-  // Waits for the reply to request `id` (sent, not yet claimed) into `line`, within `timeout_s`,
-  // writing what is still queued meanwhile. The replies to requests sent before it are kept for
-  // their own claims (or dropped, if abandoned). "" on success, else what went wrong (the process
-  // is then killed, and every request in flight is lost).
+  // Waits for the reply to request `id` (sent, not yet claimed) into `line`, writing what is still
+  // queued meanwhile. The replies to requests sent before it are kept for their own claims (or
+  // dropped, if abandoned). Each request gets `timeout_s` from the reply before it: the predictor
+  // answers in order, so a request queued behind others starts when they are done. "" on
+  // success, else what went wrong (the process is then killed, every request in flight lost, and
+  // failed_on() says which request the predictor was on).
   std::string await(std::uint64_t id, std::string& line, double timeout_s) {
+    failed_on_ = 0;
     if (const auto it = replies_.find(id); it != replies_.end()) {
       line = std::move(it->second);
       replies_.erase(it);
       return "";
     }
-    const auto deadline = deadline_in(timeout_s);
     for (;;) {
+      const std::uint64_t head = in_flight_.empty() ? 0 : in_flight_.front().id;
       std::string got;
-      if (std::string err = read_line(got, deadline, timeout_s, id); !err.empty()) return err;
+      if (std::string err = read_line(got, deadline_in(timeout_s), timeout_s, id); !err.empty()) {
+        failed_on_ = head;
+        return err;
+      }
       if (in_flight_.empty()) {
         kill_now();
         return fmt::format("wrote a line no request asked for: \"{}\"", shown(got));
       }
       const InFlight f = in_flight_.front();
       if (written_ < f.end) {
-        // A reply before the whole request was read: a protocol error on its own.
+        // A reply before the whole request was written to the pipe: a protocol error on its own.
+        // (What the pipe holds unread cannot be told apart from what the predictor has read.)
         kill_now();
+        failed_on_ = f.id;
         return fmt::format("replied before reading the whole request ({} of {} bytes)", written_ - f.begin, f.end - f.begin);
       }
       in_flight_.pop_front();
@@ -162,6 +170,9 @@ class Process {
       if (!f.abandoned) replies_[f.id] = std::move(got);
     }
   }
+
+  // The request the predictor was working on when the last await failed (0: none, or no request).
+  std::uint64_t failed_on() const { return failed_on_; }
 
   // Request `id` will not be claimed: its reply, kept or still to come, is dropped.
   void abandon(std::uint64_t id) {
@@ -206,6 +217,13 @@ class Process {
         pid_ = -1;
         close_fds();
         return;
+      }
+      // Replies to requests sent ahead and not needed are read and dropped, so that a predictor
+      // still answering them is not blocked on a full pipe instead of reaching its end of input.
+      if (from_ >= 0) {
+        char chunk[65536];
+        while (::read(from_, chunk, sizeof chunk) > 0) {
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -264,8 +282,6 @@ class Process {
         kill_now();
         return fmt::format("wrote a line longer than {} MiB without a newline", kMaxLineBytes >> 20);
       }
-      // EPIPE: it closed its stdin or exited; its status says which.
-      if (!broken_.empty()) return died(fmt::format("stopped reading its stdin ({})", broken_));
       const auto now = Clock::now();
       if (now >= deadline) {
         std::string earlier;
@@ -280,7 +296,7 @@ class Process {
       pollfd fds[2];
       int n = 0;
       fds[n++] = pollfd{from_, POLLIN, 0};
-      if (out_pos_ < out_.size()) fds[n++] = pollfd{to_, POLLOUT, 0};
+      if (out_pos_ < out_.size() && broken_.empty()) fds[n++] = pollfd{to_, POLLOUT, 0};
       const int r = ::poll(fds, static_cast<nfds_t>(n), wait_ms);
       if (r < 0) {
         if (errno == EINTR) continue;
@@ -294,6 +310,9 @@ class Process {
         if (got > 0) {
           buffer_.append(chunk, static_cast<std::size_t>(got));
         } else if (got == 0) {
+          // A write that failed (EPIPE: it closed its stdin or exited) is reported once the replies
+          // it wrote before are read; its status says which.
+          if (!broken_.empty()) return died(fmt::format("stopped reading its stdin ({})", broken_));
           return died(buffer_.empty() ? "closed its stdout"
                                       : fmt::format("closed its stdout after \"{}\" without a newline", shown(buffer_)));
         } else if (errno != EAGAIN && errno != EINTR) {
@@ -349,6 +368,7 @@ class Process {
   std::deque<InFlight> in_flight_;          // sent, reply not yet read: the order of the replies
   std::map<std::uint64_t, std::string> replies_;  // read before their claim
   std::uint64_t runs_ = 0;
+  std::uint64_t failed_on_ = 0;
 };
 
 struct Predictor {
@@ -517,6 +537,13 @@ void SentAhead::abandon() {
   id_ = 0;
 }
 
+bool SentAhead::live() const {
+  if (id_ == 0) return false;
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(name_);
+  return it != reg.by_name.end() && it->second->process->run() == run_ && it->second->process->pending(id_);
+}
+
 SentAhead send_external_ahead(const Scenario& s) {
   SentAhead out;
   if (s.policy.predictor != PredictorKind::external) return out;
@@ -543,7 +570,17 @@ Plan predict_external(const Scenario& s, SentAhead* ahead) {
   }
   std::string line;
   const auto waiting = Clock::now();
-  const std::string err = p.process->await(id, line, g_settings.reply_timeout_s);
+  std::string err = p.process->await(id, line, g_settings.reply_timeout_s);
+  if (!err.empty() && p.process->failed_on() != 0 && p.process->failed_on() != id) {
+    // It failed on a request sent before this one (another case's, or one sent ahead and
+    // abandoned): that request's failure, not this case's. Its own claim, if it has one, sends
+    // it again and is judged by it; this case is asked again of a fresh process, uncounted.
+    spdlog::warn("external predictor \"{}\" failed on request {}, sent before this case's: {}; restarted", p.hello.name,
+                 p.process->failed_on(), err);
+    ready_predictor(s);
+    id = send_request(p, s);
+    err = p.process->await(id, line, g_settings.reply_timeout_s);
+  }
   p.waited += Clock::now() - waiting;
   if (!err.empty()) fail_case(p, err);
   nlohmann::json doc;

@@ -7,7 +7,10 @@
 // timeout, exits, or writes a line that is not a reply gives that case an `error` verdict naming
 // what went wrong, and is killed and started again for the next case. One that fails on
 // `max_failures` cases in a row is given up: every later request fails with `fatal` set, which
-// stops a campaign with exit 3 after writing what it found.
+// stops a campaign with exit 3 after writing what it found. With requests pipelined (SentAhead
+// below), a failure is charged to the request the predictor was on: one that dies or stalls on a
+// request sent before the awaited one fails that request (at its own claim), and the awaited case
+// is asked again of a fresh process, uncounted.
 //
 // A file never starts a command: a scenario or repro names its external predictor by the name
 // its hello gave, and only a predictor started from the user's flags (`--policy exec:...`) under
@@ -77,6 +80,8 @@ class SentAhead {
   SentAhead& operator=(const SentAhead&) = delete;
   ~SentAhead() { abandon(); }
   bool sent() const { return id_ != 0; }
+  // Sent, and its reply still to be had: not lost with a process that has died since.
+  bool live() const;
   // Drops it now (its reply will not be claimed).
   void abandon();
 

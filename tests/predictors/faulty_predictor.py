@@ -14,7 +14,9 @@ exits 3 on its first request: STATE_FILE marks the first process), honours-reser
 predictor whose hello says supports.overrides ["reserve"], and whose plan's reserve is the
 request's `reserve` override in bytes), needs-ahead (answers request k only once request k+1 has
 arrived; one that does not arrive within 0.3 s of k gets an error reply "not sent ahead": a
-campaign that pipelines its requests gets that error on its last case only).
+campaign that pipelines its requests gets that error on its last case only), slow (each reply
+after 0.3 s), crash-second-once (the first process answers its first request and exits 3 on its
+second; STATE_FILE marks it; later processes work).
 """
 import json
 import os
@@ -93,6 +95,11 @@ def main():
             continue
         if mode == "timeout":
             time.sleep(3600)
+        if mode == "slow":
+            time.sleep(0.3)
+        if mode == "crash-second-once" and state and not os.path.exists(state) and good == 2:
+            open(state, "w").close()
+            sys.exit(3)
         if mode == "crash":
             sys.exit(3)
         if mode == "crash-once" and state and not os.path.exists(state):
