@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "harness/core/error.h"
+#include "harness/core/json_escape.h"
 #include "models/file_read.h"
 
 namespace vf {
@@ -201,15 +202,11 @@ class Cursor {
       if (pos_ + 1 >= t_.size()) fail_at(offset_of(start), fmt::format("unterminated string ({})", what));
       const char e = t_[pos_ + 1];
       pos_ += 2;
+      if (const char c2 = json_short_escape(e); c2 != '\0') {
+        out += c2;
+        continue;
+      }
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
         case 'u': append_code_point(out, what); break;
         default: fail_at(offset() - 2, fmt::format("invalid escape '\\{}' in a string ({})", e, what));
       }

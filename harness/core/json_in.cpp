@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/core/json_escape.h"
 
 namespace vf {
 
@@ -484,17 +485,9 @@ class FastJson {
       const char c = *p_++;
       if (c == '"') return true;
       if (c != '\\' || p_ == end_) return false;  // a control byte, a byte >= 0x80
-      switch (*p_++) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        default: return false;  // \u (surrogates, UTF-8) and anything invalid: nlohmann's
-      }
+      const char e = json_short_escape(*p_++);
+      if (e == '\0') return false;  // \u (surrogates, UTF-8) and anything invalid: nlohmann's
+      out += e;
       run = p_;
     }
   }
