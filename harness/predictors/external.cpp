@@ -196,7 +196,7 @@ class Process {
     if (pid_ <= 0) return;
     ::kill(-pid_, SIGKILL);
     int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    while (!reaped_ && ::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
     close_fds();
   }
@@ -204,6 +204,10 @@ class Process {
   // Closes its stdin, gives it a moment to exit on its own, then kills it.
   void stop() {
     if (pid_ <= 0) return;
+    if (reaped_) {
+      kill_now();
+      return;
+    }
     if (to_ >= 0) ::close(to_);
     to_ = -1;
     const auto until = Clock::now() + std::chrono::milliseconds(2000);
@@ -222,7 +226,7 @@ class Process {
       // still answering them is not blocked on a full pipe instead of reaching its end of input.
       if (from_ >= 0) {
         char chunk[65536];
-        while (::read(from_, chunk, sizeof chunk) > 0) {
+        while (Clock::now() < until && ::read(from_, chunk, sizeof chunk) > 0) {
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -291,8 +295,19 @@ class Process {
         kill_now();
         return fmt::format("no reply within {:g} s (--predictor-timeout){}", timeout_s, earlier);
       }
+      if (!broken_.empty()) {
+        // Writing failed (EPIPE). The end of its stdout says it died, unless something it started
+        // keeps that open: then its exit does. What it wrote before is read first either way.
+        if (!reaped_ && ::waitpid(pid_, &reaped_status_, WNOHANG) == pid_) reaped_ = true;
+        if (reaped_) {
+          ssize_t got = 0;
+          while ((got = ::read(from_, chunk, sizeof chunk)) > 0) buffer_.append(chunk, static_cast<std::size_t>(got));
+          if (buffer_.find('\n', scanned) != std::string::npos) continue;
+          return died(fmt::format("stopped reading its stdin ({})", broken_));
+        }
+      }
       const int wait_ms = static_cast<int>(std::min<std::int64_t>(
-          1 + std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count(), 1000));
+          1 + std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count(), broken_.empty() ? 1000 : 50));
       pollfd fds[2];
       int n = 0;
       fds[n++] = pollfd{from_, POLLIN, 0};
@@ -326,10 +341,10 @@ class Process {
 
   // The process is gone (or going): its exit status, reaped within a second, completes `what`.
   std::string died(const std::string& what) {
-    int status = 0;
-    pid_t r = 0;
+    int status = reaped_status_;
+    pid_t r = reaped_ ? pid_ : 0;
     const auto until = Clock::now() + std::chrono::milliseconds(1000);
-    while ((r = ::waitpid(pid_, &status, WNOHANG)) == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    while (!reaped_ && (r = ::waitpid(pid_, &status, WNOHANG)) == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     std::string msg = what;
     if (r == pid_) {
       msg += "; it " + describe_status(status);
@@ -352,6 +367,8 @@ class Process {
     out_pos_ = 0;
     written_ = queued_ = 0;
     broken_.clear();
+    reaped_ = false;
+    reaped_status_ = 0;
     in_flight_.clear();
     replies_.clear();
   }
@@ -365,6 +382,8 @@ class Process {
   std::size_t out_pos_ = 0;
   std::uint64_t written_ = 0, queued_ = 0;  // bytes written to and queued for the process
   std::string broken_;                      // why writing failed
+  bool reaped_ = false;                     // after broken_: it has exited and been waited for
+  int reaped_status_ = 0;
   std::deque<InFlight> in_flight_;          // sent, reply not yet read: the order of the replies
   std::map<std::uint64_t, std::string> replies_;  // read before their claim
   std::uint64_t runs_ = 0;

@@ -15,12 +15,14 @@ predictor whose hello says supports.overrides ["reserve"], and whose plan's rese
 request's `reserve` override in bytes), needs-ahead (answers request k only once request k+1 has
 arrived; one that does not arrive within 0.3 s of k gets an error reply "not sent ahead": a
 campaign that pipelines its requests gets that error on its last case only), slow (each reply
-after 0.3 s), crash-second-once (the first process answers its first request and exits 3 on its
-second; STATE_FILE marks it; later processes work).
+after 0.2 s), crash-second-once (the first process answers its first request and exits 3 on its
+second; STATE_FILE marks it; later processes work). crash-after-N also touches STATE_FILE.exited as
+it exits; any mode ending in -orphan first starts a `sleep 30` that keeps its stdout open.
 """
 import json
 import os
 import select
+import subprocess
 import sys
 import time
 
@@ -68,6 +70,10 @@ def main():
     if mode == "honours-reserve":
         hello["supports"] = {"overrides": ["reserve"]}
     say(hello)
+    if mode.endswith("-orphan"):
+        # A helper that keeps our stdout open after we exit (and never reads stdin).
+        subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+        mode = mode[: -len("-orphan")]
     good = 0
     if mode.startswith("crash-after-") and state:
         if os.path.exists(state):
@@ -85,6 +91,8 @@ def main():
         for kind in ("error-after-", "crash-after-"):
             if mode.startswith(kind) and good >= int(mode[len(kind):]):
                 if kind == "crash-after-":
+                    if state:
+                        open(state + ".exited", "w").close()  # for a test to wait on
                     sys.exit(3)
                 say({"type": "error", "id": rid, "message": "no planner for this one"})
                 break
@@ -96,7 +104,7 @@ def main():
         if mode == "timeout":
             time.sleep(3600)
         if mode == "slow":
-            time.sleep(0.3)
+            time.sleep(0.2)
         if mode == "crash-second-once" and state and not os.path.exists(state) and good == 2:
             open(state, "w").close()
             sys.exit(3)
