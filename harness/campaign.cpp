@@ -381,26 +381,28 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
   // predictor plans the next cases while this one executes. A request not needed after all (the pair of a case that
   // failed, a case past the time budget) is abandoned. Built-in predictors send nothing.
   struct Generated {
-    std::uint64_t index = 0;
     std::uint64_t seed = 0;
     std::optional<PrngChoices> choices;
     Scenario s;
     SentAhead request;
-    std::optional<Scenario> pair;  // s a step smaller, where i is a pair's index and s can shrink
+    std::optional<Scenario> pair;  // made here only to be sent ahead; else where it runs
     SentAhead pair_request;
+  };
+  // Class G's pair of case i: s a step smaller, where i is a pair's index and s can shrink.
+  const auto knee_pair = [&cfg](const Scenario& s, std::uint64_t i, std::uint64_t seed) -> std::optional<Scenario> {
+    if (cfg.knee_every == 0 || i % cfg.knee_every != 0) return std::nullopt;
+    const std::optional<Workload> smaller = knee_smaller(s.workload, seed);
+    if (!smaller) return std::nullopt;
+    Scenario pair = s;
+    pair.knee_of = s.workload;
+    pair.workload = *smaller;
+    return pair;
   };
   const auto generate = [&](std::uint64_t i) {
     auto g = std::make_unique<Generated>();
-    g->index = i;
     g->seed = case_seed(cfg.seed, i);
     g->s = generate_scenario(g->choices.emplace(g->seed), cfg.gen, catalog);
-    if (cfg.knee_every != 0 && i % cfg.knee_every == 0) {
-      if (const std::optional<Workload> smaller = knee_smaller(g->s.workload, g->seed)) {
-        g->pair = g->s;
-        g->pair->knee_of = g->s.workload;
-        g->pair->workload = *smaller;
-      }
-    }
+    if (g->s.policy.predictor == PredictorKind::external) g->pair = knee_pair(g->s, i, g->seed);
     return g;
   };
   const auto send_ahead = [](Generated& g) {
@@ -538,6 +540,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
     // shards pair the same cases as the whole campaign); that one failing is a knee finding.
     if (!passed || cfg.knee_every == 0 || i % cfg.knee_every != 0 || (cfg.should_stop && cfg.should_stop())) continue;
     if (cfg.seconds > 0 && elapsed() >= cfg.seconds) continue;
+    if (!current->pair) current->pair = knee_pair(s, i, seed);
     if (!current->pair) continue;
     const Scenario& pair = *current->pair;
     ++out.knee_pairs;

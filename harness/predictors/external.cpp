@@ -547,20 +547,27 @@ SentAhead& SentAhead::operator=(SentAhead&& o) noexcept {
   return *this;
 }
 
+namespace {
+
+// The process of predictor `name` if it is still the start `run` (nullptr once it has restarted).
+Process* process_in_run(const std::string& name, std::uint64_t run) {
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(name);
+  return it != reg.by_name.end() && it->second->process->run() == run ? it->second->process.get() : nullptr;
+}
+
+}  // namespace
+
 void SentAhead::abandon() {
   if (id_ == 0) return;
-  Registry& reg = registry();
-  if (const auto it = reg.by_name.find(name_); it != reg.by_name.end() && it->second->process->run() == run_) {
-    it->second->process->abandon(id_);
-  }
+  if (Process* p = process_in_run(name_, run_)) p->abandon(id_);
   id_ = 0;
 }
 
 bool SentAhead::live() const {
   if (id_ == 0) return false;
-  Registry& reg = registry();
-  const auto it = reg.by_name.find(name_);
-  return it != reg.by_name.end() && it->second->process->run() == run_ && it->second->process->pending(id_);
+  const Process* p = process_in_run(name_, run_);
+  return p && p->pending(id_);
 }
 
 SentAhead send_external_ahead(const Scenario& s) {
@@ -580,7 +587,7 @@ SentAhead send_external_ahead(const Scenario& s) {
 Plan predict_external(const Scenario& s, SentAhead* ahead) {
   Predictor& p = ready_predictor(s);
   std::uint64_t id = 0;
-  if (ahead && ahead->sent() && ahead->name_ == p.hello.name && ahead->run_ == p.process->run() && p.process->pending(ahead->id_)) {
+  if (ahead && ahead->name_ == p.hello.name && ahead->live()) {
     id = std::exchange(ahead->id_, 0);
     ++p.claimed_ahead;
   } else {
