@@ -67,12 +67,19 @@ class FreeIndex {
   // its front to a tensor), else an erase and an insert.
   void replace(StreamId stream, Bytes old_size, DeviceAddr old_addr, Bytes size, DeviceAddr addr) {
     const std::uint32_t b = bin_of(size);
+    const std::uint32_t ob = bin_of(old_size);
     Lane& lane = lanes_[find_lane(stream)];
-    if (bin_of(old_size) != b) {
-      const std::vector<Entry>& old_bin = lane.bins[bin_of(old_size)];
-      const std::uint32_t block = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before)->block;
-      erase(stream, old_size, old_addr);
-      insert(stream, size, addr, block);
+    lane.bytes = lane.bytes - old_size + size;
+    total_bytes_ = total_bytes_ - old_size + size;
+    if (ob != b) {  // the usual case (a range losing a tensor's bytes moves bins): one search in each
+      std::vector<Entry>& old_bin = lane.bins[ob];
+      const auto at = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before);
+      const Entry e{size, addr, at->block};
+      old_bin.erase(at);
+      if (old_bin.empty()) lane.nonempty[ob / 64] &= ~(std::uint64_t{1} << (ob % 64));
+      std::vector<Entry>& bin = lane.bins[b];
+      bin.insert(std::lower_bound(bin.begin(), bin.end(), e, before), e);
+      lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
       return;
     }
     std::vector<Entry>& bin = lane.bins[b];
@@ -86,8 +93,6 @@ class FreeIndex {
       std::rotate(at, at + 1, pos);
       *(pos - 1) = e;
     }
-    lane.bytes = lane.bytes - old_size + size;
-    total_bytes_ = total_bytes_ - old_size + size;
   }
 
   // The smallest entry of `stream` with size >= `size` (lowest address among equals).
@@ -181,7 +186,19 @@ class FreeIndex {
     }
   }
 
+  // Stream ids below kDirect and the top 16 ids (the async pool's "any stream" and "unifier"
+  // owners) find their lane through a table; others by a scan of the lanes.
+  static constexpr std::uint32_t kDirect = 256;
+  static constexpr StreamId kTopIds = 0xfffffff0u;
+  static std::uint32_t direct_slot(StreamId stream) {
+    if (stream < kDirect) return stream;
+    if (stream >= kTopIds) return kDirect + (stream - kTopIds);
+    return kNoLane;
+  }
+
   std::uint32_t find_lane(StreamId stream) const {
+    const std::uint32_t d = direct_slot(stream);
+    if (d != kNoLane) return direct_[d] - 1;  // 0 (no lane) becomes kNoLane
     for (std::uint32_t i = 0; i < lanes_.size(); ++i) {
       if (lanes_[i].stream == stream) return i;
     }
@@ -193,6 +210,8 @@ class FreeIndex {
     if (i != kNoLane) return lanes_[i];
     lanes_.emplace_back();
     lanes_.back().stream = stream;
+    const std::uint32_t d = direct_slot(stream);
+    if (d != kNoLane) direct_[d] = static_cast<std::uint32_t>(lanes_.size());
     return lanes_.back();
   }
 
@@ -222,6 +241,7 @@ class FreeIndex {
   }
 
   std::vector<Lane> lanes_;  // one per stream seen, in order of first use
+  std::array<std::uint32_t, kDirect + 16> direct_{};  // lane index + 1 by direct_slot; 0: none yet
   std::size_t count_ = 0;
   Bytes total_bytes_ = 0;
 };

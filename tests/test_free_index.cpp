@@ -1,0 +1,133 @@
+// FreeIndex (harness/sim/free_index.h) against the ordered set it stands in for: a
+// std::set<(stream, size, address)>, on random inserts, erases and replaces over streams that
+// take both lane lookups (the table for ids below 256 and the top 16 ids, the scan for others),
+// sizes that stay in one bin or move between bins, and best-fit queries after every step.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <iterator>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "harness/core/splitmix.h"
+#include "harness/sim/free_index.h"
+
+namespace vf::sim {
+namespace {
+
+using Key = std::tuple<std::uint32_t, Bytes, std::uint64_t>;  // stream, size, address
+
+// The best fit of `stream` for `size` in the reference set, as FreeIndex::lower_bound defines it.
+const Key* reference_fit(const std::set<Key>& ref, std::uint32_t stream, Bytes size) {
+  const auto it = ref.lower_bound(Key{stream, size, 0});
+  return it != ref.end() && std::get<0>(*it) == stream ? &*it : nullptr;
+}
+
+TEST(FreeIndex, AgreesWithAnOrderedSetOnRandomUpdatesOverEveryKindOfStreamId) {
+  // 0 and 255: the table's ends; 256 and 70000: scanned; the async pool's two owner ids at the top.
+  const std::uint32_t streams[] = {0, 3, 255, 256, 70000, 0xfffffffeu, 0xffffffffu};
+  SplitMix64 rng{0xf1ee};
+  FreeIndex index;
+  std::set<Key> ref;
+  std::vector<Key> present;
+  std::uint64_t next_addr = 0x1000;
+  std::uint32_t block = 0;
+  for (int step = 0; step < 40000; ++step) {
+    const std::uint32_t stream = streams[rng.below(std::size(streams))];
+    const auto draw_size = [&]() -> Bytes {
+      // small sizes, a few exact repeats (ties broken by address), and large ones
+      switch (rng.below(3)) {
+        case 0: return 512 * (1 + rng.below(64));
+        case 1: return Bytes{1} << (12 + rng.below(4));
+        default: return (Bytes{1} << (20 + rng.below(10))) + rng.below(Bytes{1} << 20);
+      }
+    };
+    const std::uint64_t op = present.empty() ? 0 : rng.below(10);
+    if (op < 4) {
+      const Key k{stream, draw_size(), next_addr};
+      next_addr += 0x200;
+      index.insert(std::get<0>(k), std::get<1>(k), std::get<2>(k), block++);
+      ref.insert(k);
+      present.push_back(k);
+    } else if (op < 6) {
+      const std::size_t i = rng.below(present.size());
+      const Key k = present[i];
+      index.erase(std::get<0>(k), std::get<1>(k), std::get<2>(k));
+      ref.erase(k);
+      present[i] = present.back();
+      present.pop_back();
+    } else {
+      // replace: a range losing its front (same end, smaller size), growing down, or any new size
+      const std::size_t i = rng.below(present.size());
+      const Key k = present[i];
+      const Bytes old_size = std::get<1>(k);
+      Bytes size = draw_size();
+      if (op == 6 && old_size > 512) size = old_size - 512 * (1 + rng.below(old_size / 1024));
+      if (op == 7) size = old_size + 512;  // mostly the same bin
+      const Key moved{std::get<0>(k), size, next_addr};
+      next_addr += 0x200;
+      index.replace(std::get<0>(k), old_size, std::get<2>(k), size, std::get<2>(moved));
+      ref.erase(k);
+      ref.insert(moved);
+      present[i] = moved;
+    }
+    ASSERT_EQ(index.size(), ref.size()) << "step " << step;
+    // A best-fit query on every stream, and per-stream bytes and counts.
+    for (const std::uint32_t s : streams) {
+      const Bytes want = draw_size();
+      const FreeIndex::Cursor c = index.lower_bound(s, want);
+      const Key* r = reference_fit(ref, s, want);
+      ASSERT_EQ(c.valid, r != nullptr) << "step " << step << " stream " << s << " size " << want;
+      if (r != nullptr) {
+        ASSERT_EQ(index.at(c).size, std::get<1>(*r)) << "step " << step << " stream " << s;
+        ASSERT_EQ(index.at(c).addr, std::get<2>(*r)) << "step " << step << " stream " << s;
+      }
+    }
+  }
+  // The whole order, stream by stream, and each stream's totals.
+  Bytes total = 0;
+  for (const std::uint32_t s : streams) {
+    std::vector<Key> walked;
+    for (FreeIndex::Cursor c = index.lower_bound(s, 0); c.valid; c = index.next(c)) {
+      walked.emplace_back(s, index.at(c).size, index.at(c).addr);
+    }
+    std::vector<Key> expected;
+    Bytes bytes = 0;
+    for (const Key& k : ref) {
+      if (std::get<0>(k) == s) {
+        expected.push_back(k);
+        bytes += std::get<1>(k);
+      }
+    }
+    EXPECT_EQ(walked, expected) << "stream " << s;
+    EXPECT_EQ(index.bytes(s), bytes) << "stream " << s;
+    EXPECT_EQ(index.count(s), expected.size()) << "stream " << s;
+    total += bytes;
+    if (!expected.empty()) {
+      const FreeIndex::Cursor last = index.last(s);
+      ASSERT_TRUE(last.valid);
+      EXPECT_EQ(index.at(last).addr, std::get<2>(expected.back()));
+    }
+  }
+  EXPECT_EQ(index.total_bytes(), total);
+  EXPECT_GT(ref.size(), 1000u);  // the updates left a populated index to compare
+}
+
+TEST(FreeIndex, AStreamNeverSeenHasNoEntriesWhateverItsId) {
+  FreeIndex index;
+  index.insert(7, 4096, 0x1000, 1);
+  for (const std::uint32_t s : {0u, 6u, 8u, 256u, 1000000u, 0xfffffff0u, 0xffffffffu}) {
+    EXPECT_FALSE(index.lower_bound(s, 0).valid) << s;
+    EXPECT_FALSE(index.last(s).valid) << s;
+    EXPECT_EQ(index.bytes(s), 0u) << s;
+    EXPECT_EQ(index.count(s), 0u) << s;
+  }
+  const FreeIndex::Cursor c = index.lower_bound(7, 4096);
+  ASSERT_TRUE(c.valid);
+  EXPECT_EQ(index.at(c).block, 1u);
+  EXPECT_FALSE(index.lower_bound(7, 4097).valid);
+}
+
+}  // namespace
+}  // namespace vf::sim
