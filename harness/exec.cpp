@@ -130,7 +130,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           if (!alloc->malloc(op.buffer, bytes, op.stream)) {
             const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
             r.oom = OomEvent{i, bytes, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             info.detail, alloc->held_at_oom(op.stream)};
+                             info.detail, alloc->held_at_oom(op.stream, bytes)};
             if (dyn) account(op, "torch allocation", bytes);
           } else {
             live += bytes;
@@ -173,7 +173,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           moved = res.moved;
           if (!res.ok) {
             r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             res.detail, alloc->held_at_oom(op.stream)};
+                             res.detail, alloc->held_at_oom(op.stream, res.request)};
             account(op, res.failure, res.request);
           }
           break;
@@ -201,7 +201,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.stage_reserved_peak[op.stage] = st.reserved.current;
       r.stage_reserved_peak_op[op.stage] = i;
       r.stage_allocated_at_peak[op.stage] = st.allocated.current;
-      r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream);
+      r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream, op_request(p, op));
     }
     if (st.reserved.current > r.reserved_peak) {
       r.reserved_peak = st.reserved.current;
@@ -216,7 +216,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
         row.cast = aimdo->cast_bytes();
       }
       row.time_us = now_us;
-      row.held = alloc->held_for_other_streams(op.stream);
+      row.held = alloc->held_for_other_streams(op.stream, op_request(p, op));
       r.trace.push_back(row);
     }
     if (r.oom) {

@@ -117,6 +117,8 @@ Program lower(const Scenario& s, const Plan& plan);
 // what is reserved while they run is the previous stage's state, so a stage's measured peak is
 // taken over its other ops.
 inline bool is_transition(const Op& op) { return op.phase == Phase::evict || op.kind == OpKind::flush_if_cached; }
+// The bytes an op asks the allocator for: its buffer's for an alloc, 0 (no request) otherwise.
+inline Bytes op_request(const Program& p, const Op& op) { return op.kind == OpKind::alloc ? p.buffers[op.buffer].bytes : 0; }
 
 // The exact live (requested) bytes of the program: the peak overall and per stage, and the op
 // where each was first reached.

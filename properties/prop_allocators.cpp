@@ -142,9 +142,18 @@ void check_invariants(const Allocator& alloc, const SimDevice& device, SeenMax& 
   }
   // What a stream cannot reuse is part of what is reserved and unallocated, for every stream
   // the properties use (and one none of them does).
+  // With a request, it is the part a malloc of that size could have taken: never more than
+  // every byte held (not monotone in the request: under max_split_size_mb an oversize request
+  // may take blocks a smaller one may not).
   for (const StreamId stream : {0u, 1u, 2u, 9u}) {
-    RC_ASSERT(alloc.held_for_other_streams(stream) <= s.reserved.current - s.allocated.current);
-    RC_ASSERT(alloc.held_at_oom(stream) <= alloc.held_for_other_streams(stream));
+    const Bytes all = alloc.held_for_other_streams(stream, 0);
+    RC_ASSERT(all <= s.reserved.current - s.allocated.current);
+    RC_ASSERT(alloc.held_at_oom(stream, 0) <= all);
+    for (const Bytes request : {Bytes{512}, Bytes{2} * MiB, Bytes{8} * MiB, Bytes{32} * MiB, Bytes{200} * MiB}) {
+      const Bytes held = alloc.held_for_other_streams(stream, request);
+      RC_ASSERT(held <= all);
+      RC_ASSERT(alloc.held_at_oom(stream, request) <= held);
+    }
   }
 
   const auto stats = stats_of(s);

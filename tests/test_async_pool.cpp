@@ -307,17 +307,40 @@ TEST(AsyncPool, FreesOfAnotherStreamAreHeldUntilAnEventEdgeOrASync) {
   ASSERT_TRUE(a.malloc(0, 64 * MiB, 1));
   ASSERT_TRUE(a.malloc(1, 10 * MiB, 0));
   a.free(0);
-  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB);
-  EXPECT_EQ(a.held_for_other_streams(1), 0u);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 64 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(1, 0), 0u);
   ASSERT_TRUE(a.malloc(2, 32 * MiB, 0));  // cannot take stream 1's free: the pool grows
   EXPECT_EQ(a.stats().reserved.current, 64 * MiB + 10 * MiB + 32 * MiB);
   a.stream_wait(0, 1);  // the compute stream waits on the offload stream after its free
-  EXPECT_EQ(a.held_for_other_streams(0), 0u);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 0u);
   a.free(2);
-  EXPECT_EQ(a.held_for_other_streams(1), 32 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(1, 0), 32 * MiB);
   a.synchronize();
-  EXPECT_EQ(a.held_for_other_streams(1), 0u);
-  EXPECT_EQ(a.held_for_other_streams(7), 0u);  // a stream that never allocated
+  EXPECT_EQ(a.held_for_other_streams(1, 0), 0u);
+  EXPECT_EQ(a.held_for_other_streams(7, 0), 0u);  // a stream that never allocated
+}
+
+// With a request, a withheld free range counts only where the run of adjacent free memory it
+// lies in (whoever owns each part) is long enough for the request.
+TEST(AsyncPool, ARequestCountsOnlyWithheldRangesInARunLongEnoughForIt) {
+  SimDevice d(spec_of(1 * GiB));
+  AsyncPoolAllocator a(d, no_opportunistic(), 0);
+  // [0: 8 MiB s1][1: 4 MiB s0][2: 8 MiB s1][3: 2 MiB s0 live] then the pool's free tail.
+  ASSERT_TRUE(a.malloc(0, 8 * MiB, 1));
+  ASSERT_TRUE(a.malloc(1, 4 * MiB, 0));
+  ASSERT_TRUE(a.malloc(2, 8 * MiB, 1));
+  ASSERT_TRUE(a.malloc(3, 2 * MiB, 0));
+  EXPECT_EQ(a.stats().reserved.current, 22 * MiB);
+  a.free(0);  // stream 1's
+  a.free(2);  // stream 1's
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 16 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 8 * MiB), 16 * MiB);  // each range holds 8 MiB by itself
+  EXPECT_EQ(a.held_for_other_streams(0, 9 * MiB), 0u);        // a live 4 MiB block splits them
+  a.free(1);  // stream 0's own 4 MiB between them: one run of 20 MiB
+  EXPECT_EQ(a.held_for_other_streams(0, 20 * MiB), 16 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 20 * MiB + 1), 0u);
+  EXPECT_EQ(a.held_for_other_streams(1, 4 * MiB), 4 * MiB);   // stream 1 may not take stream 0's
+  EXPECT_EQ(a.held_for_other_streams(1, 21 * MiB), 0u);
 }
 
 }  // namespace

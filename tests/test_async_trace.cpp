@@ -91,7 +91,7 @@ void observe(const AsyncPoolAllocator& a, Digest& d, StreamId streams) {
   d.add(s.num_ooms);
   d.add(s.num_device_alloc);
   d.add(s.num_device_free);
-  for (StreamId st = 0; st <= streams; ++st) d.add(a.held_for_other_streams(st));
+  for (StreamId st = 0; st <= streams; ++st) d.add(a.held_for_other_streams(st, 0));
   d.add(a.largest_free_range());
   d.add(a.free_range_count());
 }

@@ -492,21 +492,71 @@ TEST(CachingHeldForOtherStreams, CachedBlocksOfAnotherStreamAndPendingEventsAreH
   ASSERT_TRUE(a.malloc(0, 64 * MiB, 1));  // an offload stream's transfer copy: its own 64 MiB segment
   ASSERT_TRUE(a.malloc(1, 30 * MiB, 0));  // the compute stream's conversion
   a.free(0);                              // cached in stream 1's pool
-  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB);  // the compute stream cannot reuse it
-  EXPECT_EQ(a.held_for_other_streams(1), 0u);        // its own stream can
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 64 * MiB);  // the compute stream cannot reuse it
+  EXPECT_EQ(a.held_for_other_streams(1, 0), 0u);        // its own stream can
   a.free(1);
-  EXPECT_EQ(a.held_for_other_streams(1), 30 * MiB);  // a 30 MiB block of the compute stream's 30 MiB segment
+  EXPECT_EQ(a.held_for_other_streams(1, 0), 30 * MiB);  // a 30 MiB block of the compute stream's 30 MiB segment
   // A block used on another stream (record_stream) waits for that stream's event: nobody may
   // reuse it until a malloc sees the event complete.
   ASSERT_TRUE(a.malloc(2, 20 * MiB, 0));  // reuses nothing of stream 1: the 30 MiB block splits
   a.record_stream(2, 1);
   a.free(2);
-  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB + 20 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 64 * MiB + 20 * MiB);
   a.synchronize();
   ASSERT_TRUE(a.malloc(3, 512, 0));  // process_events: the 20 MiB block is back in stream 0's pool
-  EXPECT_EQ(a.held_for_other_streams(0), 64 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 64 * MiB);
   a.empty_cache();
-  EXPECT_EQ(a.held_for_other_streams(0), 0u);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 0u);
+}
+
+// With a request, only what that request could have taken had it been the stream's own: the
+// origin of an "other streams' frees" diagnosis that was really segment-tail slack (a campaign's
+// qwen-image case: 692 weights of 30.38 MiB, each in a 32 MiB segment of the compute stream,
+// left 1.62 MiB tails that no 5.06 MiB transfer copy on the offload stream could use anyway).
+TEST(CachingHeldForOtherStreams, ARequestCountsOnlyTheBlocksThatCouldHaveHeldIt) {
+  SimDevice d(spec_of(1 * GiB));
+  CachingAllocator a(d, {});
+  // Three weights of 30 MiB + 384 KiB on the compute stream: each a 32 MiB segment (large
+  // requests round up to 2 MiB) with a free tail of 1.625 MiB in stream 0's large pool.
+  const Bytes weight = 30 * MiB + 384 * KiB;
+  for (BlockKey k = 0; k < 3; ++k) ASSERT_TRUE(a.malloc(k, weight, 0));
+  EXPECT_EQ(a.stats().reserved.current, 96 * MiB);
+  const Bytes tail = 32 * MiB - weight;
+  EXPECT_EQ(a.held_for_other_streams(1, 0), 3 * tail);            // every byte stream 1 cannot take
+  EXPECT_EQ(a.held_for_other_streams(1, 5 * MiB + 64 * KiB), 0u);  // none would hold 5.06 MiB
+  EXPECT_EQ(a.held_for_other_streams(1, tail), 3 * tail);         // each would hold exactly its size
+  EXPECT_EQ(a.held_for_other_streams(1, tail + 1), 0u);           // 512 B-rounded: one byte more is too much
+  EXPECT_EQ(a.held_for_other_streams(1, 512 * KiB), 0u);          // a small request: the small pool, empty
+  EXPECT_EQ(a.held_for_other_streams(0, 1 * MiB + 1), 0u);        // its own stream: nothing held
+  // A 64 MiB block freed on stream 1: a 5 MiB request of stream 0 could have split it.
+  ASSERT_TRUE(a.malloc(3, 64 * MiB, 1));
+  a.free(3);
+  EXPECT_EQ(a.held_for_other_streams(0, 5 * MiB), 64 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 64 * MiB), 64 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 64 * MiB + 1), 0u);
+  // A block waiting for another stream's event counts once, however many events it waits for.
+  ASSERT_TRUE(a.malloc(4, 20 * MiB, 0));
+  a.record_stream(4, 1);
+  a.record_stream(4, 2);
+  a.free(4);
+  EXPECT_EQ(a.held_for_other_streams(0, 8 * MiB), 64 * MiB + 20 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 32 * MiB), 64 * MiB);
+}
+
+// max_split_size_mb: a request below it never takes an oversize block, so another stream's
+// oversize block is not held from it; an oversize request takes one within
+// max_non_split_rounding (20 MiB by default) of its size.
+TEST(CachingHeldForOtherStreams, TheOversizeRulesDecideWhatARequestCouldHaveTaken) {
+  SimDevice d(spec_of(1 * GiB));
+  CachingOptions o;
+  o.max_split_size = 64 * MiB;
+  CachingAllocator a(d, o);
+  ASSERT_TRUE(a.malloc(0, 100 * MiB, 1));
+  a.free(0);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 100 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 8 * MiB), 0u);     // below max_split: never an oversize block
+  EXPECT_EQ(a.held_for_other_streams(0, 90 * MiB), 100 * MiB);  // wastes 10 MiB < 20 MiB
+  EXPECT_EQ(a.held_for_other_streams(0, 80 * MiB), 0u);    // would waste exactly 20 MiB: refused
 }
 
 }  // namespace

@@ -200,8 +200,10 @@ class CudaBackend::Case {
   bool read_allocator(Bytes free_now, Bytes& reserved, Bytes& allocated);
   // The caching model's other-stream blocks, at a peak and after a failed malloc; the driver's
   // async pool does not say (0).
-  Bytes held_for_others(std::uint32_t stream) const { return caching_ ? caching_->held_for_other_streams(stream) : 0; }
-  Bytes held_at_oom(std::uint32_t stream) const { return caching_ ? caching_->held_at_oom(stream) : 0; }
+  Bytes held_for_others(std::uint32_t stream, Bytes request) const {
+    return caching_ ? caching_->held_for_other_streams(stream, request) : 0;
+  }
+  Bytes held_at_oom(std::uint32_t stream, Bytes request) const { return caching_ ? caching_->held_at_oom(stream, request) : 0; }
   void cleanup();
   void fault(const Status& s, std::uint32_t op);  // ends the case with an error
   Stream stream(std::uint8_t i) const { return b_.streams_[i]; }
@@ -370,7 +372,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::dynamic_op(std::uint32_t i, const 
     (void)rt_.mem_get_info(free_now, total);
     Bytes reserved = 0, allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail, held_at_oom(op.stream)};
+    r_.oom = OomEvent{i, res.request, free_now, reserved, allocated, res.detail, held_at_oom(op.stream, res.request)};
     account(i, op, res.failure, res.request);
     return Outcome::oom;
   }
@@ -687,7 +689,7 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
     Bytes reserved = 0;
     Bytes allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail, held_at_oom(op.stream)};
+    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail, held_at_oom(op.stream, bytes)};
     if (aimdo_) account(i, op, "torch allocation", bytes);
     return Outcome::oom;
   }
@@ -857,7 +859,7 @@ bool CudaBackend::Case::measure(std::uint32_t i) {
     r_.stage_reserved_peak[stage] = reserved;
     r_.stage_reserved_peak_op[stage] = i;
     r_.stage_allocated_at_peak[stage] = allocated;
-    r_.stage_held_at_peak[stage] = held_for_others(op.stream);
+    r_.stage_held_at_peak[stage] = held_for_others(op.stream, op_request(p_, op));
   }
   if (reserved > r_.reserved_peak) {
     r_.reserved_peak = reserved;

@@ -465,8 +465,10 @@ class Hooked final : public Allocator {
   void reset_peak_stats() override { inner_->reset_peak_stats(); }
   void live_blocks(std::vector<BlockView>& out) const override { inner_->live_blocks(out); }
   const std::optional<OomInfo>& last_oom() const override { return inner_->last_oom(); }
-  Bytes held_for_other_streams(StreamId stream) const override { return inner_->held_for_other_streams(stream); }
-  Bytes held_at_oom(StreamId stream) const override { return inner_->held_at_oom(stream); }
+  Bytes held_for_other_streams(StreamId stream, Bytes request) const override {
+    return inner_->held_for_other_streams(stream, request);
+  }
+  Bytes held_at_oom(StreamId stream, Bytes request) const override { return inner_->held_at_oom(stream, request); }
   void reserve_keys(std::size_t keys) override {
     inner_->reserve_keys(keys);
     sizes_.reserve(keys);

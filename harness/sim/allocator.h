@@ -97,14 +97,19 @@ class Allocator {
   // belong to another stream: blocks cached in other streams' pools or freed with other
   // streams' events still pending (caching), free pool ranges whose frees `stream` is not
   // ordered after (async). Part of reserved - allocated; 0 where there is no cache (raw).
-  virtual Bytes held_for_other_streams(StreamId stream) const {
+  // `request` > 0: only what a malloc of that many bytes could have taken had it been the
+  // stream's own (a block of the request's pool at least its rounded size; a run of adjacent
+  // free ranges at least that long): a 1.6 MiB segment tail of another stream cannot hold a
+  // 5 MiB request on any stream, so it is slack, not a stream's holding. 0: every such byte.
+  virtual Bytes held_for_other_streams(StreamId stream, Bytes request) const {
     (void)stream;
+    (void)request;
     return 0;
   }
-  // The same right after a malloc on `stream` failed: what that malloc could not take. The
-  // async pool takes other streams' frees before it fails (ReuseAllowInternalDependencies), so
-  // there, with that policy on, nothing was held from it.
-  virtual Bytes held_at_oom(StreamId stream) const { return held_for_other_streams(stream); }
+  // The same right after a malloc of `request` bytes on `stream` failed: what that malloc could
+  // not take. The async pool takes other streams' frees before it fails
+  // (ReuseAllowInternalDependencies), so there, with that policy on, nothing was held from it.
+  virtual Bytes held_at_oom(StreamId stream, Bytes request) const { return held_for_other_streams(stream, request); }
   // A hint: keys will be below `keys` (a program's buffer count), so per-key tables are sized
   // once instead of growing (and moving) as a program of millions of buffers runs.
   virtual void reserve_keys(std::size_t keys) { (void)keys; }

@@ -169,18 +169,49 @@ bool AsyncPoolAllocator::usable(const Range& r, StreamId stream) const {
 
 // Free ranges `stream` may not reuse yet: other streams' frees it is not ordered after (the
 // driver would take them only once the pool cannot grow, ReuseAllowInternalDependencies).
-Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream) const {
+Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream, Bytes request) const {
   // A stream the pool has not seen yet is ordered after nothing: only synchronized frees and
   // those the coin completed are its to take.
   // Synchronized frees are everyone's: only the ranges of a stream (or the unifier) are visited,
   // through their slots, so a traced run pays for the frees since the last sync, not the pool.
   const bool seen = stream < seen_.size();
+  std::vector<DeviceAddr> withheld;  // starts of the ranges `stream` may not take
   Bytes held = 0;
   sizes_.for_each_except(kAnyStream, [&](const FreeIndex::Entry& e) {
     const Range& r = slots_[e.block]->second;
     const bool ok = seen ? usable(r, stream) : options_.reuse_allow_opportunistic && r.opportunistic;
-    if (!ok) held += r.size;
+    if (ok) return;
+    held += r.size;
+    if (request > 0) withheld.push_back(r.start);
   });
+  if (request == 0 || held == 0) return held;
+  // With a request: only the withheld ranges in a run of adjacent free memory (whoever owns it)
+  // long enough for it, i.e. where the request would have gone had every free been this
+  // stream's. Each run is walked once: the withheld ranges are visited in address order.
+  const Bytes rounded = request >= kMaxAsyncRequest ? request : round_up(request, kAsyncAlign);
+  std::sort(withheld.begin(), withheld.end());
+  held = 0;
+  DeviceAddr run_end = 0;  // the end of the last run walked
+  bool run_fits = false;
+  for (const DeviceAddr start : withheld) {
+    const auto it = open_.upper_bound(start);  // the range starting at `start`
+    if (start >= run_end) {
+      auto lo = it;
+      while (lo != open_.begin()) {
+        const auto below = std::prev(lo);
+        if (below->second.kind != Kind::free || below->first != lo->second.start) break;
+        lo = below;
+      }
+      Bytes total = 0;
+      auto hi = lo;
+      for (; hi != open_.end() && hi->second.kind == Kind::free && (hi == lo || std::prev(hi)->first == hi->second.start); ++hi) {
+        total += hi->second.size;
+      }
+      run_end = std::prev(hi)->first;
+      run_fits = total >= rounded;
+    }
+    if (run_fits) held += it->second.size;
+  }
   return held;
 }
 

@@ -77,9 +77,9 @@ class AsyncPoolAllocator final : public Allocator {
   void reset_peak_stats() override;
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
-  Bytes held_for_other_streams(StreamId stream) const override;
-  Bytes held_at_oom(StreamId stream) const override {
-    return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream);
+  Bytes held_for_other_streams(StreamId stream, Bytes request) const override;
+  Bytes held_at_oom(StreamId stream, Bytes request) const override {
+    return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream, request);
   }
   void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
 

@@ -367,9 +367,34 @@ void CachingAllocator::process_events() {
 // A malloc on `stream` reuses only its own stream's cached blocks (PyTorch keys the free lists
 // by stream); blocks cached for other streams and blocks still waiting for other streams'
 // events are reserved memory it cannot have (until an OOM's release frees whole segments).
-Bytes CachingAllocator::held_for_other_streams(StreamId stream) const {
-  Bytes held = awaiting_bytes_;
-  for (const Pool* pool : {&large_, &small_}) held += pool->blocks.total_bytes() - pool->blocks.bytes(stream);
+Bytes CachingAllocator::held_for_other_streams(StreamId stream, Bytes request) const {
+  if (request == 0 || request >= kMaxRequest) {
+    Bytes held = awaiting_bytes_;
+    for (const Pool* pool : {&large_, &small_}) held += pool->blocks.total_bytes() - pool->blocks.bytes(stream);
+    return held;
+  }
+  // What get_free_block would have taken for this request: a block of the request's pool of at
+  // least its rounded size, within the oversize rules (a request below max_split never takes an
+  // oversize block; an oversize one only a block that wastes less than max_non_split_rounding).
+  const Bytes rounded = round_size(request, options_.roundup_divisions);
+  const bool small = rounded <= kSmallSize;
+  const Bytes hi = rounded < options_.max_split_size ? options_.max_split_size
+                   : rounded > kUnlimited - options_.max_non_split_rounding ? kUnlimited
+                                                                            : rounded + options_.max_non_split_rounding;
+  const Pool& pool = small ? small_ : large_;
+  Bytes held = pool.blocks.bytes_in(stream, rounded, hi);
+  // Blocks still waiting for other streams' events, whichever stream freed them (each once,
+  // however many of its events are pending).
+  if (awaiting_bytes_ > 0) {
+    std::vector<Index> waiting;
+    for (const PendingEvent& e : pending_) {
+      const Block& b = blocks_[e.block];
+      if (b.small == small && b.size >= rounded && b.size < hi) waiting.push_back(e.block);
+    }
+    std::sort(waiting.begin(), waiting.end());
+    waiting.erase(std::unique(waiting.begin(), waiting.end()), waiting.end());
+    for (const Index b : waiting) held += blocks_[b].size;
+  }
   return held;
 }
 

@@ -108,7 +108,7 @@ class CachingAllocator final : public Allocator {
   void reset_peak_stats() override;
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
-  Bytes held_for_other_streams(StreamId stream) const override;
+  Bytes held_for_other_streams(StreamId stream, Bytes request) const override;
   void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
 
   // Introspection for tests and reports.

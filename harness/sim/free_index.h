@@ -149,6 +149,25 @@ class FreeIndex {
     }
   }
 
+  // The bytes of the entries with lo <= size < hi in every stream but `skip` (bins below lo's
+  // and above hi's are not visited).
+  Bytes bytes_in(StreamId skip, Bytes lo, Bytes hi) const {
+    if (lo >= hi) return 0;
+    const std::uint32_t first = bin_of(lo);
+    const std::uint32_t last = bin_of(hi - 1);
+    Bytes sum = 0;
+    for (const Lane& lane : lanes_) {
+      if (lane.stream == skip || lane.count == 0) continue;
+      for (std::uint32_t b = first; b <= last; ++b) {
+        if ((lane.nonempty[b / 64] >> (b % 64) & 1) == 0) continue;
+        for (const Entry& e : lane.bins[b]) {
+          if (e.size >= lo && e.size < hi) sum += e.size;
+        }
+      }
+    }
+    return sum;
+  }
+
   // Appends every entry's block (all streams) to `out`.
   void collect(std::vector<std::uint32_t>& out) const {
     for_each([&](const Entry& e) { out.push_back(e.block); });
