@@ -95,6 +95,10 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   Bytes others_at_poll = s.device.used_by_others;  // what other processes held at aimdo's last poll
   std::uint64_t poll_seen = 0;
   if (opt.record_trace) r.trace.reserve(p.ops.size());
+  // The trace's held column: at an allocation, what it could have taken of other streams' free
+  // memory (attribution's "other streams' frees" at a judged op); between allocations, the last
+  // allocation's figure, so the timeline's band is the view that decides each growth.
+  Bytes trace_held = 0;
   Bytes live = 0;
 
   // The account of a dynamic OOM (docs/dynamic.md "The property").
@@ -216,7 +220,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
         row.cast = aimdo->cast_bytes();
       }
       row.time_us = now_us;
-      row.held = alloc->held_for_other_streams(op.stream, op_request(p, op));
+      if (runs && op.kind == OpKind::alloc) trace_held = alloc->held_for_other_streams(op.stream, op_request(p, op));
+      row.held = trace_held;
       r.trace.push_back(row);
     }
     if (r.oom) {

@@ -316,21 +316,24 @@ TEST_F(Reports, TheTimelineSaysWhatTheLiveBytesAreMadeOf) {
   EXPECT_GE(count(html, "class=\"budget b-weights\""), cases);
 }
 
-// Other streams' frees in the timeline: twelve 320 MiB fp16 weights, four of them offloaded and
-// copied on two offload streams under `caching`, on a card where they pass. A copy is freed on
-// its offload stream, so its block stays cached in that stream's pool, where the compute stream
-// cannot reuse it (op 28 reuses one on its own stream): after the last copy is freed, all 960 MiB
-// of reserved - allocated are three such blocks. The trace carries the held bytes per row (never
-// more than reserved - allocated), and the timeline draws them as their own band above allocated
-// instead of inside the slack.
+// Other streams' frees in the timeline: a 640 MiB and ten 320 MiB fp16 weights, four of the
+// 320 MiB ones offloaded and copied on two offload streams under `caching`, then a small fp8
+// weight (10 MiB) upcast on the compute stream, on a card where they pass. A copy is freed on
+// its offload stream, so its block stays cached in that stream's pool (op 29 reuses one on its
+// own stream); when the last module's 20 MiB fp16 copy is allocated on the compute stream (op
+// 49), three such 320 MiB blocks, 960 MiB, could each have held it but may not: the pool grows by
+// 20 MiB. The trace carries the held bytes per row (never more than reserved - allocated), and the
+// timeline draws them as their own band above allocated instead of inside the slack.
 TEST_F(Reports, TheTimelineDrawsOtherStreamsFreesAsTheirOwnBand) {
   const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "held",
     "device": {"total": "4GiB"}, "allocator": {"mode": "caching"},
     "policy": "comfy:oct2025", "offload_streams": 2,
     "workload": {"width": 256, "height": 256, "batch": 1, "cfg": 1.0},
     "models": [{"id": "te", "kind": "text_encoder", "family": "mistral", "compute": "fp16",
-                "modules": [{"name": "down_proj", "repeat": 12,
-                             "tensors": [{"name": "weight", "shape": [5120, 32768], "dtype": "fp16"}]}]}],
+                "modules": [{"name": "up_proj", "tensors": [{"name": "weight", "shape": [5120, 65536], "dtype": "fp16"}]},
+                            {"name": "down_proj", "repeat": 10,
+                             "tensors": [{"name": "weight", "shape": [5120, 32768], "dtype": "fp16"}]},
+                            {"name": "lm_head", "tensors": [{"name": "weight", "shape": [5120, 2048], "dtype": "fp8_e4m3fn"}]}]}],
     "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]})";
   Catalog catalog;
   SimBackend sim;
