@@ -159,7 +159,7 @@ class FreeIndex {
     for (const Lane& lane : lanes_) {
       if (lane.stream == skip || lane.count == 0) continue;
       for (std::uint32_t b = first; b <= last; ++b) {
-        if ((lane.nonempty[b / 64] >> (b % 64) & 1) == 0) continue;
+        if (((lane.nonempty[b / 64] >> (b % 64)) & 1) == 0) continue;
         for (const Entry& e : lane.bins[b]) {
           if (e.size >= lo && e.size < hi) sum += e.size;
         }
