@@ -18,6 +18,7 @@
 #include "harness/comfy_log.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/core/json_text.h"
 #include "harness/predictors/external.h"
 #include "harness/sim/allocator.h"
 #include "models/import.h"
@@ -1494,26 +1495,6 @@ void add_scenario_tail_json(const Scenario& s, nlohmann::ordered_json& j) {
   j["pipeline"] = std::move(pipe);
   if (nlohmann::json a = activation_spec_json(s.activations); !a.is_null()) j["activations"] = std::move(a);
   if (s.from_log) j["from_log"] = from_log_json(*s.from_log);
-}
-
-// Appends `text` as a JSON string exactly as nlohmann's dump writes it. Printable ASCII without
-// a quote or backslash (every name vramfuzz's catalog and generator make) is copied; anything
-// else goes through nlohmann itself, so escapes and its UTF-8 check are its own.
-void append_json_string(std::string& out, std::string_view text) {
-  for (const char c : text) {
-    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
-      out += nlohmann::json(std::string(text)).dump();
-      return;
-    }
-  }
-  out += '"';
-  out += text;
-  out += '"';
-}
-
-void append_uint(std::string& out, std::uint64_t v) {
-  const fmt::format_int f(v);
-  out.append(f.data(), f.size());
 }
 
 // The modules of an inline spec as model_json writes them: [{"cast_hook":false,"name":...,

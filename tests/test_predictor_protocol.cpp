@@ -149,6 +149,52 @@ TEST(PredictorProtocol, TheCompactTextIsTheDocumentsByteForByte) {
   EXPECT_THROW((void)scenario_json_compact(s), nlohmann::json::type_error);
 }
 
+// predict-serve's reply is written as text (PlanText in protocol.cpp): the same bytes as the
+// plan's document dumped, for classic and dynamic plans, named by module and by index, with
+// evictions (a pipeline of several models), LoRA patches, and a model id and module name that
+// need escaping.
+TEST(PredictorProtocol, ThePlanReplyTextIsTheDocumentsByteForByte) {
+  Catalog catalog;
+  std::size_t dynamic = 0, evictions = 0, costs = 0;
+  auto reference = [](const Scenario& s, const Plan& p, std::uint64_t id, bool by_index) {
+    nlohmann::ordered_json j;
+    j["type"] = "plan";
+    j["id"] = id;
+    j["plan"] = plan_json(s, p, by_index);
+    return j.dump() + "\n";
+  };
+  for (std::uint64_t seed = 1; seed <= 160; ++seed) {
+    const Scenario s = generated(seed, catalog, seed % 2 ? "comfy:dec2025" : "comfy:sep2026");
+    const Plan p = predict(s);
+    for (const LoadPlan& lp : p.loads) {
+      dynamic += lp.dynamic;
+      evictions += lp.evictions.size();
+      costs += !lp.offload_cost.empty();
+    }
+    for (const bool by_index : {false, true}) {
+      ASSERT_EQ(plan_reply_line(s, p, seed * 1000003, by_index), reference(s, p, seed * 1000003, by_index))
+          << "seed " << seed << (by_index ? " by index" : "");
+    }
+  }
+  EXPECT_GT(dynamic, 0u);
+  EXPECT_GT(evictions, 0u);
+  EXPECT_GT(costs, 0u);
+  // Names that need escaping, and a negative usable budget.
+  Scenario s = generated(3, catalog, "comfy:dec2025");
+  auto spec = std::make_shared<ModelSpec>(*s.models[0].spec);
+  spec->modules[0].name = "a \"quoted\" \\ name\twith UTF-8 \xc3\xa9";
+  s.models[0].spec = spec;
+  s.models[0].id = "id \"x\"";
+  Plan p = predict(s);
+  ASSERT_FALSE(p.loads.empty());
+  p.loads[0].usable = -123456789;
+  p.loads[0].resident.assign(spec->modules.size(), 1);
+  const std::string line = plan_reply_line(s, p, 7, false);
+  EXPECT_EQ(line, reference(s, p, 7, false));
+  EXPECT_NE(line.find(R"("a \"quoted\" \\ name\twith UTF-8 é")"), std::string::npos);
+  EXPECT_NE(line.find(R"("usable":-123456789,)"), std::string::npos);
+}
+
 // With spec refs a held spec is its spec_ref; a new one is written whole, spec_ref its last key.
 TEST(PredictorProtocol, ARequestsModelsKeepTheirKeyOrderWithASpecRefLast) {
   Catalog catalog;
