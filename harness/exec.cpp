@@ -205,7 +205,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.stage_reserved_peak[op.stage] = st.reserved.current;
       r.stage_reserved_peak_op[op.stage] = i;
       r.stage_allocated_at_peak[op.stage] = st.allocated.current;
-      r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream, op_request(p, op));
+      r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream, runs ? op_request(p, op) : 0);
     }
     if (st.reserved.current > r.reserved_peak) {
       r.reserved_peak = st.reserved.current;
@@ -221,7 +221,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       }
       row.time_us = now_us;
       if (runs && op.kind == OpKind::alloc) trace_held = alloc->held_for_other_streams(op.stream, op_request(p, op));
-      row.held = trace_held;
+      // A release since (empty_cache, a flush, a trim at sync) can leave less unallocated.
+      row.held = std::min(trace_held, sat_sub(st.reserved.current, st.allocated.current));
       r.trace.push_back(row);
     }
     if (r.oom) {

@@ -325,7 +325,8 @@ TEST(AsyncPool, FreesOfAnotherStreamAreHeldUntilAnEventEdgeOrASync) {
 TEST(AsyncPool, ARequestCountsOnlyWithheldRangesInARunLongEnoughForIt) {
   SimDevice d(spec_of(1 * GiB));
   AsyncPoolAllocator a(d, no_opportunistic(), 0);
-  // [0: 8 MiB s1][1: 4 MiB s0][2: 8 MiB s1][3: 2 MiB s0 live] then the pool's free tail.
+  // [0: 8 MiB s1][1: 4 MiB s0][2: 8 MiB s1][3: 2 MiB s0 live]: 22 MiB, all of the pool's mapped
+  // memory (2 MiB chunks), then unmapped address space.
   ASSERT_TRUE(a.malloc(0, 8 * MiB, 1));
   ASSERT_TRUE(a.malloc(1, 4 * MiB, 0));
   ASSERT_TRUE(a.malloc(2, 8 * MiB, 1));
@@ -340,7 +341,41 @@ TEST(AsyncPool, ARequestCountsOnlyWithheldRangesInARunLongEnoughForIt) {
   EXPECT_EQ(a.held_for_other_streams(0, 20 * MiB), 16 * MiB);
   EXPECT_EQ(a.held_for_other_streams(0, 20 * MiB + 1), 0u);
   EXPECT_EQ(a.held_for_other_streams(1, 4 * MiB), 4 * MiB);   // stream 1 may not take stream 0's
+  EXPECT_EQ(a.held_for_other_streams(1, 20 * MiB), 4 * MiB);  // its run reaches down and up: 20 MiB
   EXPECT_EQ(a.held_for_other_streams(1, 21 * MiB), 0u);
+}
+
+// A withheld range next to unmapped address space is where grow() would have put a larger
+// request, mapping only the rest; and right after a malloc, the block it placed counts as the
+// free and unmapped memory it was taken from.
+TEST(AsyncPool, AWithheldRangeBesideUnmappedSpaceOrTheBlockJustPlacedCounts) {
+  SimDevice d(spec_of(1 * GiB));
+  {
+    AsyncPoolAllocator a(d, no_opportunistic(), 0);
+    ASSERT_TRUE(a.malloc(0, 2 * MiB, 0));
+    ASSERT_TRUE(a.malloc(1, 8 * MiB, 1));  // [0: 2 MiB s0][1: 8 MiB s1], then unmapped
+    a.free(1);
+    EXPECT_EQ(a.stats().reserved.current, 10 * MiB);
+    EXPECT_EQ(a.held_for_other_streams(0, 12 * MiB), 8 * MiB);  // 8 MiB there + 4 MiB mapped above
+    ASSERT_TRUE(a.malloc(2, 12 * MiB, 0));  // stream 0 may not: the pool grows by 12 MiB
+    EXPECT_EQ(a.stats().reserved.current, 22 * MiB);
+    EXPECT_EQ(a.held_for_other_streams(0, 12 * MiB), 8 * MiB);  // still beside its new block
+  }
+  {
+    AsyncPoolAllocator a(d, no_opportunistic(), 0);
+    ASSERT_TRUE(a.malloc(0, 8 * MiB, 1));
+    ASSERT_TRUE(a.malloc(1, 4 * MiB, 0));  // [0: 8 MiB s1][1: 4 MiB s0], 12 MiB mapped
+    a.free(0);
+    a.free(1);
+    // Stream 0 asks 10 MiB: its own 4 MiB and the unmapped space above make the run grow()
+    // places it on, at [8, 18) MiB, mapping 6 MiB. Measured after it, stream 1's 8 MiB below
+    // is beside that block: with it, the request would have needed no new chunk.
+    ASSERT_TRUE(a.malloc(2, 10 * MiB, 0));
+    EXPECT_EQ(a.stats().reserved.current, 18 * MiB);
+    EXPECT_EQ(a.held_for_other_streams(0, 10 * MiB), 8 * MiB);
+    ASSERT_TRUE(a.malloc(3, 2 * MiB, 0));  // another malloc: the 10 MiB block is a tensor like any
+    EXPECT_EQ(a.held_for_other_streams(0, 10 * MiB), 0u);
+  }
 }
 
 }  // namespace

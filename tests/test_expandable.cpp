@@ -151,5 +151,21 @@ TEST(ExpandableSegments, MemoryFractionUsesTheNativeSegmentSize) {
   EXPECT_EQ(a.stats().num_ooms, 1u);
 }
 
+// Other streams' frees with expandable segments: a free block at the end of its segment can grow
+// into the unmapped address space after it, so it could have held a request larger than itself
+// had it been the asking stream's (held_for_other_streams with a request).
+TEST(ExpandableSegments, AFreeTailThatCouldGrowIsHeldFromALargerRequest) {
+  SimDevice d(spec_of(1 * GiB));
+  CachingAllocator a = expandable(d);
+  ASSERT_TRUE(a.malloc(0, 15 * MiB, 1));  // one 20 MiB page of stream 1's segment: a 5 MiB free tail
+  EXPECT_EQ(a.stats().reserved.current, 20 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 0), 5 * MiB);
+  EXPECT_EQ(a.held_for_other_streams(0, 4 * MiB), 5 * MiB);   // the tail itself would do
+  EXPECT_EQ(a.held_for_other_streams(0, 25 * MiB), 5 * MiB);  // the tail and one more page
+  EXPECT_EQ(a.held_for_other_streams(1, 25 * MiB), 0u);       // its own stream's
+  ASSERT_TRUE(a.malloc(1, 25 * MiB, 0));  // stream 0 maps two pages of its own segment
+  EXPECT_EQ(a.stats().reserved.current, 60 * MiB);
+}
+
 }  // namespace
 }  // namespace vf::sim

@@ -1,13 +1,15 @@
 // FreeIndex (harness/sim/free_index.h) against the ordered set it stands in for: a
 // std::set<(stream, size, address)>, on random inserts, erases and replaces over streams that
 // take both lane lookups (the table for ids below 256 and the top 16 ids, the scan for others),
-// sizes that stay in one bin or move between bins, and best-fit queries after every step.
+// sizes that stay in one bin or move between bins, best-fit queries after every step and byte
+// sums over size windows; and copies and moves.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <iterator>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "harness/core/splitmix.h"
@@ -73,6 +75,17 @@ TEST(FreeIndex, AgreesWithAnOrderedSetOnRandomUpdatesOverEveryKindOfStreamId) {
       present[i] = moved;
     }
     ASSERT_EQ(index.size(), ref.size()) << "step " << step;
+    // bytes_in over a drawn size window, every stream but one.
+    if (step % 16 == 0) {
+      const std::uint32_t skip = streams[rng.below(std::size(streams))];
+      const Bytes lo = draw_size();
+      const Bytes hi = rng.below(4) == 0 ? ~Bytes{0} : lo + draw_size();
+      Bytes want = 0;
+      for (const Key& k : ref) {
+        if (std::get<0>(k) != skip && std::get<1>(k) >= lo && std::get<1>(k) < hi) want += std::get<1>(k);
+      }
+      ASSERT_EQ(index.bytes_in(skip, lo, hi), want) << "step " << step << " skip " << skip << " [" << lo << ", " << hi << ")";
+    }
     // A best-fit query on every stream, and per-stream bytes and counts.
     for (const std::uint32_t s : streams) {
       const Bytes want = draw_size();
@@ -112,6 +125,26 @@ TEST(FreeIndex, AgreesWithAnOrderedSetOnRandomUpdatesOverEveryKindOfStreamId) {
   }
   EXPECT_EQ(index.total_bytes(), total);
   EXPECT_GT(ref.size(), 1000u);  // the updates left a populated index to compare
+}
+
+TEST(FreeIndex, ACopyIsIndependentAndAMovedFromIndexIsEmpty) {
+  FreeIndex a;
+  a.insert(0, 4096, 0x1000, 1);
+  a.insert(0xffffffffu, 8192, 0x2000, 2);
+  FreeIndex copy = a;
+  copy.erase(0, 4096, 0x1000);
+  EXPECT_EQ(a.count(0), 1u);
+  EXPECT_EQ(copy.count(0), 0u);
+  EXPECT_EQ(copy.count(0xffffffffu), 1u);
+  FreeIndex moved = std::move(a);
+  EXPECT_EQ(moved.size(), 2u);
+  EXPECT_EQ(moved.at(moved.lower_bound(0xffffffffu, 1)).block, 2u);
+  // NOLINTNEXTLINE(bugprone-use-after-move): the moved-from state is what is tested
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_FALSE(a.lower_bound(0, 0).valid);
+  EXPECT_EQ(a.bytes(0xffffffffu), 0u);
+  a.insert(0, 512, 0x3000, 3);  // usable again
+  EXPECT_EQ(a.count(0), 1u);
 }
 
 TEST(FreeIndex, AStreamNeverSeenHasNoEntriesWhateverItsId) {

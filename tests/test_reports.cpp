@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -350,6 +351,14 @@ TEST_F(Reports, TheTimelineDrawsOtherStreamsFreesAsTheirOwnBand) {
     most = std::max(most, h);
   }
   EXPECT_EQ(most, 960 * MiB);
+  // Before op 49 no allocation could have used another stream's block (each copy reuses its own
+  // stream's): the band is 0 there even after the copies were freed (op 42: 960 MiB cached, held
+  // from nothing yet); from the upcast on, all three blocks.
+  std::map<std::uint64_t, std::uint64_t> held_at;
+  for (std::size_t i = 0; i < t["rows"].size(); ++i) held_at[t["rows"][i][0].get<std::uint64_t>()] = t["held"][i].get<std::uint64_t>();
+  ASSERT_TRUE(held_at.count(42) && held_at.count(49)) << t["rows"].dump();
+  EXPECT_EQ(held_at[42], 0u);
+  EXPECT_EQ(held_at[49], 960 * MiB);
   Json d = doc();
   d["findings"][0]["case"] = cv;
   const std::string html = report::html_report(d, ".");

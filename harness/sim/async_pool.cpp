@@ -185,29 +185,42 @@ Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream, Bytes request)
     if (request > 0) withheld.push_back(r.start);
   });
   if (request == 0 || held == 0) return held;
-  // With a request: only the withheld ranges in a run of adjacent free memory (whoever owns it)
-  // long enough for it, i.e. where the request would have gone had every free been this
-  // stream's. Each run is walked once: the withheld ranges are visited in address order.
+  // With a request: only the withheld ranges in a run long enough for it, where the pool would
+  // have placed it had every free been this stream's: adjacent free memory (whoever owns it) and
+  // unmapped address space (grow() maps chunks into a run), across the block the last malloc
+  // placed (held right after it is asked about the memory before it). Each run is walked once:
+  // the withheld ranges are visited in address order.
   const Bytes rounded = request >= kMaxAsyncRequest ? request : round_up(request, kAsyncAlign);
+  auto joined = [&](Open::const_iterator below, Open::const_iterator above, Bytes& bridge) {
+    bridge = 0;
+    if (below->first == above->second.start) return true;
+    if (last_placed_size_ > 0 && below->first == last_placed_ && last_placed_ + last_placed_size_ == above->second.start) {
+      bridge = last_placed_size_;
+      return true;
+    }
+    return false;
+  };
   std::sort(withheld.begin(), withheld.end());
   held = 0;
   DeviceAddr run_end = 0;  // the end of the last run walked
   bool run_fits = false;
   for (const DeviceAddr start : withheld) {
-    const auto it = open_.upper_bound(start);  // the range starting at `start`
+    const Open::const_iterator it = open_.upper_bound(start);  // the range starting at `start`
     if (start >= run_end) {
-      auto lo = it;
-      while (lo != open_.begin()) {
-        const auto below = std::prev(lo);
-        if (below->second.kind != Kind::free || below->first != lo->second.start) break;
+      Bytes total = it->second.size;
+      Bytes bridge = 0;
+      for (Open::const_iterator lo = it; lo != open_.begin();) {
+        const Open::const_iterator below = std::prev(lo);
+        if (!joined(below, lo, bridge)) break;
+        total += below->second.size + bridge;
         lo = below;
       }
-      Bytes total = 0;
-      auto hi = lo;
-      for (; hi != open_.end() && hi->second.kind == Kind::free && (hi == lo || std::prev(hi)->first == hi->second.start); ++hi) {
-        total += hi->second.size;
+      Open::const_iterator hi = it;
+      for (Open::const_iterator above = std::next(hi); above != open_.end() && joined(hi, above, bridge); ++above) {
+        total += above->second.size + bridge;
+        hi = above;
       }
-      run_end = std::prev(hi)->first;
+      run_end = hi->first;
       run_fits = total >= rounded;
     }
     if (run_fits) held += it->second.size;
@@ -223,6 +236,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   }
   if (key >= keys_.size()) keys_.resize(static_cast<std::size_t>(key) + 1);
   ensure_stream(stream);
+  last_placed_size_ = 0;  // held_for_other_streams bridges only the block this malloc places
   if (size == 0) {  // PyTorch does not call cudaMallocAsync for an empty tensor
     keys_[key] = Live{true, true, 0, 0, 0, stream, false};
     return true;
@@ -258,6 +272,8 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     return false;
   }
   carve(slot != kNoSlot ? slots_[slot] : starting_at(at), at, rounded);
+  last_placed_ = at;
+  last_placed_size_ = rounded;
   keys_[key] = Live{true, false, at, rounded, size, stream, false};
   stats_.allocated.add(rounded);
   stats_.active.add(rounded);
@@ -423,6 +439,7 @@ void AsyncPoolAllocator::free(BlockKey key) {
   }
   Live& l = keys_[key];
   l.live = false;
+  last_placed_size_ = 0;
   if (l.zero) return;
   stats_.allocated.sub(l.size);
   stats_.active.sub(l.size);

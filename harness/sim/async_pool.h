@@ -176,6 +176,10 @@ class AsyncPoolAllocator final : public Allocator {
   std::vector<std::vector<std::uint64_t>> seen_;
   AllocStats stats_;
   std::optional<OomInfo> last_oom_;
+  // The block the latest malloc placed, until the next malloc or free (held_for_other_streams
+  // counts it as the free or unmapped memory it was before).
+  DeviceAddr last_placed_ = 0;
+  Bytes last_placed_size_ = 0;
 };
 
 }  // namespace vf::sim

@@ -382,7 +382,16 @@ Bytes CachingAllocator::held_for_other_streams(StreamId stream, Bytes request) c
                    : rounded > kUnlimited - options_.max_non_split_rounding ? kUnlimited
                                                                             : rounded + options_.max_non_split_rounding;
   const Pool& pool = small ? small_ : large_;
-  Bytes held = pool.blocks.bytes_in(stream, rounded, hi);
+  Bytes held = 0;
+  if (options_.expandable_segments) {
+    // A free block at the end of its segment can grow into the unmapped VA after it: it could
+    // have held what fits in its expandable size.
+    pool.blocks.for_each_except(stream, [&](const FreeIndex::Entry& e) {
+      if (e.size < hi && (e.size >= rounded || expandable_size(e.block) >= rounded)) held += e.size;
+    });
+  } else {
+    held = pool.blocks.bytes_in(stream, rounded, hi);
+  }
   // Blocks still waiting for other streams' events, whichever stream freed them (each once,
   // however many of its events are pending).
   if (awaiting_bytes_ > 0) {

@@ -12,6 +12,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "harness/core/bytes.h"
@@ -28,6 +29,25 @@ class FreeIndex {
     DeviceAddr addr;
     std::uint32_t block;
   };
+
+  FreeIndex() = default;
+  FreeIndex(const FreeIndex&) = default;
+  FreeIndex& operator=(const FreeIndex&) = default;
+  // A moved-from index is empty: its lane table must not point into lanes it no longer has.
+  FreeIndex(FreeIndex&& o) noexcept
+      : lanes_(std::move(o.lanes_)), direct_(o.direct_), count_(o.count_), total_bytes_(o.total_bytes_) {
+    o.clear_after_move();
+  }
+  FreeIndex& operator=(FreeIndex&& o) noexcept {
+    if (this != &o) {
+      lanes_ = std::move(o.lanes_);
+      direct_ = o.direct_;
+      count_ = o.count_;
+      total_bytes_ = o.total_bytes_;
+      o.clear_after_move();
+    }
+    return *this;
+  }
 
   // A position in one stream's order; invalidated by any insert or erase.
   struct Cursor {
@@ -257,6 +277,13 @@ class FreeIndex {
       }
     }
     return {};
+  }
+
+  void clear_after_move() {
+    lanes_.clear();
+    direct_ = {};
+    count_ = 0;
+    total_bytes_ = 0;
   }
 
   std::vector<Lane> lanes_;  // one per stream seen, in order of first use
