@@ -149,8 +149,120 @@ TEST(PredictorProtocol, TheCompactTextIsTheDocumentsByteForByte) {
   EXPECT_THROW((void)scenario_json_compact(s), nlohmann::json::type_error);
 }
 
+// The oracle for the reply's text writer (PlanText in protocol.cpp): the plan as a document
+// built field by field, in the protocol's key order (what predict-serve sent before its reply was
+// written as text).
+using ojson = nlohmann::ordered_json;
+
+// How a plan names modules: by name, or by index (by_index).
+ojson module_ref(const ModelSpec& spec, std::uint32_t i, bool by_index) { return by_index ? ojson(i) : ojson(spec.modules[i].name); }
+
+ojson names_of(const ModelSpec& spec, const std::vector<std::uint8_t>& flags, bool by_index) {
+  ojson a = ojson::array();
+  for (std::size_t i = 0; i < flags.size() && i < spec.modules.size(); ++i) {
+    if (flags[i]) a.push_back(module_ref(spec, static_cast<std::uint32_t>(i), by_index));
+  }
+  return a;
+}
+
+ojson names_in_order(const ModelSpec& spec, const std::vector<std::uint32_t>& order, bool by_index) {
+  ojson a = ojson::array();
+  for (const std::uint32_t i : order) a.push_back(module_ref(spec, i, by_index));
+  return a;
+}
+
+template <class T>
+ojson numbers(const std::vector<T>& v) {
+  ojson a = ojson::array();
+  for (const T& x : v) a.push_back(x);
+  return a;
+}
+
+ojson load_json(const Scenario& s, const LoadPlan& lp, bool by_index) {
+  const ModelSpec& spec = *s.models[lp.model].spec;
+  ojson j;
+  j["stage"] = lp.stage;
+  j["model"] = s.models[lp.model].id;
+  j["free_before"] = lp.free_before;
+  j["est_max"] = lp.est_max;
+  j["est_min"] = lp.est_min;
+  j["extra_mem"] = lp.extra_mem;
+  j["min_req"] = lp.min_req;
+  ojson ev = ojson::array();
+  for (const Eviction& e : lp.evictions) {
+    const ModelSpec& es = *s.models[e.model].spec;
+    ev.push_back({{"model", s.models[e.model].id}, {"modules", names_in_order(es, e.modules, by_index)}, {"bytes", e.bytes}});
+  }
+  j["evictions"] = std::move(ev);
+  j["usable"] = lp.usable;
+  j["full_load"] = lp.full_load;
+  j["loaded"] = lp.loaded;
+  j["offloaded"] = lp.offloaded;
+  j["uncounted"] = lp.uncounted;
+  j["offload_buffer"] = lp.offload_buffer;
+  j["lowvram_patches"] = lp.lowvram_patches;
+  j["resident"] = names_of(spec, lp.resident, by_index);
+  j["lowvram"] = names_of(spec, lp.lowvram, by_index);
+  j["sorted"] = names_in_order(spec, lp.sorted, by_index);
+  if (!lp.offload_cost.empty()) j["offload_cost"] = numbers(lp.offload_cost);
+  j["realistic_transient"] = lp.realistic_transient;
+  if (lp.transient_module < spec.modules.size()) j["transient_module"] = module_ref(spec, lp.transient_module, by_index);
+  j["log_line"] = lp.log_line;
+  j["dynamic"] = lp.dynamic;
+  if (lp.dynamic) {
+    const StagingPlan& st = lp.staging;
+    ojson sj;
+    sj["vbar_request"] = st.vbar_request;
+    sj["vbar_pages"] = st.vbar_pages;
+    sj["staged"] = st.staged;
+    sj["vbar_end"] = st.vbar_end;
+    sj["patches"] = st.patches;
+    sj["forced"] = st.forced;
+    sj["forced_bytes"] = st.forced_bytes;
+    sj["uncounted"] = st.uncounted;
+    sj["order"] = names_in_order(spec, st.order, by_index);
+    sj["offload_cost"] = numbers(st.offload_cost);
+    sj["slice_offset"] = numbers(st.slice_offset);
+    sj["slice_size"] = numbers(st.slice_size);
+    sj["forced_modules"] = names_of(spec, st.forced_module, by_index);
+    sj["slices_beyond_cap"] = st.slices_beyond_cap;
+    j["staging"] = std::move(sj);
+  }
+  j["free_target"] = lp.free_target;
+  return j;
+}
+
+ojson stage_json(const StagePlan& sp) {
+  ojson j;
+  j["checked"] = sp.checked;
+  j["resident_total"] = sp.resident_total;
+  j["offload_buffer"] = sp.offload_buffer;
+  j["activation_allowance"] = sp.activation_allowance;
+  j["run_batch"] = sp.run_batch;
+  j["passes"] = sp.passes;
+  j["predicted_peak"] = sp.predicted_peak;
+  j["dynamic"] = sp.dynamic;
+  j["patcher_free"] = sp.patcher_free;
+  j["decode_batch"] = sp.decode_batch;
+  return j;
+}
+
+ojson plan_document(const Scenario& s, const Plan& p, bool by_index) {
+  ojson j;
+  j["reserve"] = p.reserve;
+  j["fits"] = p.fits;
+  ojson loads = ojson::array();
+  for (const LoadPlan& lp : p.loads) loads.push_back(load_json(s, lp, by_index));
+  j["loads"] = std::move(loads);
+  ojson stages = ojson::array();
+  for (const StagePlan& sp : p.stages) stages.push_back(stage_json(sp));
+  j["stages"] = std::move(stages);
+  return j;
+}
+
+
 // predict-serve's reply is written as text (PlanText in protocol.cpp): the same bytes as the
-// plan's document dumped, for classic and dynamic plans, named by module and by index, with
+// plan's document built field by field and dumped, for classic and dynamic plans, named by module and by index, with
 // evictions (a pipeline of several models), LoRA patches, and a model id and module name that
 // need escaping.
 TEST(PredictorProtocol, ThePlanReplyTextIsTheDocumentsByteForByte) {
@@ -160,7 +272,7 @@ TEST(PredictorProtocol, ThePlanReplyTextIsTheDocumentsByteForByte) {
     nlohmann::ordered_json j;
     j["type"] = "plan";
     j["id"] = id;
-    j["plan"] = plan_json(s, p, by_index);
+    j["plan"] = plan_document(s, p, by_index);
     return j.dump() + "\n";
   };
   for (std::uint64_t seed = 1; seed <= 160; ++seed) {

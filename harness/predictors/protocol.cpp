@@ -65,33 +65,9 @@ class ModuleNames {
   std::vector<std::unordered_map<std::string, std::uint32_t>> maps_;
 };
 
-// How a plan names modules: by name, or by index (plan_json's by_index).
-ojson module_ref(const ModelSpec& spec, std::uint32_t i, bool by_index) { return by_index ? ojson(i) : ojson(spec.modules[i].name); }
-
-ojson names_of(const ModelSpec& spec, const std::vector<std::uint8_t>& flags, bool by_index) {
-  ojson a = ojson::array();
-  for (std::size_t i = 0; i < flags.size() && i < spec.modules.size(); ++i) {
-    if (flags[i]) a.push_back(module_ref(spec, static_cast<std::uint32_t>(i), by_index));
-  }
-  return a;
-}
-
-ojson names_in_order(const ModelSpec& spec, const std::vector<std::uint32_t>& order, bool by_index) {
-  ojson a = ojson::array();
-  for (const std::uint32_t i : order) a.push_back(module_ref(spec, i, by_index));
-  return a;
-}
-
 // The name of the module a JSON entry gives (a name or an index), for messages.
 std::string entry_name(const JsonIn& e, const ModelSpec& spec, std::uint32_t i) {
   return e.raw().is_string() ? e.str() : fmt::format("{} ({})", i, spec.modules[i].name);
-}
-
-template <class T>
-ojson numbers(const std::vector<T>& v) {
-  ojson a = ojson::array();
-  for (const T& x : v) a.push_back(x);
-  return a;
 }
 
 // A set of module names as per-module flags (a name given twice: an error).
@@ -134,75 +110,6 @@ std::vector<Bytes> read_per_module(const JsonIn& j, std::size_t count) {
 Bytes opt_u64(const JsonIn& j, std::string_view key, Bytes fallback = 0) {
   const auto v = j.opt(key);
   return v ? v->u64_in(0, kMaxDeviceBytes) : fallback;
-}
-
-ojson load_json(const Scenario& s, const LoadPlan& lp, bool by_index) {
-  const ModelSpec& spec = *s.models[lp.model].spec;
-  ojson j;
-  j["stage"] = lp.stage;
-  j["model"] = s.models[lp.model].id;
-  j["free_before"] = lp.free_before;
-  j["est_max"] = lp.est_max;
-  j["est_min"] = lp.est_min;
-  j["extra_mem"] = lp.extra_mem;
-  j["min_req"] = lp.min_req;
-  ojson ev = ojson::array();
-  for (const Eviction& e : lp.evictions) {
-    const ModelSpec& es = *s.models[e.model].spec;
-    ev.push_back({{"model", s.models[e.model].id}, {"modules", names_in_order(es, e.modules, by_index)}, {"bytes", e.bytes}});
-  }
-  j["evictions"] = std::move(ev);
-  j["usable"] = lp.usable;
-  j["full_load"] = lp.full_load;
-  j["loaded"] = lp.loaded;
-  j["offloaded"] = lp.offloaded;
-  j["uncounted"] = lp.uncounted;
-  j["offload_buffer"] = lp.offload_buffer;
-  j["lowvram_patches"] = lp.lowvram_patches;
-  j["resident"] = names_of(spec, lp.resident, by_index);
-  j["lowvram"] = names_of(spec, lp.lowvram, by_index);
-  j["sorted"] = names_in_order(spec, lp.sorted, by_index);
-  if (!lp.offload_cost.empty()) j["offload_cost"] = numbers(lp.offload_cost);
-  j["realistic_transient"] = lp.realistic_transient;
-  if (lp.transient_module < spec.modules.size()) j["transient_module"] = module_ref(spec, lp.transient_module, by_index);
-  j["log_line"] = lp.log_line;
-  j["dynamic"] = lp.dynamic;
-  if (lp.dynamic) {
-    const StagingPlan& st = lp.staging;
-    ojson sj;
-    sj["vbar_request"] = st.vbar_request;
-    sj["vbar_pages"] = st.vbar_pages;
-    sj["staged"] = st.staged;
-    sj["vbar_end"] = st.vbar_end;
-    sj["patches"] = st.patches;
-    sj["forced"] = st.forced;
-    sj["forced_bytes"] = st.forced_bytes;
-    sj["uncounted"] = st.uncounted;
-    sj["order"] = names_in_order(spec, st.order, by_index);
-    sj["offload_cost"] = numbers(st.offload_cost);
-    sj["slice_offset"] = numbers(st.slice_offset);
-    sj["slice_size"] = numbers(st.slice_size);
-    sj["forced_modules"] = names_of(spec, st.forced_module, by_index);
-    sj["slices_beyond_cap"] = st.slices_beyond_cap;
-    j["staging"] = std::move(sj);
-  }
-  j["free_target"] = lp.free_target;
-  return j;
-}
-
-ojson stage_json(const StagePlan& sp) {
-  ojson j;
-  j["checked"] = sp.checked;
-  j["resident_total"] = sp.resident_total;
-  j["offload_buffer"] = sp.offload_buffer;
-  j["activation_allowance"] = sp.activation_allowance;
-  j["run_batch"] = sp.run_batch;
-  j["passes"] = sp.passes;
-  j["predicted_peak"] = sp.predicted_peak;
-  j["dynamic"] = sp.dynamic;
-  j["patcher_free"] = sp.patcher_free;
-  j["decode_batch"] = sp.decode_batch;
-  return j;
 }
 
 StagingPlan read_staging(const JsonIn& j, std::uint32_t model, std::size_t count, ModuleNames& names) {
@@ -480,19 +387,6 @@ void SpecStore::forget(const JsonIn& request) {
   }
 }
 
-nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p, bool by_index) {
-  ojson j;
-  j["reserve"] = p.reserve;
-  j["fits"] = p.fits;
-  ojson loads = ojson::array();
-  for (const LoadPlan& lp : p.loads) loads.push_back(load_json(s, lp, by_index));
-  j["loads"] = std::move(loads);
-  ojson stages = ojson::array();
-  for (const StagePlan& sp : p.stages) stages.push_back(stage_json(sp));
-  j["stages"] = std::move(stages);
-  return j;
-}
-
 Plan plan_from_json(const JsonIn& j, const Scenario& s) {
   j.expect_object({"reserve", "fits", "loads", "stages"});
   ModuleNames names(s);
@@ -552,9 +446,9 @@ Plan plan_from_json(const JsonIn& j, const Scenario& s) {
 
 namespace {
 
-// plan_json's document written as text, key for key in its order (a predict-serve reply: building
-// and dumping the document was an eighth of predict-serve's instructions). Checked byte for byte
-// against plan_json(...).dump() (tests/test_predictor_protocol.cpp).
+// The plan as a reply carries it, written as text (predict-serve's every reply: building and
+// dumping a document was an eighth of its instructions); plan_json is this text parsed. Checked
+// byte for byte against a document built field by field (tests/test_predictor_protocol.cpp).
 class PlanText {
  public:
   PlanText(std::string& out, const Scenario& s, bool by_index) : out_(out), s_(s), by_index_(by_index) {}
@@ -724,6 +618,12 @@ class PlanText {
 };
 
 }  // namespace
+
+nlohmann::ordered_json plan_json(const Scenario& s, const Plan& p, bool by_index) {
+  std::string text;
+  PlanText(text, s, by_index).plan(p);
+  return ojson::parse(text);
+}
 
 std::string plan_reply_line(const Scenario& s, const Plan& p, std::uint64_t id, bool by_index) {
   std::string out = "{\"type\":\"plan\",\"id\":";
