@@ -362,6 +362,26 @@ std::string gpu_check_markdown(const nlohmann::ordered_json& doc) {
       if (sg.contains(note)) md += fmt::format("\n{}: {}\n", note, sg[note].get<std::string>());
     }
   }
+  if (secs.contains("calibration")) {
+    const Json& cal = secs["calibration"];
+    const Json none = Json::array();
+    const Json& raw = cal.contains("sequences_raw") ? cal["sequences_raw"] : none;
+    const Json& pool = cal.contains("sequences_async") ? cal["sequences_async"] : none;
+    if (!raw.empty() || !pool.empty()) {
+      md += "\n## Recorded sequences: the simulator op by op (gpu_check_sequences.cpp)\n\n"
+            "| sequence | ops | exact | max abs diff MiB | first mismatch (op: device / model) |\n|---|---:|---:|---:|---|\n";
+      auto row = [&](const std::string& label, const Json& r) {
+        const Json& f = r.value("first_mismatch", Json());
+        const std::string first = f.is_object() ? fmt::format("{}: {} / {}", f.value("op", 0), mib(f["measured"]), mib(f["model"])) : "-";
+        md += fmt::format("| {} | {} | {} | {:.2f} | {} |\n", label, r.value("ops", 0), r.value("exact", 0),
+                          detail::to_mib_d(r.value("max_abs_diff", Bytes{0})), first);
+      };
+      for (const Json& q : raw) row(fmt::format("cudaMalloc {}", q.value("name", "?")), q["model"]);
+      for (const Json& q : pool) {
+        row(fmt::format("pool {} at {}", q.value("name", "?"), mib(q["model"]["granularity"])), q["model"]["result"]);
+      }
+    }
+  }
   if (secs.contains("agreement") && secs["agreement"].contains("modes")) {
     md += "\n## Agreement: allocator reserved peak, device - sim\n\n"
           "| mode | cases | exact | verdicts agree | max abs diff MiB | mean abs diff MiB | worst case |\n"

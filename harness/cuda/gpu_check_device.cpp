@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "harness/cuda/gpu_check_detail.h"
+#include "harness/cuda/gpu_check_sequences.h"
 #include "harness/sim/async_pool.h"
 #include "harness/sim/device.h"
 #include "kernels/convert.h"
@@ -460,6 +461,10 @@ void section_calibration(CheckContext& c, const Deadline& dl, Json& out) {
     need(rt.free(hold));
     out["nvml"] = nvml;
   });
+
+  // 6. Recorded sequences (gpu_check_sequences.cpp): seeded cudaMalloc / cudaFree and pool
+  //    programs with the device's answer after every call, the OOM probe and the VMM page cost.
+  calibration_sequences(c, dl, s, out, [&](const char* name, const std::function<void()>& fn) { step(name, fn); });
   (void)rt.stream_destroy(s);
 
   if (!failed.empty()) {
