@@ -133,8 +133,9 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           const Bytes bytes = p.buffers[op.buffer].bytes;
           if (!alloc->malloc(op.buffer, bytes, op.stream)) {
             const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
-            r.oom = OomEvent{i, bytes, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             info.detail, alloc->held_at_oom(op.stream, bytes)};
+            // What the request met: the device and the pool before a failed growth's kept chunks.
+            r.oom = OomEvent{i, bytes, device.free() + info.retained, alloc->stats().reserved.current - info.retained,
+                             alloc->stats().allocated.current, info.detail, alloc->held_at_oom(op.stream, bytes)};
             if (dyn) account(op, "torch allocation", bytes);
           } else {
             live += bytes;

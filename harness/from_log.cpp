@@ -655,11 +655,13 @@ struct Builder {
     if (o.context) {
       s.device.context_overhead = *o.context;
       fact("CUDA context", format_mib(*o.context), Sureness::given, "", "--context");
+    } else {
+      s.device.context_overhead = kPyTorchContextOverhead;  // the log is a PyTorch process's
     }
     solve_others();
     // Said once it is settled (the back-solve can move it, and then says so itself).
-    if (!o.context && s.device.context_overhead == kDefaultContextOverhead) {
-      fact("CUDA context", format_mib(kDefaultContextOverhead), Sureness::assumed, "vramfuzz's default (PyTorch #86509); not in the log",
+    if (!o.context && s.device.context_overhead == kPyTorchContextOverhead) {
+      fact("CUDA context", format_mib(kPyTorchContextOverhead), Sureness::assumed, "a PyTorch process's (PyTorch #86509); not in the log",
            "--context");
     }
   }
@@ -743,11 +745,11 @@ struct Builder {
         s.device.context_overhead = clo;
         s.device.used_by_others = 0;
         fact("used by others", "0.00 MiB", Sureness::derived,
-             fmt::format("line {}: even the default context leaves less than the log's usable figure: nothing else was on the card",
+             fmt::format("line {}: even a PyTorch process's context leaves less than the log's usable figure: nothing else was on the card",
                          first->line),
              "--others");
         fact("CUDA context", format_mib(clo), Sureness::derived,
-             fmt::format("line {}: {:.2f} MB usable is more than the default context ({}) leaves: context back-solved, nothing used by others",
+             fmt::format("line {}: {:.2f} MB usable is more than a PyTorch process's context ({}) leaves: context back-solved, nothing used by others",
                          first->line, target, format_mib(ctx)),
              "--context");
         return;

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <map>
 #include <memory>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -41,12 +40,16 @@ class Estimator {
 //
 // A buffer of n bytes, rounded to 512 B, is charged in whole 2 MiB pages of its own when the
 // rounded size is at least 2 MiB: waste roundup(n', 2 MiB) - n < 2 MiB. Smaller buffers are
-// packed into shared pages, opened one at a time; a page is given back when its last buffer is
-// freed. So the pages holding live small buffers are the page of the oldest live one and the
-// pages opened after it, and every page but the last was filled to more than 2 MiB - r_max
-// (r_max: the largest small request) by allocations made after the oldest live one:
-//   pages <= min(live small buffers, 2 + S / (2 MiB - r_max)),
-// S = bytes of the small allocations after the oldest live small buffer.
+// sub-allocated from shared pages by best fit (sim/device.h); a page is given back when its last
+// buffer is freed, and a new one is taken only when no hole in any page holds the request r. At
+// that moment every hole is at most r - 512 B, and a page's holes are separated by its live
+// buffers, so there are at most n + P holes (n live small buffers, P pages):
+//   P * 2 MiB - L <= (n + P) * (r - 512)   =>   P <= (L + n * (r - 512)) / (2 MiB - r + 512),
+// L the live small buffers' rounded bytes before the request. Pages are only ever added by such a
+// request, so the pages now are at most that figure + 1 at the latest one: the estimator keeps
+// the largest value the formula took at any small allocation since the last moment no small
+// buffer lived (all pages given back), and every page holds a live buffer:
+//   pages <= min(live small buffers, max over those allocations of the formula + 1).
 class RawEstimator final : public Estimator {
  public:
   void alloc(std::uint32_t buffer, Bytes bytes, std::uint32_t, std::uint64_t) override {
@@ -59,22 +62,25 @@ class RawEstimator final : public Estimator {
       t_.rounding += round_up(rounded, sim::kDevicePage) - bytes;
       return;
     }
-    b.index = prefix_.size() - 1;
-    prefix_.push_back(prefix_.back() + rounded);
-    r_max_ = std::max(r_max_, rounded);
-    live_small_.insert(b.index);
+    const Bytes hole = rounded - sim::kCudaMallocAlign;  // the largest hole that cannot take it
+    const Bytes at_opening = (live_rounded_ + live_small_ * hole) / (sim::kDevicePage - hole) + 1;
+    pages_cap_ = std::max(pages_cap_, at_opening);
+    ++live_small_;
+    live_rounded_ += rounded;
     small_bytes_ += bytes;
     update_pages();
   }
   void free(std::uint32_t buffer, std::uint64_t) override {
     const Block& b = blocks_[buffer];
+    const Bytes rounded = round_up(std::max<Bytes>(b.bytes, 1), sim::kCudaMallocAlign);
     if (!b.small) {
-      const Bytes rounded = round_up(std::max<Bytes>(b.bytes, 1), sim::kCudaMallocAlign);
       t_.rounding -= round_up(rounded, sim::kDevicePage) - b.bytes;
       return;
     }
-    live_small_.erase(b.index);
+    --live_small_;
+    live_rounded_ -= rounded;
     small_bytes_ -= b.bytes;
+    if (live_small_ == 0) pages_cap_ = 0;  // every page was given back
     update_pages();
   }
   void empty_cache() override {}  // nothing is cached: cudaFree gives memory back at once
@@ -83,23 +89,14 @@ class RawEstimator final : public Estimator {
   struct Block {
     Bytes bytes = 0;
     bool small = false;
-    std::size_t index = 0;  // small allocations: its place in allocation order
   };
-  void update_pages() {
-    Bytes pages = 0;
-    if (!live_small_.empty()) {
-      const std::size_t oldest = *live_small_.begin();
-      const Bytes after = prefix_.back() - prefix_[oldest + 1];
-      pages = std::min<Bytes>(live_small_.size(), 2 + after / (sim::kDevicePage - r_max_));
-    }
-    t_.packing = sat_sub(pages * sim::kDevicePage, small_bytes_);
-  }
+  void update_pages() { t_.packing = sat_sub(std::min(live_small_, pages_cap_) * sim::kDevicePage, small_bytes_); }
 
   std::vector<Block> blocks_;
-  std::vector<Bytes> prefix_{0};  // prefix_[i]: rounded bytes of the first i small allocations
-  std::set<std::size_t> live_small_;
-  Bytes r_max_ = 0;
-  Bytes small_bytes_ = 0;
+  Bytes live_small_ = 0;    // live small buffers
+  Bytes live_rounded_ = 0;  // their 512 B-rounded bytes
+  Bytes small_bytes_ = 0;   // their requested bytes
+  Bytes pages_cap_ = 0;     // the formula's largest value since no small buffer lived
 };
 
 // ---- the pieces the other modes share -----------------------------------------------------------

@@ -27,12 +27,20 @@ class JsonIn;
 
 inline constexpr std::string_view kScenarioSchema = "vramfuzz.scenario/1";
 
-// The context a fresh CUDA process costs before the first tensor. Default from pytorch PR #86509
-// (total - free after one small tensor with lazy module loading: 287,047,680 B); replaced by the
-// H200 measurement in reports/gpu/ once the GPU check has run (ci/gpu-check.sh: the value is
-// sections.calibration.suggested.context_overhead of gpu-check.json; reports/gpu/README.md says
-// how, and this comment then names the results file it came from).
-inline constexpr Bytes kDefaultContextOverhead = 287047680;
+// The context a fresh CUDA process costs before the first tensor: 554,500,096 B (528.81 MiB).
+// Measured on an NVIDIA H200 (driver 580.159.04, CUDA 13.0, idle: NVML listed no other process):
+// reports/gpu/h200-2026-12-04.json, sections.calibration.context.context_overhead (total - free
+// after cudaFree(0), a stream, a tensor, a scratch buffer and a warm-up of every kind of device
+// work, less the simulator's charge for the two buffers). It is a bare CUDA process on that card:
+// a PyTorch process also loads its kernels and cuBLAS workspaces, and a consumer card's driver
+// reservation differs (pytorch PR #86509 measured 287,047,680 B in a PyTorch process on another
+// card); a scenario's device.context_overhead sets the real figure of the card under test.
+inline constexpr Bytes kDefaultContextOverhead = 554500096;
+// What a PyTorch process's context was measured to cost on a consumer card (pytorch PR #86509:
+// total - free after one small tensor with lazy module loading, 287,047,680 B = 273.75 MiB).
+// `from-log` assumes it for the card a ComfyUI log came from: that is a PyTorch process on the
+// user's card, not vramfuzz's own bare process on an H200.
+inline constexpr Bytes kPyTorchContextOverhead = 287047680;
 
 // The largest device total a scenario or a flag may give: every later sum stays far from 2^64,
 // and any real device fits.

@@ -13,30 +13,80 @@ namespace {
 using test::spec_of;
 using test::addr_of;
 
+// Most tests grow the pool in 2 MiB steps, so that a rule shows in small numbers; the measured
+// default step (32 MiB) has tests of its own.
+AsyncOptions step2() {
+  AsyncOptions o;
+  o.pool_granularity = 2 * MiB;
+  return o;
+}
+
 // Cross-stream tests switch the coin off so only the rule under test can allow reuse.
 AsyncOptions no_opportunistic() {
-  AsyncOptions o;
+  AsyncOptions o = step2();
   o.reuse_allow_opportunistic = false;
   return o;
 }
 
 TEST(AsyncPool, UsedGrowsBy512ByteStepsReservedByChunks) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncPoolAllocator a(d, {}, 0);
+  AsyncPoolAllocator a(d, step2(), 0);
   ASSERT_TRUE(a.malloc(0, 600, 0));
   EXPECT_EQ(a.stats().allocated.current, 1024u);
   EXPECT_EQ(a.stats().active.current, 1024u);
   EXPECT_EQ(a.stats().requested.current, 600u);
-  EXPECT_EQ(a.stats().reserved.current, 2 * MiB);  // default granularity (UNVERIFIED): 2 MiB
+  EXPECT_EQ(a.stats().reserved.current, 2 * MiB);  // one 2 MiB step
   ASSERT_TRUE(a.malloc(1, 3 * MiB, 0));            // 2 MiB - 1 KiB free in the pool: grow by 2 MiB
   EXPECT_EQ(a.stats().reserved.current, 4 * MiB);
   EXPECT_EQ(addr_of(a, 1), addr_of(a, 0) + 1024);  // placed by address, right after
   EXPECT_EQ(d.charged(), 4 * MiB);
 }
 
+// The measured default (an H200, reports/gpu/h200-2026-12-04.json): 32 MiB steps. The sweep's
+// first requests there: 512 B -> 32 MiB reserved; 33 MiB more with 27 MiB used -> 64 MiB;
+// 100 MiB more with 59 MiB used -> 160 MiB (the free tail is extended by 96 MiB).
+TEST(AsyncPool, TheDefaultStepIsTheMeasuredThirtyTwoMiB) {
+  SimDevice d(spec_of(24 * GiB));
+  AsyncPoolAllocator a(d, {}, 0);
+  EXPECT_EQ(a.options().pool_granularity, 32 * MiB);
+  ASSERT_TRUE(a.malloc(0, 512, 0));
+  EXPECT_EQ(a.stats().reserved.current, 32 * MiB);
+  ASSERT_TRUE(a.malloc(1, 27267584 - 512, 0));  // used 27267584 B, as after the H200's 9th request
+  EXPECT_EQ(a.stats().reserved.current, 32 * MiB);
+  ASSERT_TRUE(a.malloc(2, 34603008, 0));
+  EXPECT_EQ(a.stats().reserved.current, 64 * MiB);
+  ASSERT_TRUE(a.malloc(3, 104857600, 0));
+  EXPECT_EQ(a.stats().reserved.current, 160 * MiB);
+  EXPECT_EQ(d.charged(), 160 * MiB);
+}
+
+// A growth the device cannot back: the pool keeps the whole chunks that fit, and the OOM says
+// what the request met (the H200 kept all but 33 MiB of the device's free memory in its probe).
+TEST(AsyncPool, AFailedGrowthKeepsTheChunksThatFit) {
+  SimDevice d(spec_of(2 * GiB + 5 * MiB));
+  AsyncPoolAllocator a(d, {}, 0);
+  ASSERT_TRUE(a.malloc(0, 512 * MiB, 0));
+  EXPECT_EQ(a.stats().reserved.current, 512 * MiB);
+  EXPECT_FALSE(a.malloc(1, 4 * GiB, 0));
+  // 1541 MiB were free: 48 whole chunks (1536 MiB) are mapped and kept, 5 MiB stay free.
+  EXPECT_EQ(a.stats().reserved.current, 2048 * MiB);
+  EXPECT_EQ(d.free(), 5 * MiB);
+  const OomInfo& oom = *a.last_oom();
+  EXPECT_EQ(oom.reserved, 512 * MiB);
+  EXPECT_EQ(oom.device_free, 1541 * MiB);
+  EXPECT_EQ(oom.retained, 1536 * MiB);
+  EXPECT_NE(oom.detail.find("the pool grew by 1536.00 MiB it could not use"), std::string::npos) << oom.detail;
+  // A later request that fits uses the kept chunks without growing; a trim gives them back.
+  ASSERT_TRUE(a.malloc(2, 1 * GiB, 0));
+  EXPECT_EQ(a.stats().reserved.current, 2048 * MiB);
+  a.free(2);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved.current, 512 * MiB);
+}
+
 TEST(AsyncPool, ThirtyTwoMiBGranularityReservesAheadOfAllocated) {
   SimDevice d(spec_of(24 * GiB));
-  AsyncOptions o;
+  AsyncOptions o = step2();
   o.pool_granularity = kOriginPoolGranularity;
   AsyncPoolAllocator a(d, o, 0);
   ASSERT_TRUE(a.malloc(0, 40 * MiB, 0));
@@ -52,7 +102,7 @@ TEST(AsyncPool, ThirtyTwoMiBGranularityReservesAheadOfAllocated) {
 
 TEST(AsyncPool, ThresholdZeroTrimsAtSynchronize) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncOptions o;
+  AsyncOptions o = step2();
   o.release_threshold = 0;  // CUDA's own default
   AsyncPoolAllocator a(d, o, 0);
   ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
@@ -66,7 +116,7 @@ TEST(AsyncPool, ThresholdZeroTrimsAtSynchronize) {
 
 TEST(AsyncPool, PyTorchsThresholdNeverTrimsAtSynchronize) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncPoolAllocator a(d, {}, 0);  // release_threshold = UINT64_MAX, as PyTorch sets it
+  AsyncPoolAllocator a(d, step2(), 0);  // release_threshold = UINT64_MAX, as PyTorch sets it
   EXPECT_EQ(a.options().release_threshold, kReleaseNever);
   ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
   a.free(0);
@@ -79,7 +129,7 @@ TEST(AsyncPool, PyTorchsThresholdNeverTrimsAtSynchronize) {
 
 TEST(AsyncPool, ThresholdKeepsThatMuchAtSynchronize) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncOptions o;
+  AsyncOptions o = step2();
   o.release_threshold = 30 * MiB;
   AsyncPoolAllocator a(d, o, 0);
   ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
@@ -90,7 +140,7 @@ TEST(AsyncPool, ThresholdKeepsThatMuchAtSynchronize) {
 
 TEST(AsyncPool, TrimNeverReleasesAChunkHoldingLiveData) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncOptions o;
+  AsyncOptions o = step2();
   o.pool_granularity = 32 * MiB;
   AsyncPoolAllocator a(d, o, 0);
   ASSERT_TRUE(a.malloc(0, 40 * MiB, 0));  // [0, 40) in chunks 0-1
@@ -165,7 +215,7 @@ TEST(AsyncPool, FollowEventDependenciesCanBeSwitchedOff) {
 TEST(AsyncPool, OpportunisticReuseFollowsTheSeededCoin) {
   auto reserved_with = [](double p) {
     SimDevice d(spec_of(1 * GiB));
-    AsyncOptions o;
+    AsyncOptions o = step2();
     o.opportunistic_probability = p;
     AsyncPoolAllocator a(d, o, 0);
     EXPECT_TRUE(a.malloc(0, 64 * MiB, 0));
@@ -180,7 +230,7 @@ TEST(AsyncPool, OpportunisticReuseFollowsTheSeededCoin) {
 TEST(AsyncPool, SameSeedSameTrace) {
   auto trace = [](std::uint64_t seed) {
     SimDevice d(spec_of(4 * GiB));
-    AsyncPoolAllocator a(d, {}, seed);
+    AsyncPoolAllocator a(d, step2(), seed);
     std::vector<DeviceAddr> addrs;
     for (BlockKey k = 0; k < 64; ++k) {
       EXPECT_TRUE(a.malloc(k, (k % 7 + 1) * MiB, k % 3));
@@ -230,7 +280,7 @@ TEST(AsyncPool, RecordStreamFreesGoToTheUnifierStream) {
 
 TEST(AsyncPool, FragmentationOomWithReservedMinusUsedMuchLargerThanTheRequest) {
   SimDevice d(spec_of(100 * MiB));
-  AsyncPoolAllocator a(d, {}, 0);
+  AsyncPoolAllocator a(d, step2(), 0);
   for (BlockKey k = 0; k < 50; ++k) ASSERT_TRUE(a.malloc(k, 2 * MiB, 0));
   for (BlockKey k = 0; k < 50; k += 2) a.free(k);  // 25 scattered 2 MiB holes
   EXPECT_EQ(a.stats().reserved.current, 100 * MiB);
@@ -249,7 +299,7 @@ TEST(AsyncPool, FragmentationOomWithReservedMinusUsedMuchLargerThanTheRequest) {
 
 TEST(AsyncPool, MemoryFractionLimitsRequestedBytes) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncOptions o;
+  AsyncOptions o = step2();
   o.memory_fraction = 0.5;
   AsyncPoolAllocator a(d, o, 0);
   ASSERT_TRUE(a.malloc(0, 500 * MiB, 0));
@@ -264,7 +314,7 @@ TEST(AsyncPool, MemoryFractionLimitsRequestedBytes) {
 
 TEST(AsyncPool, PeaksResetToCurrent) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncPoolAllocator a(d, {}, 0);
+  AsyncPoolAllocator a(d, step2(), 0);
   ASSERT_TRUE(a.malloc(0, 100 * MiB, 0));
   a.free(0);
   a.empty_cache();
@@ -279,7 +329,7 @@ TEST(AsyncPool, PeaksResetToCurrent) {
 
 TEST(AsyncPool, ZeroBytesAndMisuse) {
   SimDevice d(spec_of(1 * GiB));
-  AsyncPoolAllocator a(d, {}, 0);
+  AsyncPoolAllocator a(d, step2(), 0);
   ASSERT_TRUE(a.malloc(0, 0, 0));
   EXPECT_EQ(a.stats().reserved.current, 0u);
   EXPECT_THROW(a.malloc(0, 8, 0), InfraError);

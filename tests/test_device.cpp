@@ -1,6 +1,13 @@
 // SimDevice: the driver layer below every allocator (cuda-allocators.md §3.2, §7.1-7.2).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "harness/sim/device.h"
 
 namespace vf::sim {
@@ -45,6 +52,53 @@ TEST(SimDevice, LargeBuffersAreChargedInWholePages) {
   EXPECT_GE(over->addr, two->addr + 2 * MiB);  // no overlap
   d.cuda_free(*over);
   EXPECT_EQ(d.charged(), 2 * MiB);
+}
+
+TEST(SimDevice, ASmallBufferTakesTheSmallestHoleThatHoldsIt) {
+  SimDevice d(spec_of(1 * GiB));
+  // One page: a 4 KiB, b 64 KiB, c 8 KiB, e 64 KiB, f 8 KiB, back to back from the page's start.
+  const auto a = d.cuda_malloc(4 * KiB);
+  const auto b = d.cuda_malloc(64 * KiB);
+  const auto c = d.cuda_malloc(8 * KiB);
+  const auto e = d.cuda_malloc(64 * KiB);
+  const auto f = d.cuda_malloc(8 * KiB);
+  ASSERT_TRUE(a && b && c && e && f);
+  EXPECT_EQ(f->addr, a->addr + 140 * KiB);
+  d.cuda_free(*b);  // holes: 64 KiB at a+4K, 64 KiB at a+76K, and the page's rest (1900 KiB)
+  d.cuda_free(*e);
+  // 10 KiB fits all three holes: the smallest two are equal, the older one (b's) wins.
+  const auto g = d.cuda_malloc(10 * KiB);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->addr, a->addr + 4 * KiB);
+  // b's hole is now 54 KiB, the smallest that holds 50 KiB: not e's 64 KiB, not the page's rest.
+  const auto h = d.cuda_malloc(50 * KiB);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->addr, a->addr + 14 * KiB);
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  // 1 MiB + 512 B: only the page's rest (1900 KiB) holds it; 1 MiB more would need a new page.
+  const auto i = d.cuda_malloc(1 * MiB + 512);
+  ASSERT_TRUE(i);
+  EXPECT_EQ(i->addr, a->addr + 148 * KiB);
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  const auto j = d.cuda_malloc(1 * MiB);
+  ASSERT_TRUE(j);
+  EXPECT_EQ(d.charged(), 4 * MiB);
+}
+
+TEST(SimDevice, AFreeMergesWithTheHolesBesideIt) {
+  SimDevice d(spec_of(1 * GiB));
+  const auto a = d.cuda_malloc(600 * KiB);
+  const auto b = d.cuda_malloc(600 * KiB);
+  const auto c = d.cuda_malloc(600 * KiB);
+  const auto keep = d.cuda_malloc(200 * KiB);  // the page's rest is 48 KiB
+  ASSERT_TRUE(a && b && c && keep);
+  d.cuda_free(*a);
+  d.cuda_free(*c);
+  d.cuda_free(*b);  // a, b and c merge into one 1800 KiB hole
+  const auto big = d.cuda_malloc(1700 * KiB);
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->addr, a->addr);
+  EXPECT_EQ(d.charged(), 2 * MiB);  // no second page
 }
 
 TEST(SimDevice, SmallBuffersArePackedIntoSharedPages) {
@@ -99,6 +153,40 @@ TEST(SimDevice, MappedPagesAreChargedExactly) {
   EXPECT_EQ(d.charged(), 40 * MiB);
   EXPECT_EQ(d.peak_charged(), 60 * MiB);
   EXPECT_EQ(d.device_used(), 40 * MiB);
+}
+
+// The recording of ci/gpu-check.sh on an H200 (driver 580.159.04): three seeded programs of
+// 1,500 cudaMalloc / cudaFree calls each, with the device's free-memory drop after every call.
+// The simulated device must reproduce every reading.
+TEST(SimDevice, ReproducesEveryReadingOfTheH200Recording) {
+  const std::string path = std::string(VF_SOURCE_DIR) + "/reports/gpu/h200-2026-12-04-sequences.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json doc = nlohmann::json::parse(text.str());
+  const nlohmann::json& seqs = doc["sections"]["calibration"]["sequences_raw"];
+  ASSERT_EQ(seqs.size(), 3u);
+  std::size_t checked = 0;
+  for (const nlohmann::json& seq : seqs) {
+    SimDevice d(spec_of(1024 * GiB));
+    const nlohmann::json& ops = seq["ops"];
+    std::vector<DeviceAlloc> allocs(ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const nlohmann::json& op = ops[i];  // [alloc, size or alloc op, ptr, free drop]
+      if (op[0].get<int>() == 1) {
+        const auto a = d.cuda_malloc(op[1].get<Bytes>());
+        ASSERT_TRUE(a);
+        allocs[i] = *a;
+      } else {
+        d.cuda_free(allocs[op[1].get<std::size_t>()]);
+      }
+      ASSERT_EQ(static_cast<std::int64_t>(d.charged()), op[3].get<std::int64_t>())
+          << seq["name"].get<std::string>() << " op " << i;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4500u);
 }
 
 }  // namespace

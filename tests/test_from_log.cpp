@@ -49,7 +49,7 @@ loaded partially 10795.05 10795.05 0
 Currently allocated     : 11.26 GiB
 Requested               : 640.00 MiB
 Device limit            : 12.00 GiB
-Free (according to CUDA): 456.25 MiB
+Free (according to CUDA): 430.25 MiB
 PyTorch limit (set by user-supplied memory fraction)
                         : 17179869184.00 GiB
 Traceback (most recent call last):
@@ -65,7 +65,7 @@ torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out
 Currently allocated     : 11.26 GiB
 Requested               : 640.00 MiB
 Device limit            : 12.00 GiB
-Free (according to CUDA): 456.25 MiB
+Free (according to CUDA): 430.25 MiB
 PyTorch limit (set by user-supplied memory fraction)
                         : 17179869184.00 GiB
 
@@ -120,7 +120,7 @@ TEST(FromLog, TheReadmeOriginCaseFromItsLogTextReproducesItsPlanLineAndItsOom) {
   EXPECT_EQ(r.cmp.status, LogComparison::Status::reproduced) << r.cmp.summary;
   ASSERT_TRUE(r.run.exec.oom.has_value());
   EXPECT_EQ(r.run.exec.oom->request, 640 * MiB);
-  EXPECT_EQ(r.run.exec.oom->device_free, 456 * MiB + 256 * KiB);  // the log's "Free (according to CUDA): 456.25 MiB"
+  EXPECT_EQ(r.run.exec.oom->device_free, 430 * MiB + 256 * KiB);  // the log's "Free (according to CUDA): 430.25 MiB"
   EXPECT_NE(r.cmp.summary.find("same request size"), std::string::npos) << r.cmp.summary;
   ASSERT_TRUE(s.from_log.has_value());
   EXPECT_EQ(s.from_log->plans.size(), 1u);
@@ -165,7 +165,7 @@ loaded partially; 10795.05 MB usable, 10315.05 MB loaded, 6865.55 MB offloaded, 
 Currently allocated     : 11.41 GiB
 Requested               : 640.00 MiB
 Device limit            : 12.00 GiB
-Free (according to CUDA): 296.25 MiB
+Free (according to CUDA): 270.25 MiB
 PyTorch limit (set by user-supplied memory fraction)
                         : 17179869184.00 GiB
 Traceback (most recent call last):
@@ -177,7 +177,7 @@ torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out
 Currently allocated     : 11.41 GiB
 Requested               : 640.00 MiB
 Device limit            : 12.00 GiB
-Free (according to CUDA): 296.25 MiB
+Free (according to CUDA): 270.25 MiB
 PyTorch limit (set by user-supplied memory fraction)
                         : 17179869184.00 GiB
 )";
@@ -198,7 +198,7 @@ TEST(FromLog, AClassicPartialLoadOomInTheOffloadedTextEncodersForward) {
             "loaded partially; 10795.05 MB usable, 10315.05 MB loaded, 6865.55 MB offloaded, 480.00 MB buffer reserved, lowvram patches: 0");
   EXPECT_EQ(r.cmp.status, LogComparison::Status::reproduced) << r.cmp.summary;
   EXPECT_EQ(r.run.exec.oom->request, 640 * MiB);
-  EXPECT_EQ(r.run.exec.oom->device_free, 296 * MiB + 256 * KiB);
+  EXPECT_EQ(r.run.exec.oom->device_free, 270 * MiB + 256 * KiB);
 }
 
 // cudaMallocAsync running out while FLUX.1 loads: the load never printed its plan line. The
@@ -248,7 +248,7 @@ TEST(FromLog, ACudaMallocAsyncOomAtModelLoad) {
   EXPECT_EQ(s.from_log->oom->stage, 0u);
   EXPECT_TRUE(s.from_log->plans.empty());
   // 12 GiB - round(1.20 GiB) - round(10.21 GiB) - 287047680 B context.
-  const Bytes expect = 12 * GiB - static_cast<Bytes>(std::llround(1.20 * GiB)) - static_cast<Bytes>(std::llround(10.21 * GiB)) - kDefaultContextOverhead;
+  const Bytes expect = 12 * GiB - static_cast<Bytes>(std::llround(1.20 * GiB)) - static_cast<Bytes>(std::llround(10.21 * GiB)) - kPyTorchContextOverhead;
   EXPECT_EQ(s.device.used_by_others, expect);
   EXPECT_NE(fact(r.rec, "used by others")->source.find("an upper bound"), std::string::npos);
   // The run loads FLUX.1 without running out: the comparison says so, and by how much.

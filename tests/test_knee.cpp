@@ -196,7 +196,7 @@ TEST(Knee, ACampaignPairsEveryKthPassingCaseAndCanBeTurnedOff) {
   Catalog catalog;
   SimBackend sim;
   CampaignConfig cfg;
-  cfg.seed = 1;
+  cfg.seed = 8;
   cfg.cases = 200;
   cfg.shrink = false;
   cfg.gen.policy = "comfy:nov2025";
@@ -208,7 +208,9 @@ TEST(Knee, ACampaignPairsEveryKthPassingCaseAndCanBeTurnedOff) {
   EXPECT_EQ(cell_pairs, on.knee_pairs);
   bool knee = false;
   for (const auto& [key, c] : on.signatures) knee |= key.signature.rfind("knee:", 0) == 0;
-  EXPECT_TRUE(knee) << "seed 1 of comfy:nov2025 finds a knee within 200 cases (case 104)";
+  // (Seed 1's knee at case 104 went when the device's small buffers became best fit and the
+  // pool's growth step the H200's 32 MiB.)
+  EXPECT_TRUE(knee) << "seed 8 of comfy:nov2025 finds a knee within 200 cases (case 112)";
   cfg.knee_every = 0;
   const CampaignResult off = run_campaign(cfg, catalog, sim);
   EXPECT_EQ(off.knee_pairs, 0u);

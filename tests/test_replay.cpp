@@ -322,11 +322,27 @@ TEST(OriginTable, AsyncWith32MiBGranularityReproducesEveryDebugLine) {
   for (const ReplayRow& row : r.rows) EXPECT_EQ(row.reserved % (32 * MiB), 0u) << "DEBUG " << row.index;
 }
 
-TEST(OriginTable, DefaultTwoMiBGranularityDoesNotShowTheSteps) {
+// The default step is the one measured on an H200 (32 MiB): the origin table comes out of a
+// replay without options, row for row as with the option.
+TEST(OriginTable, TheMeasuredDefaultGranularityReproducesTheTable) {
   const auto events = parse_trace_file(fixture_path());
   DeviceSpec rtx4090;
   rtx4090.total = 24 * GiB;
-  const ReplayResult r = replay_trace(events, config(AllocatorMode::async), rtx4090, 0);
+  const ReplayResult by_default = replay_trace(events, config(AllocatorMode::async), rtx4090, 0);
+  const ReplayResult with_option =
+      replay_trace(events, config(AllocatorMode::async, {{"pool_granularity", "32MiB"}}), rtx4090, 0);
+  ASSERT_EQ(by_default.rows.size(), with_option.rows.size());
+  for (std::size_t i = 0; i < by_default.rows.size(); ++i) {
+    EXPECT_EQ(by_default.rows[i].reserved, with_option.rows[i].reserved) << "DEBUG " << i;
+  }
+  EXPECT_EQ(to_mib(by_default.rows[64].reserved), 21504.0);
+}
+
+TEST(OriginTable, TwoMiBGranularityDoesNotShowTheSteps) {
+  const auto events = parse_trace_file(fixture_path());
+  DeviceSpec rtx4090;
+  rtx4090.total = 24 * GiB;
+  const ReplayResult r = replay_trace(events, config(AllocatorMode::async, {{"pool_granularity", "2MiB"}}), rtx4090, 0);
   // 40 MiB is a whole number of 2 MiB chunks: reserved == allocated, no 32 MiB steps.
   EXPECT_EQ(r.rows[64].reserved, r.rows[64].allocated);
   EXPECT_EQ(to_mib(r.rows[64].reserved), 21480.0);

@@ -327,7 +327,7 @@ TEST_F(Reports, TheTimelineSaysWhatTheLiveBytesAreMadeOf) {
 // timeline draws them as their own band above allocated instead of inside the slack.
 TEST_F(Reports, TheTimelineDrawsOtherStreamsFreesAsTheirOwnBand) {
   const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "held",
-    "device": {"total": "4GiB"}, "allocator": {"mode": "caching"},
+    "device": {"total": "4GiB", "context_overhead": 287047680}, "allocator": {"mode": "caching"},
     "policy": "comfy:oct2025", "offload_streams": 2,
     "workload": {"width": 256, "height": 256, "batch": 1, "cfg": 1.0},
     "models": [{"id": "te", "kind": "text_encoder", "family": "mistral", "compute": "fp16",

@@ -222,10 +222,12 @@ TEST(Shrink, FlakyOracleGetsAReliabilityFigureAndTheLabel) {
 // comfy:oct2025 --allocator async` (the FLUX.2 text encoder in fp16 on 16 GiB, 2 offload streams,
 // 576x576 batch 4) OOMs at a transfer copy with three modules' copies in flight. Dropping modules
 // alone ends in one module copied on the compute stream (the same signature, class A's finding);
-// the shrinker instead writes the largest module in flight repeated, all offloaded.
+// the shrinker instead writes the largest module in flight repeated, all offloaded. (Found when the
+// pool's growth step defaulted to 2 MiB; the scenario keeps that step.)
 TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
   const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
-    "device": {"total": "16GiB", "context_overhead": 287047680}, "allocator": {"mode": "async"},
+    "device": {"total": "16GiB", "context_overhead": 287047680},
+    "allocator": {"mode": "async", "options": {"pool_granularity": "2MiB"}},
     "policy": "comfy:oct2025", "offload_streams": 2,
     "workload": {"width": 576, "height": 576, "batch": 4, "cfg": 7.0},
     "models": [{"id": "te", "source": "catalog:flux2-text-encoder", "storage": "fp16", "compute": "fp16"}],

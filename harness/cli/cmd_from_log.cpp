@@ -142,7 +142,7 @@ void add_from_log(CLI::App& app, Action& action) {
   cmd->add_option("--out", f->out, "write the scenario here (default: to stdout, the report to stderr)");
   cmd->add_option("--vram", f->vram, "the card's memory, when the log has no \"Total VRAM\" line");
   cmd->add_option("--others", f->others, "memory other processes held at the start (default: back-solved from the plan line)");
-  cmd->add_option("--context", f->context, "the CUDA context (default: 273.75 MiB, or back-solved)");
+  cmd->add_option("--context", f->context, fmt::format("the CUDA context (default: {}, a PyTorch process's, or back-solved)", format_mib(kPyTorchContextOverhead)));
   cmd->add_option("--os", f->os, "windows | linux: ComfyUI's reserve differs (default: from the log's paths)");
   cmd->add_option("--width", f->width, "workload width (ComfyUI does not log it)")->transform(kNonNegative);
   cmd->add_option("--height", f->height, "workload height")->transform(kNonNegative);

@@ -689,7 +689,14 @@ CudaBackend::Case::Outcome CudaBackend::Case::alloc(std::uint32_t i, const Op& o
     Bytes reserved = 0;
     Bytes allocated = 0;
     if (!read_allocator(free_now, reserved, allocated)) return Outcome::stop;
-    r_.oom = OomEvent{i, bytes, free_now, reserved, allocated, *oom_detail, held_at_oom(op.stream, bytes)};
+    // A failed cudaMallocAsync keeps what it mapped of the growth (the pool grew, the call
+    // failed): the event records what the request met, the measured pool after it says the rest.
+    Bytes retained = 0;
+    if (options_.mode == AllocatorMode::async && reserved > stats_.reserved.current) {
+      retained = reserved - stats_.reserved.current;
+      *oom_detail += fmt::format("; trying, the pool grew by {} it could not use, and keeps it until trimmed", format_mib(retained));
+    }
+    r_.oom = OomEvent{i, bytes, free_now + retained, reserved - retained, allocated, *oom_detail, held_at_oom(op.stream, bytes)};
     if (aimdo_) account(i, op, "torch allocation", bytes);
     return Outcome::oom;
   }

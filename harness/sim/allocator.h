@@ -66,6 +66,9 @@ struct OomInfo {
   Bytes reserved = 0;     // allocator reserved at that moment
   Bytes allocated = 0;
   std::string detail;     // which rung of the ladder failed, fragmentation note ...
+  // Reserved bytes the failed call itself added and kept (cudaMallocAsync maps what it can of a
+  // growth the device cannot back, and the pool keeps it); `reserved` is before them.
+  Bytes retained = 0;
 };
 
 class Allocator {

@@ -237,6 +237,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (key >= keys_.size()) keys_.resize(static_cast<std::size_t>(key) + 1);
   ensure_stream(stream);
   last_placed_size_ = 0;  // held_for_other_streams bridges only the block this malloc places
+  retained_ = 0;
   if (size == 0) {  // PyTorch does not call cudaMallocAsync for an empty tensor
     keys_[key] = Live{true, true, 0, 0, 0, stream, false};
     return true;
@@ -383,9 +384,40 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
     to_map += bytes;
     covered += bytes;
   }
-  if (!device_.map(to_map)) return false;  // all chunks or none
+  if (!device_.map(to_map)) {
+    // The device cannot back the whole growth. The driver still maps the chunks it can, in
+    // order, and keeps them in the pool when the call fails (measured on an H200: a request
+    // 2 GiB beyond free memory left the pool holding all but 33 MiB of what was free, until
+    // cudaMemPoolTrimTo; reports/gpu/h200-2026-12-04-sequences.json, oom_probe). UNVERIFIED
+    // detail: the model keeps every whole chunk that fits, where the H200 kept one chunk fewer
+    // in that probe and every chunk in an agreement case (gpu-check agreement, sep2026/async).
+    const Bytes fits = device_.free() / g * g;
+    if (fits > 0 && device_.map(fits)) {
+      largest_before_ = largest_free_range();
+      usable_before_ = 0;
+      for (const auto& [e, r] : open_) {
+        if (r.kind == Kind::free && usable(r, stream)) usable_before_ = std::max(usable_before_, r.size);
+      }
+      retained_ = map_pieces(pieces, fits);
+      stats_.reserved.add(retained_);
+      ++stats_.num_device_alloc;
+    }
+    return false;
+  }
+  map_pieces(pieces, to_map);
+  stats_.reserved.add(to_map);
+  ++stats_.num_device_alloc;
+  at = start;
+  return true;
+}
 
-  for (const auto& [addr, bytes] : pieces) {
+// Turns the first `budget` bytes of the unmapped pieces (whole chunks, in address order) into
+// fresh free memory any stream may use; the caller has charged the device. Returns the bytes.
+Bytes AsyncPoolAllocator::map_pieces(const std::vector<std::pair<DeviceAddr, Bytes>>& pieces, Bytes budget) {
+  Bytes mapped = 0;
+  for (const auto& [addr, piece] : pieces) {
+    const Bytes bytes = std::min(piece, budget - mapped);
+    if (bytes == 0) break;
     const auto it = starting_at(addr);  // an unmapped range starts exactly here
     if (bytes < it->second.size) {
       resize_front(it, addr + bytes);
@@ -398,11 +430,9 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
     fresh.kind = Kind::free;
     fresh.owner = kAnyStream;
     place(fresh);
+    mapped += bytes;
   }
-  stats_.reserved.add(to_map);
-  ++stats_.num_device_alloc;
-  at = start;
-  return true;
+  return mapped;
 }
 
 void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size) {
@@ -550,9 +580,10 @@ void AsyncPoolAllocator::record_oom(Bytes size, Bytes rounded, StreamId stream, 
   ++stats_.num_ooms;
   OomInfo info;
   info.request = size;
-  info.device_free = device_.free();
-  info.reserved = stats_.reserved.current;
+  info.device_free = device_.free() + retained_;  // what the request met
+  info.reserved = stats_.reserved.current - retained_;
   info.allocated = stats_.allocated.current;
+  info.retained = retained_;
   if (fraction) {
     info.detail = fmt::format(
         "async: per_process_memory_fraction: requested {} + {} > limit {}; PyTorch raises before calling CUDA",
@@ -566,9 +597,12 @@ void AsyncPoolAllocator::record_oom(Bytes size, Bytes rounded, StreamId stream, 
         "async: cudaMallocAsync({}) on stream {} failed: pool reserved {}, used {} (reserved - used = {}), "
         "largest free range {} ({} usable by this stream), device free {}; PyTorch raises at once (no "
         "sync, trim or retry)",
-        format_mib(rounded), stream, format_mib(stats_.reserved.current), format_mib(stats_.allocated.current),
-        format_mib(stats_.reserved.current - stats_.allocated.current), format_mib(largest_free_range()),
-        format_mib(usable_largest), format_mib(device_.free()));
+        format_mib(rounded), stream, format_mib(info.reserved), format_mib(stats_.allocated.current),
+        format_mib(info.reserved - stats_.allocated.current), format_mib(retained_ == 0 ? largest_free_range() : largest_before_),
+        format_mib(retained_ == 0 ? usable_largest : usable_before_), format_mib(device_.free() + retained_));
+    if (retained_ > 0) {
+      info.detail += fmt::format("; trying, the pool grew by {} it could not use, and keeps it until trimmed", format_mib(retained_));
+    }
   }
   last_oom_ = std::move(info);
 }

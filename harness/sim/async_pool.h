@@ -29,13 +29,15 @@ namespace vf::sim {
 
 // Used grows in 512 B steps (observed, NVIDIA/cudf#10384; not a documented guarantee).
 inline constexpr Bytes kAsyncAlign = 512;
-// UNVERIFIED: how much physical memory the pool adds when it grows. No source states it;
-// §7.5 says assume 2 MiB (one physical page) until measured on a GPU. ci/gpu-check.sh measures it
-// (sections.calibration.suggested.pool_granularity of gpu-check.json, reports/gpu/README.md);
-// when replaced, name the results file here and update alloc_options.cpp's option table.
-inline constexpr Bytes kDefaultPoolGranularity = 2 * MiB;
-// The origin thread's RTX 4090 trace moves reserved in 32 MiB steps
-// (reference/origin-discussion.txt): `pool_granularity=32MiB` reproduces it.
+// How much physical memory the pool adds when it grows: 32 MiB. Measured on an NVIDIA H200
+// (driver 580.159.04, CUDA 13.0): reports/gpu/h200-2026-12-04.json,
+// sections.calibration.suggested.pool_granularity (the default pool with release threshold
+// UINT64_MAX reproduces the device's reserved bytes after all 52 requests of the sweep at 32 MiB,
+// at no other step of the 64 tried; the dedicated pools agree). The origin thread's RTX 4090
+// trace moves in the same steps (reference/origin-discussion.txt).
+inline constexpr Bytes kDefaultPoolGranularity = 32 * MiB;
+// The step of the origin thread's RTX 4090 trace (reference/origin-discussion.txt): the measured
+// default, named for the tests that replay that trace.
 inline constexpr Bytes kOriginPoolGranularity = 32 * MiB;
 // Physical memory comes in 2 MiB pages, so a granularity is a whole number of them.
 inline constexpr Bytes kPoolGranularityQuantum = 2 * MiB;
@@ -156,6 +158,7 @@ class AsyncPoolAllocator final : public Allocator {
   void order_after(StreamId waiter, StreamId target);
   bool coin();
   void record_oom(Bytes size, Bytes rounded, StreamId stream, bool fraction);
+  Bytes map_pieces(const std::vector<std::pair<DeviceAddr, Bytes>>& pieces, Bytes budget);
 
   SimDevice& device_;
   AsyncOptions options_;
@@ -180,6 +183,11 @@ class AsyncPoolAllocator final : public Allocator {
   // counts it as the free or unmapped memory it was before).
   DeviceAddr last_placed_ = 0;
   Bytes last_placed_size_ = 0;
+  // What the current malloc's failed growth mapped and kept (OomInfo::retained), and the free
+  // ranges before it (for the OOM's message).
+  Bytes retained_ = 0;
+  Bytes largest_before_ = 0;
+  Bytes usable_before_ = 0;
 };
 
 }  // namespace vf::sim
