@@ -2,9 +2,10 @@
 //
 // - Work is cut into tiles of kTileElems elements; a block of kThreads threads owns a tile and
 //   blocks walk the tiles grid-stride. A single tensor and a batch share the tile functions.
-// - Upcast: each thread converts 16 consecutive elements with 16-byte loads and stores (uint4)
-//   when both pointers are 16-byte aligned; the rest of the tile (and misaligned tensors) go
-//   element by element, coalesced.
+// - Upcast: each thread converts one 16-byte output chunk per step (4 or 8 elements) with one
+//   4-, 8- or 16-byte load and one 16-byte store, consecutive threads on consecutive chunks, when
+//   both pointers are 16-byte aligned; the rest of the tile (and misaligned tensors) go element
+//   by element, coalesced.
 // - Dequant: the tile's blocks (a whole number of them, tile starts 16-byte aligned) are staged
 //   into shared memory with coalesced 16-byte loads, then each thread turns runs of 8 elements
 //   (one scale each) into 16-byte stores.
@@ -28,12 +29,11 @@ namespace {
 
 constexpr int kThreads = 256;                       // threads per block
 constexpr std::uint32_t kTileElems = 4096;          // elements per tile (a block's unit of work)
-constexpr int kVec = 16;                            // upcast elements per thread per vector step
 constexpr int kRun = 8;                             // dequant elements per run (one scale)
 constexpr int kBlocksPerSm = 2048 / kThreads;       // resident blocks per SM at full occupancy
 constexpr std::uint32_t kSmemBytes = kTileElems / BlockQ8_0::kElems * BlockQ8_0::kBytes;  // largest tile
 
-static_assert(kTileElems == kThreads * kVec, "one vector step per thread covers a tile");
+static_assert(kTileElems % (kThreads * 8) == 0, "a tile is whole upcast steps of 16-byte chunks");
 static_assert(kTileElems % BlockQ4K::kElems == 0 && kTileElems % BlockQ8_0::kElems == 0);
 static_assert(kTileElems / BlockQ4_0::kElems * BlockQ4_0::kBytes <= kSmemBytes);
 static_assert(kTileElems / BlockQ4K::kElems * BlockQ4K::kBytes <= kSmemBytes);
@@ -127,34 +127,45 @@ __device__ std::uint32_t tile_count(std::uint64_t n, std::uint64_t base) {
 template <class S, class D>
 __device__ void upcast_tile(const std::uint8_t* __restrict__ src, std::uint8_t* __restrict__ dst,
                             std::uint64_t n, float scale, std::uint64_t tile) {
+  // One 16-byte output chunk per thread and step (4 fp32 or 8 16-bit elements), chunk c + k *
+  // blockDim for step k: a warp's stores cover 512 contiguous bytes and its loads (4, 8 or 16
+  // bytes a thread) are contiguous too. (Sixteen elements a thread, as before, left every store
+  // instruction writing half of each 32-byte sector it touched: fp32 outputs ran at half the
+  // D2D copy's bandwidth on an H200, reports/gpu/h200-2026-12-04.json.)
+  constexpr int kElems = 16 / D::kBytes;              // elements per output chunk
+  constexpr int kWords = kElems * S::kBytes / 4;      // source words per chunk: 1, 2 or 4
   const std::uint64_t base = tile * kTileElems;
   const std::uint32_t count = tile_count(n, base);
-  const std::uint32_t nvec = aligned16(src) && aligned16(dst) ? count / kVec : 0;
+  const std::uint32_t nchunks = aligned16(src) && aligned16(dst) ? count / kElems : 0;
 
-  for (std::uint32_t c = threadIdx.x; c < nvec; c += blockDim.x) {
-    const std::uint64_t e0 = base + static_cast<std::uint64_t>(c) * kVec;
-    constexpr int kWords = kVec * S::kBytes / 4;  // 4 (fp8) or 8 (16-bit) source words
+  for (std::uint32_t c = threadIdx.x; c < nchunks; c += blockDim.x) {
+    const std::uint64_t e0 = base + static_cast<std::uint64_t>(c) * kElems;
+    const std::uint8_t* in = src + e0 * S::kBytes;
     std::uint32_t w[kWords];
-    const uint4* in = reinterpret_cast<const uint4*>(src + e0 * S::kBytes);
-#pragma unroll
-    for (int k = 0; k < kWords / 4; ++k) {
-      const uint4 v = __ldg(in + k);
-      w[4 * k] = v.x;
-      w[4 * k + 1] = v.y;
-      w[4 * k + 2] = v.z;
-      w[4 * k + 3] = v.w;
+    if constexpr (kWords == 4) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(in));
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    } else if constexpr (kWords == 2) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(in));
+      w[0] = v.x;
+      w[1] = v.y;
+    } else {
+      w[0] = __ldg(reinterpret_cast<const unsigned int*>(in));
     }
-    float f[kVec];
+    float f[kElems];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
+    for (int j = 0; j < kElems; ++j) {
       const std::uint32_t code = S::kBytes == 1 ? (w[j / 4] >> (8 * (j % 4))) & 0xffu
                                                 : (w[j / 2] >> (16 * (j % 2))) & 0xffffu;
       f[j] = apply_scale(S::decode(code), scale);
     }
-    store_vec<D, kVec>(dst, e0, f);
+    store_vec<D, kElems>(dst, e0, f);
   }
-  // Scalar tail: the part of the tile not covered by whole vectors (all of it when misaligned).
-  for (std::uint32_t i = nvec * kVec + threadIdx.x; i < count; i += blockDim.x) {
+  // Scalar tail: the part of the tile not covered by whole chunks (all of it when misaligned).
+  for (std::uint32_t i = nchunks * kElems + threadIdx.x; i < count; i += blockDim.x) {
     const std::uint64_t e = base + i;
     const std::uint32_t code =
         S::kBytes == 1 ? src[e] : static_cast<std::uint32_t>(reinterpret_cast<const std::uint16_t*>(src)[e]);
@@ -194,6 +205,23 @@ __device__ void dequant_tile(const std::uint8_t* __restrict__ src, std::uint8_t*
 
   const bool vec = aligned16(dst);
   const std::uint32_t runs = count / kRun;
+  if constexpr (D::kBytes == 4 && Q::kElems == 32) {
+    // fp32 out of a 32-element type: a run is 32 bytes, two 16-byte chunks. One chunk a thread
+    // and step keeps each warp's stores contiguous (a whole run a thread wrote half of every
+    // 32-byte sector per store: 57% of a D2D copy on an H200); the run's cheap decode is done
+    // twice. The 256-element K-quants decode too much for that and keep whole runs.
+    if (vec) {
+      for (std::uint32_t h = threadIdx.x; h < 2 * runs; h += blockDim.x) {
+        const std::uint32_t e = (h / 2) * kRun;
+        float v[kRun];
+        Q::run8(smem + (e / Q::kElems) * Q::kBytes, static_cast<int>(e % Q::kElems), v);
+        const std::uint32_t half = (h % 2) * (kRun / 2);
+        store_vec<D, kRun / 2>(dst, base + e + half, v + half);
+      }
+      __syncthreads();  // the next tile overwrites smem
+      return;
+    }
+  }
   for (std::uint32_t r = threadIdx.x; r < runs; r += blockDim.x) {
     const std::uint32_t e = r * kRun;
     float v[kRun];

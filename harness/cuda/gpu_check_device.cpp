@@ -596,7 +596,7 @@ void section_kernels(CheckContext& c, const Deadline& dl, Json& out) {
   const Kernel bench[] = {{Dtype::fp8_e4m3fn, Dtype::bf16}, {Dtype::fp8_e4m3fn, Dtype::fp32}, {Dtype::fp8_e5m2, Dtype::bf16},
                           {Dtype::fp16, Dtype::fp32},       {Dtype::bf16, Dtype::fp32},       {Dtype::q8_0, Dtype::bf16},
                           {Dtype::q4_0, Dtype::bf16},       {Dtype::q4_k, Dtype::bf16},       {Dtype::q6_k, Dtype::bf16},
-                          {Dtype::q8_0, Dtype::fp32}};
+                          {Dtype::q8_0, Dtype::fp32},       {Dtype::q4_k, Dtype::fp32},       {Dtype::q6_k, Dtype::fp32}};
   bool all_fast = true;
   for (const Kernel& k : bench) {
     if (dl.passed()) break;
