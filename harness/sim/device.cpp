@@ -38,27 +38,23 @@ void SimDevice::cuda_free(const DeviceAlloc& a) {
   small_free(a);
 }
 
-void SimDevice::add_hole(DeviceAddr addr, Bytes size, std::uint32_t page) {
-  const std::uint64_t seq = hole_seq_++;
-  holes_.emplace(addr, Hole{size, seq, page});
-  holes_by_size_.emplace(size, seq, addr);
-}
-
-void SimDevice::erase_hole(std::map<DeviceAddr, Hole>::iterator it) {
-  holes_by_size_.erase({it->second.size, it->second.seq, it->first});
-  holes_.erase(it);
-}
-
 std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
-  const auto best = holes_by_size_.lower_bound({rounded, 0, 0});
-  if (best != holes_by_size_.end()) {
-    const DeviceAddr addr = std::get<2>(*best);
-    const auto it = holes_.find(addr);
-    const Hole hole = it->second;
-    erase_hole(it);
-    if (hole.size > rounded) add_hole(addr + rounded, hole.size - rounded, hole.page);
-    ++small_pages_[hole.page].live;
-    return DeviceAlloc{addr, rounded, 0, hole.page};
+  const std::uint32_t r = static_cast<std::uint32_t>(rounded);  // < 2 MiB here
+  if (const FreeIndex::Cursor c = holes_.lower_bound(0, rounded); c.valid) {
+    const FreeIndex::Entry e = holes_.at(c);
+    SmallPage& p = small_pages_[e.block];
+    const std::uint32_t off = static_cast<std::uint32_t>(e.addr % kUnits) * static_cast<std::uint32_t>(kCudaMallocAlign);
+    const auto h = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
+    if (h->size > r) {  // the rest stays a hole, a new one
+      const Hole rest{off + r, h->size - r, hole_seq_++};
+      holes_.replace(0, h->size, e.addr, rest.size, hole_key(rest));
+      *h = rest;
+    } else {
+      holes_.erase(0, h->size, e.addr);
+      p.holes.erase(h);
+    }
+    ++p.live;
+    return DeviceAlloc{p.base + off, rounded, 0, e.block};
   }
   if (!charge(kDevicePage)) return std::nullopt;
   std::uint32_t slot;
@@ -69,38 +65,46 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
     slot = static_cast<std::uint32_t>(small_pages_.size());
     small_pages_.emplace_back();
   }
-  const DeviceAddr base = next_addr_;
+  SmallPage& p = small_pages_[slot];
+  p.base = next_addr_;
+  p.live = 1;
+  p.holes.clear();
   next_addr_ += kDevicePage;
-  small_pages_[slot] = SmallPage{base, 1};
-  add_hole(base + rounded, kDevicePage - rounded, slot);  // rounded < kDevicePage here
-  return DeviceAlloc{base, rounded, 0, slot};
+  const Hole rest{r, static_cast<std::uint32_t>(kDevicePage) - r, hole_seq_++};
+  p.holes.push_back(rest);
+  holes_.insert(0, rest.size, hole_key(rest), slot);
+  return DeviceAlloc{p.base, rounded, 0, slot};
 }
 
 void SimDevice::small_free(const DeviceAlloc& a) {
   SmallPage& p = small_pages_[a.page];
-  DeviceAddr addr = a.addr;
-  Bytes size = a.size;
-  // Merge with the hole just below and the one just above, if they are in this page.
-  auto next = holes_.lower_bound(addr);
-  if (next != holes_.begin()) {
+  std::uint32_t off = static_cast<std::uint32_t>(a.addr - p.base);
+  std::uint32_t size = static_cast<std::uint32_t>(a.size);
+  // Merge with the hole just below and the one just above.
+  auto next = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
+  if (next != p.holes.end() && next->off == off + size) {
+    holes_.erase(0, next->size, hole_key(*next));
+    size += next->size;
+    next = p.holes.erase(next);
+  }
+  if (next != p.holes.begin()) {
     const auto prev = std::prev(next);
-    if (prev->second.page == a.page && prev->first + prev->second.size == addr) {
-      addr = prev->first;
-      size += prev->second.size;
-      erase_hole(prev);
+    if (prev->off + prev->size == off) {
+      holes_.erase(0, prev->size, hole_key(*prev));
+      off = prev->off;
+      size += prev->size;
+      next = p.holes.erase(prev);
     }
   }
-  next = holes_.find(a.addr + a.size);
-  if (next != holes_.end() && next->second.page == a.page) {
-    size += next->second.size;
-    erase_hole(next);
-  }
   if (--p.live == 0) {  // the whole page is one hole now: give it back
+    p.holes.clear();
     release(kDevicePage);
     free_slots_.push_back(a.page);
     return;
   }
-  add_hole(addr, size, a.page);
+  const Hole merged{off, size, hole_seq_++};
+  p.holes.insert(next, merged);
+  holes_.insert(0, merged.size, hole_key(merged), a.page);
 }
 
 DeviceAddr SimDevice::reserve_address_range(Bytes size) {

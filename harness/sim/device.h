@@ -9,15 +9,13 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
-#include <set>
-#include <tuple>
 #include <vector>
 
 #include "harness/core/bytes.h"
 #include "harness/scenario.h"
 #include "harness/sim/device_layer.h"
+#include "harness/sim/free_index.h"
 
 namespace vf::sim {
 
@@ -75,21 +73,26 @@ class SimDevice final : public DeviceLayer {
   bool charge(Bytes b);
   void release(Bytes b);
 
+  // A free hole of a small page: its offset and size in the page, and its age (`seq`, from a
+  // counter bumped whenever a hole is made: a new page's rest, a split hole's rest, a free merged
+  // with its neighbours).
+  struct Hole {
+    std::uint32_t off = 0;
+    std::uint32_t size = 0;
+    std::uint64_t seq = 0;
+  };
   struct SmallPage {
     DeviceAddr base = 0;
-    std::uint32_t live = 0;  // live allocations in it; the page is released at 0
+    std::uint32_t live = 0;   // live allocations in it; the page is released at 0
+    std::vector<Hole> holes;  // by offset (few: they are separated by live buffers)
   };
-  // A free hole of a small page. Its age is `seq`: taken from a counter whenever the hole is made
-  // (a new page's rest, the rest of a split hole, a free merged with its neighbours).
-  struct Hole {
-    Bytes size = 0;
-    std::uint64_t seq = 0;
-    std::uint32_t page = 0;
-  };
+  // The best-fit order is (size, age): FreeIndex keeps (size, key) with key = seq * kUnits + the
+  // hole's offset in 512 B units, so the oldest of equal holes comes first and the key names the
+  // hole; the entry's block is the page.
+  static constexpr std::uint64_t kUnits = kDevicePage / kCudaMallocAlign;
+  static std::uint64_t hole_key(const Hole& h) { return h.seq * kUnits + h.off / kCudaMallocAlign; }
   std::optional<DeviceAlloc> small_malloc(Bytes rounded);
   void small_free(const DeviceAlloc& a);
-  void add_hole(DeviceAddr addr, Bytes size, std::uint32_t page);
-  void erase_hole(std::map<DeviceAddr, Hole>::iterator it);
 
   DeviceSpec spec_;
   Bytes capacity_ = 0;
@@ -99,9 +102,7 @@ class SimDevice final : public DeviceLayer {
   DeviceAddr next_addr_ = 0x7f0000000000ull;
   std::vector<SmallPage> small_pages_;   // slots are reused once a page is released
   std::vector<std::uint32_t> free_slots_;  // released page slots
-  std::map<DeviceAddr, Hole> holes_;       // start address -> hole (for merging on free)
-  // (size, age, address): the best fit is the first entry not smaller than the request.
-  std::set<std::tuple<Bytes, std::uint64_t, DeviceAddr>> holes_by_size_;
+  FreeIndex holes_;                        // every page's holes, stream 0
   std::uint64_t hole_seq_ = 0;
 };
 
