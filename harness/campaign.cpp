@@ -529,10 +529,13 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
       origin.source_file = file;
       sc.repro_file = write_repro(dir, sr, origin);
       sc.repro_modules = sr.final_size.modules;
+      sc.repro_repeats = sr.final_size.repeats;
       sc.shrink_execs = sr.executions;
       sc.flaky = sr.flaky;
       sc.shrunk = std::make_shared<const ShrinkResult>(sr);
-      spdlog::info("  shrunk to {} module(s) in {} executions: {}", sr.final_size.modules, sr.executions, sc.repro_file);
+      spdlog::info("  shrunk to {} module(s){} in {} executions: {}", sr.final_size.modules,
+                   sr.final_size.repeats > 0 ? fmt::format(", {} of them repeats", sr.final_size.repeats) : std::string(),
+                   sr.executions, sc.repro_file);
     };
     const bool passed = !r.verdict.expected_oom && (r.verdict.kind == VerdictKind::pass || r.verdict.kind == VerdictKind::waste);
     if (r.verdict.finding()) record(s, r);

@@ -116,6 +116,7 @@ struct SignatureCount {
   bool known = false;        // in the regression corpus under the same policy key: not new
   std::string repro_file;    // the shrunk repro, when shrinking ran
   std::size_t repro_modules = 0;
+  std::size_t repro_repeats = 0;  // of them, repeats of the module before (CaseSize::repeats)
   std::uint64_t shrink_execs = 0;
   bool flaky = false;
   std::shared_ptr<const ShrinkResult> shrunk;  // the repro case with its trace (for reports)

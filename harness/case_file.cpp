@@ -102,7 +102,8 @@ Check dynamic_object() {
 }
 
 const Check& repro_schema() {
-  static const Check size = object({opt("models", u64()), opt("modules", u64()), opt("tensors", u64()), opt("bytes", u64())});
+  static const Check size =
+      object({opt("models", u64()), opt("modules", u64()), opt("repeats", u64()), opt("tensors", u64()), opt("bytes", u64())});
   static const Check c = object({
       req("schema", str()),
       opt("title", str()),

@@ -15,7 +15,7 @@ namespace vf {
 namespace {
 
 nlohmann::ordered_json size_json(const CaseSize& z) {
-  return {{"models", z.models}, {"modules", z.modules}, {"tensors", z.tensors}, {"bytes", z.bytes}};
+  return {{"models", z.models}, {"modules", z.modules}, {"repeats", z.repeats}, {"tensors", z.tensors}, {"bytes", z.bytes}};
 }
 
 // The rows around the judged op, in the origin discussion's DEBUG-line style.

@@ -20,6 +20,11 @@ CaseSize case_size(const Scenario& s) {
   z.models = s.models.size();
   for (const ModelRef& m : s.models) {
     z.modules += m.spec->modules.size();
+    for (std::size_t i = 0; i < m.spec->modules.size();) {
+      const std::size_t run = repeat_run(m.spec->modules, i);
+      z.repeats += run - 1;
+      i += run;
+    }
     for (const Module& mod : m.spec->modules) z.tensors += mod.tensors.size();
     z.bytes += m.spec->bytes;
   }

@@ -29,6 +29,9 @@ struct ShrinkOptions {
 struct CaseSize {
   std::size_t models = 0;
   std::size_t modules = 0;
+  // Of those, the ones identical to the module before them (the "repeat" runs a rounding-sum
+  // repro is written with): a repro of 370 modules with 369 repeats reads as two rows.
+  std::size_t repeats = 0;
   std::size_t tensors = 0;
   Bytes bytes = 0;  // model bytes
   bool operator==(const CaseSize&) const = default;

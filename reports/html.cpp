@@ -591,10 +591,10 @@ std::string html_report(const Json& doc, const std::string& report_dir) {
       rel = fmt::format("reproduced {} of {} runs{}", get_u64(f["reliability"], "reproduced"), get_u64(f["reliability"], "runs"),
                         get_bool(f, "flaky") ? " (flaky)" : "");
     }
-    h += fmt::format("<p>{} case(s), worst overshoot {}; {}; repro: <a href=\"{}\">{}</a> ({} module(s)); replay from the folder "
+    h += fmt::format("<p>{} case(s), worst overshoot {}; {}; repro: <a href=\"{}\">{}</a> ({}); replay from the folder "
                      "of this report:</p>\n<pre>{}</pre>\n",
                      get_u64(f, "count"), signed_mib1(get_i64(f, "worst_overshoot")), rel, xml_escape(link(get_str(f, "repro"))),
-                     xml_escape(link(get_str(f, "repro"))), get_u64(f, "repro_modules"),
+                     xml_escape(link(get_str(f, "repro"))), xml_escape(repro_size(f)),
                      xml_escape(replay_command(get_str(f, "repro"), get_str(f, "file"), report_dir)));
     h += case_html(cv, fmt::format("timeline-{}", i));
     h += "</article>\n";

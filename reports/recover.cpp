@@ -307,7 +307,10 @@ Recovered recover_campaign(const std::string& dir) {
       if (doc.contains("at_budget")) sc.activation_dependent = doc.value("activation_dependent", false);
       if (doc.contains("shrink")) {
         const json& sh = doc["shrink"];
-        if (sh.contains("final")) sc.repro_modules = sh["final"].value("modules", std::uint64_t{0});
+        if (sh.contains("final")) {
+          sc.repro_modules = sh["final"].value("modules", std::uint64_t{0});
+          sc.repro_repeats = sh["final"].value("repeats", std::uint64_t{0});
+        }
         sc.shrink_execs = sh.value("executions", std::uint64_t{0});
       }
       if (doc.contains("reliability")) sc.flaky = doc["reliability"].value("flaky", false);

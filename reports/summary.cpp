@@ -425,6 +425,7 @@ Json summary_from_campaign(const CampaignConfig& cfg, const CampaignResult& r, c
               {"known", c.known},
               {"repro", c.repro_file},
               {"repro_modules", c.repro_modules},
+              {"repro_repeats", c.repro_repeats},
               {"shrink_executions", c.shrink_execs},
               {"flaky", c.flaky},
               {"file", c.first_file},

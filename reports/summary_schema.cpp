@@ -160,6 +160,7 @@ Check finding() {
       opt("corpus_other_policies", array_of(str())),
       req("repro", str()),
       req("repro_modules", u64()),
+      opt("repro_repeats", u64()),
       req("shrink_executions", u64()),
       req("flaky", boolean()),
       req("file", str()),

@@ -125,6 +125,14 @@ std::vector<const Json*> findings_by_severity(const Json& doc) {
   return order;
 }
 
+std::string repro_size(const Json& f) {
+  const std::uint64_t modules = get_u64(f, "repro_modules");
+  const std::uint64_t repeats = f.contains("repro_repeats") ? get_u64(f, "repro_repeats") : 0;
+  std::string out = fmt::format("{} module{}", modules, modules == 1 ? "" : "s");
+  if (repeats > 0) out += fmt::format(", {} of them repeats", repeats);
+  return out;
+}
+
 Table findings_table(const Json& doc, const LinkFn& link) {
   Table t;
   t.headers = {"signature", "why", "policy", "count", "worst overshoot", "of device", "repro", "reliability", "corpus"};
@@ -136,7 +144,7 @@ Table findings_table(const Json& doc, const LinkFn& link) {
     std::string repro_cell, target;
     if (!repro.empty()) {
       target = link(repro);
-      repro_cell = fmt::format("{} ({} module{})", target, get_u64(f, "repro_modules"), get_u64(f, "repro_modules") == 1 ? "" : "s");
+      repro_cell = fmt::format("{} ({})", target, repro_size(f));
     } else if (!file.empty()) {
       target = link(file);
       repro_cell = target + " (not shrunk)";

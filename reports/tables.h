@@ -34,6 +34,8 @@ using LinkFn = std::function<std::string(const std::string&)>;
 // worst overshoot as a share of its device): why it failed, where its repro is, how reliably it
 // reproduced, and what the regression corpus says about it (corpus_note).
 Table findings_table(const Json& doc, const LinkFn& link);
+// A finding's repro size in a reader's terms: "1 module", "370 modules, 369 of them repeats".
+std::string repro_size(const Json& finding);
 // The summary's findings in the order every report lists them.
 std::vector<const Json*> findings_by_severity(const Json& doc);
 // Why a finding is known or new: "known (origin-oct2025/repro.json)", "new; the corpus has it

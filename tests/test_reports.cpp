@@ -22,6 +22,7 @@
 #include "reports/json_util.h"
 #include "reports/render.h"
 #include "reports/summary.h"
+#include "reports/tables.h"
 #include "tests/run_cli.h"
 
 namespace vf {
@@ -184,6 +185,14 @@ TEST_F(Reports, EachTestcaseHasOneOutcomeEvenWithBackendErrors) {
   EXPECT_NE(xml.find(fmt::format("<testsuites name=\"vramfuzz\" tests=\"16\" failures=\"{}\" errors=\"{}\"", failures, errors)),
             std::string::npos)
       << xml.substr(0, 300);
+}
+
+// The findings table's repro column says how many of a repro's modules are repeats (a rounding
+// sum written as one module and N pads reads as two rows in repro.md, not as N + 1 modules).
+TEST(ReproSize, SaysHowManyModulesAreRepeats) {
+  EXPECT_EQ(report::repro_size(Json{{"repro_modules", 1}}), "1 module");
+  EXPECT_EQ(report::repro_size(Json{{"repro_modules", 3}, {"repro_repeats", 0}}), "3 modules");
+  EXPECT_EQ(report::repro_size(Json{{"repro_modules", 370}, {"repro_repeats", 369}}), "370 modules, 369 of them repeats");
 }
 
 TEST_F(Reports, SchemaRejectsAFailureWithoutMessage) {

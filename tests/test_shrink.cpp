@@ -249,6 +249,7 @@ TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
   const std::vector<Module>& mods = r.minimal.models[0].spec->modules;
   ASSERT_GE(mods.size(), 3u);
   EXPECT_EQ(repeat_run(mods, 0), mods.size()) << "one module repeated";
+  EXPECT_EQ(r.final_size.repeats, mods.size() - 1);  // what the summary's repro column says
   EXPECT_LT(r.executions, 100u);
   const std::string md = repro_markdown(r, {}, "repro.json");
   EXPECT_NE(md.find(fmt::format("| {} x `", mods.size())), std::string::npos) << md;
