@@ -47,6 +47,17 @@ inline void need(const Status& s) {
   if (!s) throw SectionFailure(s.describe());
 }
 
+// The device's free memory after a synchronize (so every queued allocation and free is in it).
+inline Bytes free_now(Runtime& rt) {
+  need(rt.device_synchronize());
+  Bytes free = 0;
+  Bytes total = 0;
+  need(rt.mem_get_info(free, total));
+  return free;
+}
+// How much `after` is below `before` (negative when memory came back).
+inline std::int64_t delta(Bytes before, Bytes after) { return static_cast<std::int64_t>(before) - static_cast<std::int64_t>(after); }
+
 struct CheckContext {
   const GpuCheckConfig& cfg;
   Runtime& rt;

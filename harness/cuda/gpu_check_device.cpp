@@ -31,15 +31,6 @@ constexpr std::uint64_t kReleaseNever = ~std::uint64_t{0};
 using Clock = std::chrono::steady_clock;
 double micros_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
 
-Bytes free_now(Runtime& rt) {
-  need(rt.device_synchronize());
-  Bytes free = 0;
-  Bytes total = 0;
-  need(rt.mem_get_info(free, total));
-  return free;
-}
-
-std::int64_t delta(Bytes before, Bytes after) { return static_cast<std::int64_t>(before) - static_cast<std::int64_t>(after); }
 
 // Median and max of a latency sample, microseconds.
 Json latency(std::vector<double> us) {

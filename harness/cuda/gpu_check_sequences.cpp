@@ -24,16 +24,6 @@ namespace {
 
 constexpr std::uint64_t kNever = ~std::uint64_t{0};
 
-Bytes sync_free(Runtime& rt) {
-  need(rt.device_synchronize());
-  Bytes free = 0;
-  Bytes total = 0;
-  need(rt.mem_get_info(free, total));
-  return free;
-}
-
-std::int64_t drop(Bytes before, Bytes after) { return static_cast<std::int64_t>(before) - static_cast<std::int64_t>(after); }
-
 }  // namespace
 
 // ---- the programs -------------------------------------------------------------------------------
@@ -175,7 +165,7 @@ namespace {
 Json run_raw(Runtime& rt, const SeqSpec& spec, const Deadline& dl) {
   const std::vector<SeqOp> ops = make_sequence(spec);
   std::vector<DevPtr> ptr(ops.size(), 0);
-  const Bytes free0 = sync_free(rt);
+  const Bytes free0 = free_now(rt);
   Json rows = Json::array();
   std::vector<std::int64_t> drops;
   std::string stopped;
@@ -193,7 +183,7 @@ Json run_raw(Runtime& rt, const SeqSpec& spec, const Deadline& dl) {
         need(rt.free(ptr[op.of]));
         ptr[op.of] = 0;
       }
-      const std::int64_t d = drop(free0, sync_free(rt));
+      const std::int64_t d = delta(free0, free_now(rt));
       drops.push_back(d);
       rows.push_back(Json::array({op.alloc ? 1 : 0, op.alloc ? op.size : Bytes{op.of}, op.alloc ? ptr[done] : 0, d}));
     }
@@ -280,7 +270,7 @@ Json run_oom_probe(Runtime& rt, Pool pool, Stream s, Bytes room) {
   need(rt.device_synchronize());
   need(rt.pool_set(pool, PoolAttr::release_threshold, kNever));
   need(rt.pool_trim(pool, 0));
-  const Bytes free0 = sync_free(rt);
+  const Bytes free0 = free_now(rt);
   if (free0 <= room + 64 * MiB) throw SectionFailure(fmt::format("oom probe: only {} free", format_mib(free0)));
   const Bytes ballast_bytes = (free0 - room) / (2 * MiB) * (2 * MiB);
   DevPtr ballast = 0;
@@ -299,7 +289,7 @@ Json run_oom_probe(Runtime& rt, Pool pool, Stream s, Bytes room) {
     out["steps"].push_back({{"after", name}, {"reserved", reserved}, {"used", used}, {"device_free", free}});
   };
   try {
-    const Bytes free1 = sync_free(rt);
+    const Bytes free1 = free_now(rt);
     out["ballast"] = ballast_bytes;
     out["free_with_ballast"] = free1;
     const Bytes first = room / 4 / MiB * MiB;
@@ -330,14 +320,14 @@ Json run_oom_probe(Runtime& rt, Pool pool, Stream s, Bytes room) {
     need(rt.pool_trim(pool, 0));
     pool_state("trim to 0");
     // cudaMalloc: a request larger than what is free.
-    const Bytes f_raw = sync_free(rt);
+    const Bytes f_raw = free_now(rt);
     DevPtr r = 0;
     const Status raw = rt.malloc(r, f_raw + 64 * MiB);
     (void)rt.last_error();
     if (raw) need(rt.free(r));
     out["raw_failing_request"] = f_raw + 64 * MiB;
     out["raw_failing_status"] = raw ? "succeeded" : raw.describe();
-    out["raw_free_drop_after_failure"] = drop(f_raw, sync_free(rt));
+    out["raw_free_drop_after_failure"] = delta(f_raw, free_now(rt));
   } catch (...) {
     for (DevPtr p : {a, c}) {
       if (p != 0) (void)rt.free_async(p, s);
@@ -358,36 +348,36 @@ Json run_vmm_probe(Runtime& rt) {
   Bytes gran = 0;
   need(rt.vmm_granularity(gran, false));
   const Bytes page = 32 * MiB;
-  const Bytes free0 = sync_free(rt);
+  const Bytes free0 = free_now(rt);
   MemHandle h32;
   MemHandle hg;
   need(rt.vmm_create(h32, page));
-  const Bytes f1 = sync_free(rt);
+  const Bytes f1 = free_now(rt);
   need(rt.vmm_create(hg, gran));
-  const Bytes f2 = sync_free(rt);
+  const Bytes f2 = free_now(rt);
   DevPtr va = 0;
   need(rt.vmm_reserve(va, 2 * page, page));
-  const Bytes f3 = sync_free(rt);
+  const Bytes f3 = free_now(rt);
   need(rt.vmm_map(va, page, h32));
   need(rt.vmm_set_access(va, page));
   need(rt.vmm_map(va + page, gran, hg));
   need(rt.vmm_set_access(va + page, gran));
-  const Bytes f4 = sync_free(rt);
+  const Bytes f4 = free_now(rt);
   need(rt.vmm_unmap(va, page));
   need(rt.vmm_unmap(va + page, gran));
-  const Bytes f5 = sync_free(rt);
+  const Bytes f5 = free_now(rt);
   need(rt.vmm_release(h32));
   need(rt.vmm_release(hg));
   need(rt.vmm_free_range(va, 2 * page));
-  const Bytes f6 = sync_free(rt);
+  const Bytes f6 = free_now(rt);
   out = {{"granularity", gran},
-         {"create_32MiB", drop(free0, f1)},
-         {"create_granule", drop(f1, f2)},
-         {"reserve_64MiB_va", drop(f2, f3)},
-         {"map_and_access", drop(f3, f4)},
-         {"unmap", drop(f4, f5)},
-         {"release_all", drop(f5, f6)},
-         {"left_after_release", drop(free0, f6)}};
+         {"create_32MiB", delta(free0, f1)},
+         {"create_granule", delta(f1, f2)},
+         {"reserve_64MiB_va", delta(f2, f3)},
+         {"map_and_access", delta(f3, f4)},
+         {"unmap", delta(f4, f5)},
+         {"release_all", delta(f5, f6)},
+         {"left_after_release", delta(free0, f6)}};
   return out;
 }
 
