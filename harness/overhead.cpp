@@ -30,6 +30,8 @@ class Estimator {
   virtual void alloc(std::uint32_t buffer, Bytes bytes, std::uint32_t stream, std::uint64_t seq) = 0;
   virtual void free(std::uint32_t buffer, std::uint64_t seq) = 0;
   virtual void empty_cache() = 0;
+  // A device-wide synchronize: every pending free becomes everyone's (async).
+  virtual void synchronize() {}
   const OverheadTerms& terms() const { return t_; }
 
  protected:
@@ -168,6 +170,10 @@ struct SizeClass {
   std::uint64_t live = 0;
   std::uint64_t slots = 0;           // upper bound on the slots (live or cached)
   std::uint64_t stolen = 0;          // the steals matched when `slots` was last raised
+  // async: slots a block of another stream may have been placed in and then freed on its own
+  // stream. Free memory of different owners does not merge, so such a slot may hold a piece this
+  // class's stream cannot take until an event edge or a synchronize: it may not serve the class.
+  std::uint64_t tainted = 0;
   std::uint64_t first_alloc = kNever;
   std::uint64_t first_free = kNever;
   Bytes r_min = ~Bytes{0};           // smallest request of the class
@@ -261,7 +267,7 @@ class ClassEstimator : public Estimator {
         c.slots = std::max(c.slots + 1, c.live + 1);
       } else {
         const std::uint64_t steals = c.matched();
-        if (c.live + steals >= c.slots) {  // every slot may be held: this one may make a new one
+        if (c.live + steals + c.tainted >= c.slots) {  // every slot may be held: this may make a new one
           c.slots += 1;
           c.stolen = steals;
         }
@@ -288,7 +294,13 @@ class ClassEstimator : public Estimator {
       --a.packing.live_n;
       if (b.slot == 0) a.packing.primary_r -= b.rounded;
     }
-    for (const auto& [key, k] : b.steals) --a.classes[key].seen[k];
+    for (const auto& [key, k] : b.steals) {
+      SizeClass& c = a.classes[key];
+      --c.seen[k];
+      // Freed on its own stream inside a slot of another stream's class: that slot (or the two it
+      // straddles) may now hold a piece the class's stream cannot take.
+      if (frees_are_owned() && key.second != b.stream) c.tainted = std::min(c.slots, c.tainted + 2);
+    }
     b.steals.clear();
     if (b.slot != 0) {
       SizeClass& c = a.classes[key_of(b)];
@@ -312,6 +324,7 @@ class ClassEstimator : public Estimator {
         const std::uint64_t steals = c.matched();
         c.slots = std::min(c.slots, c.live + steals);
         c.stolen = steals;
+        c.tainted = 0;  // synchronized first: every free is everyone's
       }
       if (a.has_packing) {
         was_free += sat_sub(a.packing.bytes(), a.packing.live_r);
@@ -340,6 +353,18 @@ class ClassEstimator : public Estimator {
   // split remainder holds b.
   virtual bool may_steal(const Block& b, const ClassKey&, const SizeClass& c) const { return c.first_free != kNever && b.seq > c.first_free; }
   virtual bool never_reused(const Block&) const { return false; }
+  // async: a free belongs to the stream that made it (SizeClass::tainted).
+  virtual bool frees_are_owned() const { return false; }
+
+ public:
+  void synchronize() override {
+    if (!frees_are_owned()) return;
+    for (Arena& a : arenas_) {
+      for (auto& [key, c] : a.classes) c.tainted = 0;
+    }
+  }
+
+ protected:
 
   std::uint32_t arena_for(std::uint32_t stream, bool small) {
     const auto [it, fresh] = arena_index_.try_emplace(std::make_pair(stream, small), 0);
@@ -475,6 +500,7 @@ class AsyncEstimator final : public ClassEstimator {
     b.slot = b.rounded;
   }
   ClassKey key_of(const Block& b) const override { return {b.slot, b.stream}; }
+  bool frees_are_owned() const override { return true; }
 
   sim::AsyncOptions o_;
 };
@@ -532,8 +558,9 @@ OverheadBreakdown overhead_breakdown(const Scenario& s, const Program& p) {
         live -= p.buffers[op.buffer].bytes;
         break;
       case OpKind::empty_cache: est->empty_cache(); break;
-      // A conditional flush may not happen: the bound assumes it does not. Waits and syncs only
-      // let an allocator reuse more.
+      case OpKind::sync: est->synchronize(); break;
+      // A conditional flush may not happen: the bound assumes it does not. Waits only let an
+      // allocator reuse more.
       default: break;
     }
     if (is_transition(op) || op.stage >= stages.size()) continue;

@@ -28,6 +28,29 @@ AsyncOptions no_opportunistic() {
   return o;
 }
 
+// The growth is kept only once the request has failed, after the fallback to frees pending on
+// other streams (ReuseAllowInternalDependencies): chunks kept before it would join those frees
+// and turn the OOM into a success. 136 MiB card, 32 MiB steps: stream 0 holds 20 MiB, stream 1
+// frees 60 MiB, stream 0 asks for 100 MiB: an OOM with or without the fallback (as before the
+// kept growth was modelled), the one chunk that fits kept.
+TEST(AsyncPool, AFailedGrowthIsKeptOnlyAfterTheFallbackFailed) {
+  for (const bool internal : {true, false}) {
+    SimDevice d(spec_of(136 * MiB));
+    AsyncOptions o;
+    o.reuse_allow_opportunistic = false;
+    o.reuse_allow_internal_dependencies = internal;
+    AsyncPoolAllocator a(d, o, 0);
+    ASSERT_TRUE(a.malloc(0, 20 * MiB, 0));
+    ASSERT_TRUE(a.malloc(1, 60 * MiB, 1));
+    a.free(1);
+    EXPECT_EQ(a.stats().reserved.current, 96 * MiB);
+    EXPECT_FALSE(a.malloc(2, 100 * MiB, 0)) << internal;
+    EXPECT_EQ(a.stats().reserved.current, 128 * MiB);
+    EXPECT_EQ(a.last_oom()->reserved, 96 * MiB);
+    EXPECT_EQ(a.last_oom()->retained, 32 * MiB);
+  }
+}
+
 TEST(AsyncPool, UsedGrowsBy512ByteStepsReservedByChunks) {
   SimDevice d(spec_of(1 * GiB));
   AsyncPoolAllocator a(d, step2(), 0);
@@ -76,6 +99,12 @@ TEST(AsyncPool, AFailedGrowthKeepsTheChunksThatFit) {
   EXPECT_EQ(oom.device_free, 1541 * MiB);
   EXPECT_EQ(oom.retained, 1536 * MiB);
   EXPECT_NE(oom.detail.find("the pool grew by 1536.00 MiB it could not use"), std::string::npos) << oom.detail;
+  // A retry in the same op (aimdo's hook evicts and calls again) still reports what the first
+  // attempt met.
+  EXPECT_FALSE(a.malloc(3, 4 * GiB, 0));
+  EXPECT_EQ(a.last_oom()->reserved, 512 * MiB);
+  EXPECT_EQ(a.last_oom()->retained, 1536 * MiB);
+  EXPECT_EQ(a.last_oom()->device_free, 1541 * MiB);
   // A later request that fits uses the kept chunks without growing; a trim gives them back.
   ASSERT_TRUE(a.malloc(2, 1 * GiB, 0));
   EXPECT_EQ(a.stats().reserved.current, 2048 * MiB);

@@ -237,7 +237,11 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (key >= keys_.size()) keys_.resize(static_cast<std::size_t>(key) + 1);
   ensure_stream(stream);
   last_placed_size_ = 0;  // held_for_other_streams bridges only the block this malloc places
-  retained_ = 0;
+  // A retry right after a failed request (aimdo's hook evicts and calls again within one op)
+  // keeps counting from what the first attempt met; any other request starts afresh.
+  if (!last_failed_) retained_ = 0;
+  last_failed_ = false;
+  failed_pieces_.clear();
   if (size == 0) {  // PyTorch does not call cudaMallocAsync for an empty tensor
     keys_[key] = Live{true, true, 0, 0, 0, stream, false};
     return true;
@@ -269,7 +273,9 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     found = true;
   }
   if (!found) {  // PyTorch raises at once: no synchronize, trim or retry
+    keep_failed_growth(stream);
     record_oom(size, rounded, stream, false);
+    last_failed_ = true;
     return false;
   }
   carve(slot != kNoSlot ? slots_[slot] : starting_at(at), at, rounded);
@@ -385,23 +391,7 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
     covered += bytes;
   }
   if (!device_.map(to_map)) {
-    // The device cannot back the whole growth. The driver still maps the chunks it can, in
-    // order, and keeps them in the pool when the call fails (measured on an H200: a request
-    // 2 GiB beyond free memory left the pool holding all but 33 MiB of what was free, until
-    // cudaMemPoolTrimTo; reports/gpu/h200-2026-12-04-sequences.json, oom_probe). UNVERIFIED
-    // detail: the model keeps every whole chunk that fits, where the H200 kept one chunk fewer
-    // in that probe and every chunk in an agreement case (gpu-check agreement, sep2026/async).
-    const Bytes fits = device_.free() / g * g;
-    if (fits > 0 && device_.map(fits)) {
-      largest_before_ = largest_free_range();
-      usable_before_ = 0;
-      for (const auto& [e, r] : open_) {
-        if (r.kind == Kind::free && usable(r, stream)) usable_before_ = std::max(usable_before_, r.size);
-      }
-      retained_ = map_pieces(pieces, fits);
-      stats_.reserved.add(retained_);
-      ++stats_.num_device_alloc;
-    }
+    failed_pieces_ = std::move(pieces);  // kept by keep_failed_growth if the request fails
     return false;
   }
   map_pieces(pieces, to_map);
@@ -409,6 +399,32 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
   ++stats_.num_device_alloc;
   at = start;
   return true;
+}
+
+// A request failed after a growth the device could not back. The driver still maps the chunks it
+// can of that growth, in order, and the pool keeps them after the call fails (measured on an
+// H200: a request 2 GiB beyond free memory left the pool holding all but 33 MiB of what was free,
+// until cudaMemPoolTrimTo; reports/gpu/h200-2026-12-04-sequences.json, oom_probe). UNVERIFIED
+// details: the model keeps every whole chunk that fits, where the H200 kept one chunk fewer in
+// that probe and every chunk in an agreement case (gpu-check agreement, sep2026/async); and it
+// keeps them only when the request fails, not when frees pending on other streams serve it once
+// the growth failed (ReuseAllowInternalDependencies), which no recording covers.
+void AsyncPoolAllocator::keep_failed_growth(StreamId stream) {
+  if (failed_pieces_.empty()) return;
+  const Bytes fits = device_.free() / options_.pool_granularity * options_.pool_granularity;
+  if (fits == 0 || !device_.map(fits)) return;
+  if (retained_ == 0) {  // what the request met (a retry's first attempt already said it)
+    largest_before_ = largest_free_range();
+    usable_before_ = 0;
+    for (const auto& [e, r] : open_) {
+      if (r.kind == Kind::free && usable(r, stream)) usable_before_ = std::max(usable_before_, r.size);
+    }
+  }
+  const Bytes kept = map_pieces(failed_pieces_, fits);
+  if (kept < fits) device_.unmap(fits - kept);  // the growth needed less than fits
+  retained_ += kept;
+  stats_.reserved.add(kept);
+  ++stats_.num_device_alloc;
 }
 
 // Turns the first `budget` bytes of the unmapped pieces (whole chunks, in address order) into

@@ -159,6 +159,7 @@ class AsyncPoolAllocator final : public Allocator {
   bool coin();
   void record_oom(Bytes size, Bytes rounded, StreamId stream, bool fraction);
   Bytes map_pieces(const std::vector<std::pair<DeviceAddr, Bytes>>& pieces, Bytes budget);
+  void keep_failed_growth(StreamId stream);
 
   SimDevice& device_;
   AsyncOptions options_;
@@ -186,6 +187,8 @@ class AsyncPoolAllocator final : public Allocator {
   // What the current malloc's failed growth mapped and kept (OomInfo::retained), and the free
   // ranges before it (for the OOM's message).
   Bytes retained_ = 0;
+  bool last_failed_ = false;  // the previous malloc failed (a retry adds to retained_)
+  std::vector<std::pair<DeviceAddr, Bytes>> failed_pieces_;  // the growth grow() could not back
   Bytes largest_before_ = 0;
   Bytes usable_before_ = 0;
 };
