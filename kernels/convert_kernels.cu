@@ -95,7 +95,8 @@ __device__ void store_one(std::uint8_t* dst, std::uint64_t i, float v) {
   }
 }
 
-// Store 8 (dequant run) or 16 (upcast step) floats at element e0 with 16-byte stores.
+// Store N floats at element e0 with 16-byte stores: 4 or 8 (an upcast chunk, a half run or a
+// whole dequant run).
 template <class D, int N>
 __device__ void store_vec(std::uint8_t* dst, std::uint64_t e0, const float* v) {
   uint4* out = reinterpret_cast<uint4*>(dst + e0 * D::kBytes);
