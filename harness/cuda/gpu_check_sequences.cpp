@@ -22,7 +22,17 @@ namespace vf::cuda::detail {
 
 namespace {
 
-constexpr std::uint64_t kNever = ~std::uint64_t{0};
+// The size mixes two programs of each kind share (see raw_sequence_specs).
+const std::vector<SizeBand> kTensorBands = {{4 * KiB, 40 * KiB, 5, 2}, {1 * MiB, 13 * MiB, 4, 2}, {13 * MiB, 100 * MiB, 1, 2}};
+const std::vector<SizeBand> kMixedBands = {{1, 64 * KiB, 4, 1}, {64 * KiB, 2 * MiB, 3, 1}, {2 * MiB, 16 * MiB, 2, 1}, {16 * MiB, 160 * MiB, 1, 1}};
+
+// A simulated device no recorded program can fill (no context: the recordings are drops).
+DeviceSpec roomy_device() {
+  DeviceSpec spec;
+  spec.total = 1024 * GiB;
+  spec.context_overhead = 0;
+  return spec;
+}
 
 }  // namespace
 
@@ -82,27 +92,24 @@ std::vector<SeqOp> make_sequence(const SeqSpec& spec) {
 std::vector<SeqSpec> raw_sequence_specs(bool quick) {
   const std::uint32_t n = quick ? 300 : 1500;
   return {
-      {"tensors", 0x7e45035ull, n, 0.62, 6 * GiB, {{4 * KiB, 40 * KiB, 5, 2}, {1 * MiB, 13 * MiB, 4, 2}, {13 * MiB, 100 * MiB, 1, 2}}},
+      {"tensors", 0x7e45035ull, n, 0.62, 6 * GiB, kTensorBands},
       {"small", 0x5a11ull, n, 0.60, 512 * MiB, {{512, 64 * KiB, 6, 1}, {64 * KiB, 2 * MiB, 4, 1}}},
-      {"mixed", 0x31feedull, n, 0.60, 4 * GiB, {{1, 64 * KiB, 4, 1}, {64 * KiB, 2 * MiB, 3, 1}, {2 * MiB, 16 * MiB, 2, 1}, {16 * MiB, 160 * MiB, 1, 1}}},
+      {"mixed", 0x31feedull, n, 0.60, 4 * GiB, kMixedBands},
   };
 }
 
 std::vector<SeqSpec> async_sequence_specs(bool quick) {
   const std::uint32_t n = quick ? 300 : 1500;
   return {
-      {"tensors", 0xa57c0ull, n, 0.62, 6 * GiB, {{4 * KiB, 40 * KiB, 5, 2}, {1 * MiB, 13 * MiB, 4, 2}, {13 * MiB, 100 * MiB, 1, 2}}},
-      {"mixed", 0xa5feedull, n, 0.60, 4 * GiB, {{1, 64 * KiB, 4, 1}, {64 * KiB, 2 * MiB, 3, 1}, {2 * MiB, 16 * MiB, 2, 1}, {16 * MiB, 160 * MiB, 1, 1}}},
+      {"tensors", 0xa57c0ull, n, 0.62, 6 * GiB, kTensorBands},
+      {"mixed", 0xa5feedull, n, 0.60, 4 * GiB, kMixedBands},
   };
 }
 
 // ---- the simulator's answers --------------------------------------------------------------------
 
 std::vector<Bytes> model_raw_charges(const std::vector<SeqOp>& ops) {
-  DeviceSpec spec;
-  spec.total = 1024 * GiB;
-  spec.context_overhead = 0;
-  sim::SimDevice dev(spec);
+  sim::SimDevice dev(roomy_device());
   std::vector<sim::DeviceAlloc> allocs(ops.size());
   std::vector<Bytes> out;
   out.reserve(ops.size());
@@ -118,10 +125,7 @@ std::vector<Bytes> model_raw_charges(const std::vector<SeqOp>& ops) {
 }
 
 std::vector<Bytes> model_async_reserved(const std::vector<SeqOp>& ops, Bytes granularity) {
-  DeviceSpec spec;
-  spec.total = 1024 * GiB;
-  spec.context_overhead = 0;
-  sim::SimDevice dev(spec);
+  sim::SimDevice dev(roomy_device());
   sim::AsyncOptions o;
   o.pool_granularity = granularity;
   o.release_threshold = sim::kReleaseNever;
@@ -207,7 +211,7 @@ Json run_async(Runtime& rt, Pool pool, Stream s, const SeqSpec& spec, const Dead
   const std::vector<SeqOp> ops = make_sequence(spec);
   std::vector<DevPtr> ptr(ops.size(), 0);
   need(rt.device_synchronize());
-  need(rt.pool_set(pool, PoolAttr::release_threshold, kNever));
+  need(rt.pool_set(pool, PoolAttr::release_threshold, sim::kReleaseNever));
   need(rt.pool_trim(pool, 0));
   std::uint64_t start = 0;
   need(rt.pool_get(pool, PoolAttr::reserved_current, start));
@@ -268,7 +272,7 @@ Json run_async(Runtime& rt, Pool pool, Stream s, const SeqSpec& spec, const Dead
 Json run_oom_probe(Runtime& rt, Pool pool, Stream s, Bytes room) {
   Json out;
   need(rt.device_synchronize());
-  need(rt.pool_set(pool, PoolAttr::release_threshold, kNever));
+  need(rt.pool_set(pool, PoolAttr::release_threshold, sim::kReleaseNever));
   need(rt.pool_trim(pool, 0));
   const Bytes free0 = free_now(rt);
   if (free0 <= room + 64 * MiB) throw SectionFailure(fmt::format("oom probe: only {} free", format_mib(free0)));

@@ -415,10 +415,7 @@ void AsyncPoolAllocator::keep_failed_growth(StreamId stream) {
   if (fits == 0 || !device_.map(fits)) return;
   if (retained_ == 0) {  // what the request met (a retry's first attempt already said it)
     largest_before_ = largest_free_range();
-    usable_before_ = 0;
-    for (const auto& [e, r] : open_) {
-      if (r.kind == Kind::free && usable(r, stream)) usable_before_ = std::max(usable_before_, r.size);
-    }
+    usable_before_ = largest_usable_range(stream);
   }
   const Bytes kept = map_pieces(failed_pieces_, fits);
   if (kept < fits) device_.unmap(fits - kept);  // the growth needed less than fits
@@ -586,6 +583,14 @@ void AsyncPoolAllocator::trim_to(Bytes keep) {
 
 // ---- Stats and introspection ------------------------------------------------------------------
 
+Bytes AsyncPoolAllocator::largest_usable_range(StreamId stream) const {
+  Bytes largest = 0;
+  for (const auto& [end, r] : open_) {
+    if (r.kind == Kind::free && usable(r, stream)) largest = std::max(largest, r.size);
+  }
+  return largest;
+}
+
 Bytes AsyncPoolAllocator::largest_free_range() const {
   Bytes largest = 0;
   sizes_.for_each([&](const FreeIndex::Entry& e) { largest = std::max(largest, e.size); });
@@ -605,10 +610,7 @@ void AsyncPoolAllocator::record_oom(Bytes size, Bytes rounded, StreamId stream, 
         "async: per_process_memory_fraction: requested {} + {} > limit {}; PyTorch raises before calling CUDA",
         format_mib(stats_.requested.current), format_mib(size), format_mib(*limit_));
   } else {
-    Bytes usable_largest = 0;
-    for (const auto& [end, r] : open_) {
-      if (r.kind == Kind::free && usable(r, stream)) usable_largest = std::max(usable_largest, r.size);
-    }
+    const Bytes usable_largest = largest_usable_range(stream);
     info.detail = fmt::format(
         "async: cudaMallocAsync({}) on stream {} failed: pool reserved {}, used {} (reserved - used = {}), "
         "largest free range {} ({} usable by this stream), device free {}; PyTorch raises at once (no "

@@ -102,6 +102,7 @@ class AsyncPoolAllocator final : public Allocator {
   // The pool address of a live key (nullopt for a 0-byte key or one that is not live).
   std::optional<DeviceAddr> address(BlockKey key) const;
   Bytes largest_free_range() const;  // largest free range, whoever may use it
+  Bytes largest_usable_range(StreamId stream) const;  // ... that `stream` may use now
   std::size_t free_range_count() const { return sizes_.size(); }
 
  private:
