@@ -182,6 +182,7 @@ Attribution attribute(const Scenario& s, const Plan& plan, const Program& p, std
   }
   std::stable_sort(named.begin(), named.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
   for (std::size_t i = 0; i < named.size() && i < 3; ++i) a.transient_modules.push_back(named[i].second);
+  a.failed = failed ? *failed : 0;
   a.allocated = std::max(allocated + (failed ? *failed : 0), a.requested);
   a.reserved = std::max(reserved + (failed ? *failed : 0), a.allocated);
   std::uint32_t tensors = 0;
@@ -286,11 +287,17 @@ std::string attribution_paragraph(const Attribution& a) {
   const PeakShare& r = a.parts[static_cast<std::size_t>(PeakPart::rounding)];
   const PeakShare& sl = a.parts[static_cast<std::size_t>(PeakPart::slack)];
   const PeakShare& held = a.parts[static_cast<std::size_t>(PeakPart::held)];
+  // At an OOM the parts include the failing request, so the total is what the allocator would
+  // have held had it been served, not what it held (the verdict's figure).
+  const std::string held_text =
+      a.failed > 0 ? fmt::format("would have held {} reserved with the failing {} request ({} without it)", mib(a.reserved),
+                                 mib(a.failed), mib(a.reserved - a.failed))
+                   : fmt::format("held {} reserved", mib(a.reserved));
   std::string out = fmt::format(
-      "At op {} the allocator held {} reserved against the plan's {} + reserve {}: {} (budgeted {} as loaded weights); {} "
+      "At op {} the allocator {} against the plan's {} + reserve {}: {} (budgeted {} as loaded weights); {} "
       "(budgeted {} as the offload buffer); activations {} (budgeted {} as the activation allowance); allocator rounding {} over "
       "{}{} and slack {} (budgeted nothing: the reserve is meant to cover them).",
-      a.op, mib(a.reserved), mib(a.budget_weights + a.budget_offload + a.budget_activation), mib(a.reserve),
+      a.op, held_text, mib(a.budget_weights + a.budget_offload + a.budget_activation), mib(a.reserve),
       group_label(a, Budget::loaded_weights), mib(a.budget_weights), group_label(a, Budget::offload_buffer), mib(a.budget_offload),
       mib(a.group(Budget::activation_allowance)), mib(a.budget_activation), mib(r.bytes), plural(r.tensors, "tensor", "tensors"),
       held.bytes > 0 ? fmt::format(", other streams' frees {}", mib(held.bytes)) : std::string(), mib(sl.bytes));

@@ -51,6 +51,7 @@ struct Attribution {
   Bytes reserved = 0;    // the allocator's reserved bytes at the op (with the failing request, for an OOM)
   Bytes allocated = 0;
   Bytes requested = 0;   // live requested bytes (with the failing request)
+  Bytes failed = 0;      // an OOM's failing request (0: the op is a peak, not an OOM)
   std::array<PeakShare, kPeakParts> parts{};
   // The plan's terms for the stage.
   Bytes budget_weights = 0;

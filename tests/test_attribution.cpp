@@ -43,6 +43,13 @@ TEST(Attribution, TheOriginCaseNamesTheFp32CopiesOfTheOffloadedFp8MlpWeights) {
       << r.verdict.explanation;
   EXPECT_NE(r.verdict.explanation.find("activations 252.00 MiB (budgeted 819.20 MiB as the activation allowance)"), std::string::npos)
       << r.verdict.explanation;
+  // The parts include the failing request: the total is what the allocator would have held, and
+  // the paragraph says so beside what it did hold (the verdict's 11532 MiB).
+  EXPECT_EQ(r.verdict.explanation.rfind("At op 366 the allocator would have held 12172.00 MiB reserved with the failing 640.00 MiB "
+                                        "request (11532.00 MiB without it) against the plan's 11614.25 MiB + reserve 400.00 MiB",
+                                        0),
+            0u)
+      << r.verdict.explanation;
   EXPECT_EQ(r.verdict.rests_on.rfind("modelled: the raw allocator on the simulated device", 0), 0u) << r.verdict.rests_on;
 }
 
