@@ -94,6 +94,7 @@ class Shrinker {
     }
     sig_ = first.verdict.signature;
     class_ = mechanism_class(first.verdict);
+    family_ = cause_family(first.verdict);
     out.original_overshoot = first.verdict.overshoot;
     largest_ = first.verdict.overshoot;
     margin_ = std::max<std::int64_t>(static_cast<std::int64_t>(MiB), first.verdict.overshoot / 2);
@@ -178,10 +179,17 @@ class Shrinker {
     // An external predictor given up: no candidate can run any more; the best so far stands.
     if (r.exec.fatal) exhausted_ = true;
     last_elapsed_us_ = r.exec.dynamic ? r.exec.dynamic->elapsed_us : 0;
-    if (r.verdict.signature == sig_ && (class_.empty() || mechanism_class(r.verdict) == class_)) {
+    if (same_finding(r.verdict)) {
       largest_ = std::max(largest_, r.verdict.overshoot);
     }
     const bool ok = keeps(r.verdict);
+    if (!ok) {
+      const CaseSize z = case_size(c);
+      spdlog::trace("shrink: rejected ({} modules, device {}, predicted {} + {}, measured {}): {} {:+.2f} MiB{}: {}", z.modules, format_size(c.device.total),
+                    format_mib(r.verdict.predicted), format_mib(r.verdict.reserve), format_mib(r.verdict.measured), r.verdict.signature,
+                    static_cast<double>(r.verdict.overshoot) / static_cast<double>(MiB), r.verdict.expected_oom ? " (expected OOM)" : "",
+                    r.verdict.cause.substr(0, 90));
+    }
     cache_[key] = ok;
     if (ok && verdict) *verdict = r.verdict;
     if (seen) *seen = r.verdict;
@@ -367,10 +375,21 @@ class Shrinker {
     }
     return "";
   }
-  // What every accepted candidate keeps: the signature, the margin, and the mechanism.
-  bool keeps(const Verdict& v) const {
-    return v.signature == sig_ && v.overshoot >= margin_ && (class_.empty() || mechanism_class(v) == class_);
+  // What a classic finding's diagnosis leads with, as broadly as a user files it: the allocator's
+  // own bytes (rounding or slack: class D) or the weights' transients (class A). A smaller case
+  // that fails for the other reason is another finding: a rounding sum of 962 tensors must not
+  // shrink into one weight whose unbudgeted dequant copy fails on its own.
+  static std::string cause_family(const Verdict& v) {
+    const std::string c = leading_category(v);
+    if (c.rfind("allocator rounding", 0) == 0 || c.rfind("allocator slack", 0) == 0) return "allocator";
+    if (c.rfind("weight transients", 0) == 0) return "weight transients";
+    return "";
   }
+  // What every accepted candidate keeps: the signature, the margin, the mechanism and the cause.
+  bool same_finding(const Verdict& v) const {
+    return v.signature == sig_ && (class_.empty() || mechanism_class(v) == class_) && (family_.empty() || cause_family(v) == family_);
+  }
+  bool keeps(const Verdict& v) const { return same_finding(v) && v.overshoot >= margin_; }
   static bool rounding_route(const Verdict& v) {
     const std::string c = leading_category(v);
     return c.rfind("allocator rounding", 0) == 0 || c.rfind("allocator slack", 0) == 0;
@@ -621,7 +640,7 @@ class Shrinker {
     auto probe = [&](const Scenario& d, const std::string& label, Verdict& seen) {
       Verdict v;
       if (interesting(d, &v, &seen)) return adopt(d, v, label);
-      if (seen.signature == sig_) short_by = std::max(short_by, margin_ - seen.overshoot);
+      if (same_finding(seen)) short_by = std::max(short_by, margin_ - seen.overshoot);
       return false;
     };
     std::vector<std::pair<Scenario, Verdict>> tried;
@@ -642,20 +661,61 @@ class Shrinker {
     // An OOM needs the card as tight as the original's: search its size between what the plan
     // needs (below that the OOM is expected) and the candidate's. A pass, a violation or an OOM at
     // another op means the card is still too large; an expected OOM, too small.
+    // A violation names its own window: a card whose available memory lies between its
+    // prediction plus the reserve and its measured peak still lets the plan fit and makes the
+    // peak fail. The plan can move with the card (cond batching, a partial load), so each
+    // violation seen on the way re-aims the next probe at its own window; otherwise bisect.
+    // (A knee's OOM is its smaller half's, whose plan the larger half's violation does not tell.)
+    const bool own_oom = sig_.rfind("oom:", 0) == 0;
+    const auto window = [own_oom](const Scenario& d, const Verdict& v) -> Bytes {
+      if (!own_oom || v.kind != VerdictKind::violation || v.overshoot < static_cast<std::int64_t>(2 * MiB)) return 0;
+      const Bytes fixed = d.device.used_by_others + d.device.context_overhead;
+      return (fixed + v.predicted + v.reserve + static_cast<Bytes>(v.overshoot) / 2) / MiB * MiB;
+    };
     for (const auto& [base, v] : tried) {
       if (v.message.empty() || v.kind == VerdictKind::error) continue;  // not run, or an error
       const Bytes fixed = base.device.used_by_others + base.device.context_overhead;
       Bytes lo = fixed + v.predicted + v.reserve;
       Bytes hi = base.device.total;
-      for (int step = 0; step < 8 && lo + MiB < hi && within_budget(); ++step) {
+      Bytes aim = window(base, v);
+      for (int step = 0; step < 10 && lo + MiB < hi && within_budget(); ++step) {
         Scenario d = base;
-        d.device.total = (lo + (hi - lo) / 2) / MiB * MiB;
+        d.device.total = aim > lo && aim < hi ? aim : (lo + (hi - lo) / 2) / MiB * MiB;
+        aim = 0;
         if (d.device.total <= lo || d.device.total >= hi) break;
         Verdict seen;
         if (probe(d, fmt::format("{}, device {}", what, format_size(d.device.total)), seen)) return true;
-        if (seen.expected_oom) lo = d.device.total;
-        else hi = d.device.total;
+        if (seen.message.empty()) break;  // not run (cached, out of budget)
+        if (seen.expected_oom || fails_before_the_target(d, seen)) {
+          lo = d.device.total;
+        } else {
+          hi = d.device.total;
+          // The plan on this card may need less than the one the search began from.
+          if (own_oom) lo = std::min(lo, fixed + seen.predicted + seen.reserve);
+        }
+        aim = window(d, seen);
       }
+    }
+    return false;
+  }
+
+  // An OOM the candidate met before it reached the op the signature names (a LoRA patch's
+  // module OOMing at its dequant, the op just before): the card is too small for it, not too
+  // large. The op is found in the candidate's own program: the first allocation of the judged
+  // stage with the signature's phase and activity.
+  bool fails_before_the_target(const Scenario& c, const Verdict& v) {
+    if (v.kind != VerdictKind::oom || v.signature == sig_ || sig_.rfind("oom:", 0) != 0) return false;
+    if (v.stage != best_verdict_.stage) return v.stage < best_verdict_.stage;
+    const std::size_t from = sig_.find(':') + 1, to = sig_.rfind(':');
+    if (to <= from) return false;
+    const std::string_view what = std::string_view(sig_).substr(from, to - from);  // "forward:lora"
+    const std::optional<Plan> plan = plan_of(c);
+    if (!plan) return false;
+    const Program prog = lower(c, *plan);
+    for (std::uint32_t i = 0; i < prog.ops.size(); ++i) {
+      const Op& op = prog.ops[i];
+      if (op.stage != v.stage || op.kind != OpKind::alloc) continue;
+      if (fmt::format("{}:{}", phase_name(op.phase), op_activity(c, prog, i)) == what) return v.op < i;
     }
     return false;
   }
@@ -690,12 +750,25 @@ class Shrinker {
       e.catalog_source = e.source;
       e.catalog_full = whole;
       e.spec = std::move(sub);
-      const CaseResult res = run_case(c, backend_, false);
-      if (keeps(res.verdict)) {
-        best_ = c;
-        best_verdict_ = res.verdict;
-        log_.push_back(fmt::format("{} as {} with {} of its {} modules", r.id, best_.models[m].source, best_.models[m].spec->modules.size(),
-                                   full.modules.size()));
+      // The catalog's modules weigh what the passes took off them (biases) or put on (plainer
+      // dtypes): on a card the passes fitted to the edited modules, move the card by the
+      // difference so the pressure stays the same.
+      const std::int64_t delta = static_cast<std::int64_t>(c.models[m].spec->bytes) - static_cast<std::int64_t>(r.spec->bytes);
+      for (const std::int64_t extra : {std::int64_t{0}, delta}) {
+        if (extra < 0 && c.device.total <= static_cast<Bytes>(-extra) + MiB) break;
+        Scenario d = c;
+        d.device.total = static_cast<Bytes>(static_cast<std::int64_t>(d.device.total) + extra);
+        const CaseResult res = run_case(d, backend_, false);
+        spdlog::trace("shrink: {} as {}{}: {} {:+.2f} MiB", r.id, e.source, extra ? " (device moved)" : "", res.verdict.signature,
+                      static_cast<double>(res.verdict.overshoot) / static_cast<double>(MiB));
+        if (keeps(res.verdict)) {
+          best_ = d;
+          best_verdict_ = res.verdict;
+          log_.push_back(fmt::format("{} as {} with {} of its {} modules{}", r.id, best_.models[m].source, best_.models[m].spec->modules.size(),
+                                     full.modules.size(), extra ? fmt::format(", the device {} by the bytes they differ by", extra > 0 ? "grown" : "shrunk") : ""));
+          break;
+        }
+        if (delta == 0) break;
       }
     }
   }
@@ -1209,6 +1282,7 @@ class Shrinker {
   std::chrono::steady_clock::time_point start_;
   std::string sig_;
   std::string class_;  // mechanism_class of the original: kept by every accepted candidate
+  std::string family_;  // cause_family of the original: likewise
   std::int64_t margin_ = 0;
   std::string padded_id_;  // the model repeat_worst_module rewrote (by id: drop_models moves indices)
   std::vector<ModelRef> s_models_;  // the original's models: a catalog model's whole spec and storage choice

@@ -258,3 +258,78 @@ TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
 
 }  // namespace
 }  // namespace vf
+
+namespace vf {
+namespace {
+
+// A campaign's case (its scenario as the finding file writes it, on qwen-image), checked to fail
+// with `signature` for the reason `cause` begins with, then shrunk with the default options.
+struct Shrunk {
+  std::optional<ShrinkResult> r;
+};
+Shrunk shrink_qwen_case(const std::string& allocator, const std::string& storage, const std::string& compute, int streams,
+                        const std::string& workload, std::uint64_t seed, const std::string& signature, const std::string& cause) {
+  const std::string json = fmt::format(R"({{"schema": "vramfuzz.scenario/1", "name": "qwen", "seed": {},
+    "device": {{"name": "sim", "total": "{}", "used_by_others": 0, "context_overhead": 554500096}},
+    "allocator": {{"mode": "{}", "options": {{}}}}, "policy": "comfy:dec2025",
+    "models": [{{"compute": "{}", "id": "qwen-image", "lora": false, "source": "catalog:qwen-image", "storage": "{}"}}],
+    "workload": {}, "offload_streams": {},
+    "pipeline": [{{"model": "qwen-image", "op": "load"}}, {{"model": "qwen-image", "op": "forward"}}]}})",
+                                       seed, allocator == "raw" ? "12GiB" : "16GiB", allocator, compute, storage, workload, streams);
+  Catalog catalog;
+  SimBackend backend;
+  const Scenario s = parse_scenario_json(json, catalog, "case.json");
+  const CaseResult first = run_case(s, backend, false);
+  Shrunk out;
+  EXPECT_EQ(first.verdict.signature, signature) << first.verdict.message;
+  EXPECT_EQ(first.verdict.cause.rfind(cause, 0), 0u) << first.verdict.cause;
+  if (first.verdict.signature != signature) return out;
+  out.r = shrink(s, backend, ShrinkOptions{});
+  EXPECT_EQ(out.r->result.verdict.signature, signature);
+  EXPECT_EQ(out.r->result.verdict.cause.rfind(cause, 0), 0u) << out.r->result.verdict.cause;
+  return out;
+}
+
+// A rounding sum keeps its diagnosis: qwen-image in q4_0 on a 12 GiB card under raw, fully
+// loaded, OOMs at a dequant copy because 1,000 tensors' page rounding (about 950 MiB) was never
+// budgeted. The dequant copy of the one module the op works on is not budgeted either (108 MiB),
+// and grown alone it fails by itself: a one-module repro whose cause reads "weight transients".
+// That is another finding (class A), so the shrinker must keep the rounding: the repro is the
+// module the op works on plus pads written as one "repeat" run, and still says rounding.
+TEST(Shrink, ARoundingSumKeepsItsCauseAndShrinksToPads) {
+  const Shrunk x = shrink_qwen_case("raw", "q4_0", "fp16", 0,
+                                    R"({"batch": 1, "cfg": 7.0, "frames": 1, "height": 1664, "text_tokens": 0, "width": 768})", 699963429,
+                                    "oom:forward:dequant:raw", "allocator rounding ");
+  ASSERT_TRUE(x.r);
+  const ShrinkResult& r = *x.r;
+  ASSERT_EQ(r.minimal.models.size(), 1u);
+  const std::vector<Module>& mods = r.minimal.models[0].spec->modules;
+  ASSERT_GE(mods.size(), 100u);  // a sum of hundreds of tensors' rounding
+  // Written as the op's module and one run of pads: two entries.
+  std::size_t entries = 0;
+  for (std::size_t i = 0; i < mods.size(); i += repeat_run(mods, i)) ++entries;
+  EXPECT_LE(entries, 2u);
+  EXPECT_EQ(r.final_size.repeats + entries, mods.size());
+  EXPECT_FALSE(r.budget_exhausted);
+  EXPECT_LT(r.executions, 150u);
+}
+
+// A slack sum over a whole catalog model that cannot lose its modules: qwen-image in q6_k on
+// 16 GiB under caching with two offload streams OOMs at a transfer copy, 1.6 MiB tails of
+// hundreds of 32 MiB segments summing to about 1 GiB of slack. The passes edit the model (its
+// biases dropped, its fp32 tensors plainer), which makes it an inline listing of a thousand
+// modules; the repro writes it as the catalog reference with the modules it drops instead, the
+// card moved by the bytes the catalog's modules differ by so the pressure stays the same.
+TEST(Shrink, AModelThatKeepsItsModulesIsWrittenAsTheCatalogReference) {
+  const Shrunk x = shrink_qwen_case("caching", "q6_k", "bf16", 2,
+                                    R"({"batch": 1, "cfg": 1.0, "frames": 1, "height": 896, "text_tokens": 0, "width": 896})", 2942079777,
+                                    "oom:forward:h2d:caching", "allocator slack ");
+  ASSERT_TRUE(x.r);
+  ASSERT_EQ(x.r->minimal.models.size(), 1u);
+  EXPECT_EQ(x.r->minimal.models[0].source, "catalog:qwen-image");
+  const std::string md = repro_markdown(*x.r, {}, "repro.json");
+  EXPECT_NE(md.find("qwen-image (catalog:qwen-image, stored q6_k, "), std::string::npos) << md.substr(0, 2000);
+}
+
+}  // namespace
+}  // namespace vf
