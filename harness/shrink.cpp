@@ -183,7 +183,7 @@ class Shrinker {
       largest_ = std::max(largest_, r.verdict.overshoot);
     }
     const bool ok = keeps(r.verdict);
-    if (!ok) {
+    if (!ok && spdlog::should_log(spdlog::level::trace)) {  // (the arguments cost a walk of the case)
       const CaseSize z = case_size(c);
       spdlog::trace("shrink: rejected ({} modules, device {}, predicted {} + {}, measured {}): {} {:+.2f} MiB{}: {}", z.modules, format_size(c.device.total),
                     format_mib(r.verdict.predicted), format_mib(r.verdict.reserve), format_mib(r.verdict.measured), r.verdict.signature,
@@ -660,7 +660,8 @@ class Shrinker {
     if (!oom) return false;
     // An OOM needs the card as tight as the original's: search its size between what the plan
     // needs (below that the OOM is expected) and the candidate's. A pass, a violation or an OOM at
-    // another op means the card is still too large; an expected OOM, too small.
+    // an op after the one the signature names means the card is still too large; an expected OOM,
+    // or one before that op, too small.
     // A violation names its own window: a card whose available memory lies between its
     // prediction plus the reserve and its measured peak still lets the plan fit and makes the
     // peak fail. The plan can move with the card (cond batching, a partial load), so each
