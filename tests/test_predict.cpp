@@ -7,7 +7,9 @@
 #include <numeric>
 
 #include "harness/campaign.h"
+#include "harness/core/error.h"
 #include "harness/predictors/predictors.h"
+#include "harness/predictors/walk_memo.h"
 #include "harness/scenario.h"
 #include "models/activation.h"
 
@@ -70,6 +72,82 @@ TEST(Predict, WalkOrderTiesBreakByTheWholeName) {
     });
     EXPECT_EQ(got, want) << (descending ? "descending" : "ascending");
   }
+}
+
+// Load-walk orders are remembered per thread (harness/predictors/walk_memo.h): one sort per
+// model and key, and a new one for anything the order depends on.
+TEST(Predict, AWalkOrderIsSortedOnceForEachModelAndWhatItDependsOn) {
+  auto model = std::make_shared<ModelSpec>();
+  model->name = "memo";
+  for (const char* name : {"a", "b"}) {
+    Module m;
+    m.name = name;
+    m.tensors.push_back(Tensor{"weight", {64, 64}, Dtype::fp8_e4m3fn, TensorRole::weight, 0, 0});
+    model->modules.push_back(std::move(m));
+  }
+  finalize_model(*model, "memo");
+  const std::shared_ptr<const ModelSpec> spec = model;
+  int builds = 0;
+  auto build = [&](WalkOrder& w) {
+    ++builds;
+    w.order = {1, 0};
+    w.cost = {7, 9};
+  };
+  ComfyConstants k = preset_constants(Preset::dec2025);
+  const WalkOrder& first = memo_walk(spec, WalkFlavor::classic, Dtype::bf16, false, k, build);
+  EXPECT_EQ(first.order, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_EQ(first.cost, (std::vector<Bytes>{7, 9}));
+  EXPECT_EQ(memo_walk(spec, WalkFlavor::classic, Dtype::bf16, false, k, build).order, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_EQ(builds, 1);
+  memo_walk(spec, WalkFlavor::dynamic, Dtype::bf16, false, k, build);
+  EXPECT_EQ(builds, 2);
+  memo_walk(spec, WalkFlavor::classic, Dtype::fp16, false, k, build);
+  EXPECT_EQ(builds, 3);
+  memo_walk(spec, WalkFlavor::classic, Dtype::bf16, true, k, build);
+  EXPECT_EQ(builds, 4);
+  k.lora_math_factor = 3.0;
+  memo_walk(spec, WalkFlavor::classic, Dtype::bf16, true, k, build);
+  EXPECT_EQ(builds, 5);
+  k.dequant_term = false;
+  memo_walk(spec, WalkFlavor::classic, Dtype::bf16, true, k, build);
+  EXPECT_EQ(builds, 6);
+  // The same contents under another spec (a shrink candidate's copy) are sorted again.
+  const std::shared_ptr<const ModelSpec> copy = std::make_shared<ModelSpec>(*spec);
+  memo_walk(copy, WalkFlavor::classic, Dtype::bf16, true, k, build);
+  EXPECT_EQ(builds, 7);
+  memo_walk(spec, WalkFlavor::classic, Dtype::bf16, true, k, build);
+  EXPECT_EQ(builds, 7);
+  // A build that throws leaves nothing behind: the next call builds again.
+  const std::shared_ptr<const ModelSpec> other = std::make_shared<ModelSpec>(*spec);
+  EXPECT_THROW(memo_walk(other, WalkFlavor::classic, Dtype::bf16, false, k, [](WalkOrder&) { throw InputError("x", "y"); }),
+               InputError);
+  memo_walk(other, WalkFlavor::classic, Dtype::bf16, false, k, build);
+  EXPECT_EQ(builds, 8);
+}
+
+// The planners take their walk from the memo: a model whose copy has a module grown (what the
+// shrinker's edits make) is walked in its own order, and the original keeps its order after.
+TEST(Predict, AnEditedCopyOfAModelIsWalkedInItsOwnOrder) {
+  const std::string pipeline = R"([{"op": "load", "model": "A"}])";
+  Scenario s = scenario("1GiB", {model_json("A", "text_encoder", {module_json("x", 256, 256, "bf16"), module_json("y", 512, 256, "bf16")})},
+                        pipeline);
+  EXPECT_EQ(predict(s).loads[0].sorted, (std::vector<std::uint32_t>{1, 0}));  // y (256 KiB) before x (128 KiB)
+  auto grown = std::make_shared<ModelSpec>(*s.models[0].spec);
+  grown->modules[0].tensors[0].shape = {1024, 256};  // x: 512 KiB
+  finalize_model(*grown, "A");
+  Scenario edited = s;
+  edited.models[0].spec = grown;
+  EXPECT_EQ(predict(edited).loads[0].sorted, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(predict(s).loads[0].sorted, (std::vector<std::uint32_t>{1, 0}));
+  const Scenario dynamic = scenario("1GiB", {model_json("A", "diffusion", {module_json("x", 256, 256, "bf16"), module_json("y", 512, 256, "bf16")})},
+                                    pipeline, "comfy:sep2026");
+  Scenario dynamic_edited = dynamic;
+  auto grown_dynamic = std::make_shared<ModelSpec>(*dynamic.models[0].spec);
+  grown_dynamic->modules[0].tensors[0].shape = {1024, 256};
+  finalize_model(*grown_dynamic, "A");
+  dynamic_edited.models[0].spec = grown_dynamic;
+  EXPECT_EQ(predict(dynamic).loads[0].sorted, (std::vector<std::uint32_t>{1, 0}));
+  EXPECT_EQ(predict(dynamic_edited).loads[0].sorted, (std::vector<std::uint32_t>{0, 1}));
 }
 
 TEST(Predict, PresetConstants) {

@@ -9,6 +9,7 @@
 
 #include "harness/core/error.h"
 #include "harness/predictors/predictors.h"
+#include "harness/predictors/walk_memo.h"
 #include "models/activation.h"
 
 namespace vf {
@@ -349,14 +350,17 @@ class ComfyPlanner {
     // The walk below compares against the whole budget (what is loaded counts toward it).
     const i64 budget_total = std::max<i64>(budget, 0);
 
-    lp.offload_cost.resize(model.modules.size());
-    for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-      lp.offload_cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
-      if (walk_kind(model.modules[i]) != Walk::unlisted) lp.sorted.push_back(i);
-    }
-    // Descending offload cost, then bytes, then name.
-    sort_walk(lp.sorted, model.modules, [&](std::uint32_t i) { return WalkKey{~lp.offload_cost[i], ~model.modules[i].bytes, 0}; },
-              true);
+    const WalkOrder& memo = memo_walk(ref.spec, WalkFlavor::classic, ref.compute, ref.lora, c_, [&](WalkOrder& w) {
+      w.cost.resize(model.modules.size());
+      for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+        w.cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
+        if (walk_kind(model.modules[i]) != Walk::unlisted) w.order.push_back(i);
+      }
+      // Descending offload cost, then bytes, then name.
+      sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~model.modules[i].bytes, 0}; }, true);
+    });
+    lp.offload_cost = memo.cost;
+    lp.sorted = memo.order;
 
     lp.lowvram.assign(model.modules.size(), 0);
     if (budget_total > as_signed(model.bytes)) {

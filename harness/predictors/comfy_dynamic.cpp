@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "harness/predictors/predictors.h"
+#include "harness/predictors/walk_memo.h"
 #include "harness/sim/aimdo.h"
 #include "models/activation.h"
 
@@ -58,18 +59,22 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
   // the cast hook, their size otherwise.
   ComfyConstants costs = s.policy.constants;
   costs.dequant_term = true;
-  st.offload_cost.assign(n, 0);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const Module& mod = model.modules[i];
-    if (mod.container || !(mod.cast_hook || owns_parameters(mod))) continue;
-    st.order.push_back(i);
-    st.offload_cost[i] = mod.cast_hook ? offload_cost(mod, ref.compute, ref.lora, costs) : mod.bytes;
-  }
-  // Small-cost class first, then descending cost, ascending bytes, ascending name.
-  sort_walk(st.order, model.modules, [&](std::uint32_t i) {
-    const Bytes c = st.offload_cost[i];
-    return WalkKey{c >= kSmallCostClass ? 1u : 0u, ~c, model.modules[i].bytes};
-  }, false);
+  const WalkOrder& walk = memo_walk(ref.spec, WalkFlavor::dynamic, ref.compute, ref.lora, costs, [&](WalkOrder& w) {
+    w.cost.assign(n, 0);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const Module& mod = model.modules[i];
+      if (mod.container || !(mod.cast_hook || owns_parameters(mod))) continue;
+      w.order.push_back(i);
+      w.cost[i] = mod.cast_hook ? offload_cost(mod, ref.compute, ref.lora, costs) : mod.bytes;
+    }
+    // Small-cost class first, then descending cost, ascending bytes, ascending name.
+    sort_walk(w.order, model.modules, [&](std::uint32_t i) {
+      const Bytes c = w.cost[i];
+      return WalkKey{c >= kSmallCostClass ? 1u : 0u, ~c, model.modules[i].bytes};
+    }, false);
+  });
+  st.offload_cost = walk.cost;
+  st.order = walk.order;
 
   st.slice_offset.assign(n, 0);
   st.slice_size.assign(n, 0);
