@@ -173,10 +173,16 @@ class Lowerer final : public lowering::ProgramSink {
     op.stage = stage_;
     prog_.ops.push_back(op);
   }
+  // A new op at the end of the program, of this stage, built in place.
+  Op& push_op() {
+    Op& op = prog_.ops.emplace_back();
+    op.stage = stage_;
+    return op;
+  }
   std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model, std::uint32_t module,
                       std::uint32_t tensor, When when) override {
     const std::uint32_t b = new_buffer(bytes, stream, kind, model, module, tensor);
-    Op op;
+    Op& op = push_op();
     op.kind = OpKind::alloc;
     op.phase = ph;
     op.stream = stream;
@@ -184,19 +190,18 @@ class Lowerer final : public lowering::ProgramSink {
     op.when = when;
     op.model = static_cast<std::uint16_t>(model);
     op.module = module;
-    emit(op);
     return b;
   }
   void free(Phase ph, std::uint32_t b, When when) override {
-    Op op;
+    const Buffer& buf = prog_.buffers[b];
+    Op& op = push_op();
     op.kind = OpKind::free;
     op.phase = ph;
-    op.stream = prog_.buffers[b].stream;
+    op.stream = buf.stream;
     op.buffer = b;
     op.when = when;
-    op.model = prog_.buffers[b].model;
-    op.module = prog_.buffers[b].module;
-    emit(op);
+    op.model = buf.model;
+    op.module = buf.module;
   }
   void convert_module(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src,
                       std::vector<std::uint32_t>& temps) override {
@@ -211,7 +216,7 @@ class Lowerer final : public lowering::ProgramSink {
   }
   void emit(OpKind k, Phase ph, std::uint8_t stream, std::uint32_t buffer = kNone, std::uint32_t src = kNone,
             std::uint8_t target = 0) {
-    Op op;
+    Op& op = push_op();
     op.kind = k;
     op.phase = ph;
     op.stream = stream;
@@ -222,7 +227,6 @@ class Lowerer final : public lowering::ProgramSink {
       op.model = prog_.buffers[buffer].model;
       op.module = prog_.buffers[buffer].module;
     }
-    emit(op);
   }
   std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model,
                       std::uint32_t module, std::uint32_t tensor) {
