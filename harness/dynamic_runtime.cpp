@@ -17,10 +17,7 @@ std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, 
     case OpKind::vbar_fault: us = copy_us(moved); break;
     case OpKind::compute: {
       if (op.phase != Phase::forward || op.module == kNone) break;  // LoRA merges at load: no model time
-      std::uint64_t elements = 0;
-      for (const Tensor& t : s.models[op.model].spec->modules[op.module].tensors) {
-        if (t.role == TensorRole::weight) elements += t.numel;
-      }
+      const std::uint64_t elements = s.models[op.model].spec->modules[op.module].weight_numel;
       const double flops = 2.0 * static_cast<double>(elements) * static_cast<double>(p.stage_rows[op.stage]);
       us = flops / (s.device.tflops * 1e6);
       break;

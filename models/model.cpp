@@ -145,6 +145,7 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
                                    mod.name, child->name));
     }
     Bytes module_bytes = 0;
+    std::uint64_t weight_numel = 0;
     for (std::size_t ti = 0; ti < mod.tensors.size(); ++ti) {
       Tensor& t = mod.tensors[ti];
       const std::string tensor_path = named ? child_path(module_path, "tensors", ti) : std::string();
@@ -152,8 +153,10 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
       t.bytes = tensor_bytes(t.dtype, t.shape, tensor_path);
       module_bytes = checked_add(module_bytes, t.bytes, module_path);
       if (counts_as_parameter(t.role)) params = checked_add(params, t.numel, params_what);
+      if (t.role == TensorRole::weight) weight_numel += t.numel;  // <= params, checked above
     }
     mod.bytes = module_bytes;
+    mod.weight_numel = weight_numel;
     model_bytes = checked_add(model_bytes, module_bytes, bytes_what);
   }
   m.params = params;

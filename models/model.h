@@ -48,6 +48,7 @@ struct Module {
   // ComfyUI's load walk skips such a module altogether. A container never has the cast hook.
   bool container = false;
   Bytes bytes = 0;  // derived: sum of tensor bytes (ComfyUI's module_mem)
+  std::uint64_t weight_numel = 0;  // derived: elements of its weight tensors (its matmuls, for modelled time)
 };
 
 // Whether `m` owns a parameter (PyTorch's named_parameters): a tensor of any role but `other`,
