@@ -123,6 +123,15 @@ TEST(Predict, AWalkOrderIsSortedOnceForEachModelAndWhatItDependsOn) {
                InputError);
   memo_walk(other, WalkFlavor::classic, Dtype::bf16, false, k, build);
   EXPECT_EQ(builds, 8);
+  // The memo does not keep a model alive (a campaign makes a synthetic model per case, a shrinker
+  // a copy per candidate).
+  std::weak_ptr<const ModelSpec> watch;
+  {
+    const std::shared_ptr<const ModelSpec> short_lived = std::make_shared<ModelSpec>(*spec);
+    watch = short_lived;
+    memo_walk(short_lived, WalkFlavor::classic, Dtype::bf16, false, k, build);
+  }
+  EXPECT_TRUE(watch.expired());
 }
 
 // The planners take their walk from the memo: a model whose copy has a module grown (what the

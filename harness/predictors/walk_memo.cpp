@@ -35,16 +35,19 @@ struct MemoKeyHash {
 };
 
 struct MemoEntry {
-  std::shared_ptr<const ModelSpec> spec;  // keeps the address from being reused while cached
-  std::uint64_t used = 0;                 // last use, for eviction
+  // The key's address names this model only while it lives: the memo does not keep models alive
+  // (a campaign makes a synthetic model per case and a shrinker a copy per candidate), and an
+  // entry whose model has died is dropped when its address comes up again.
+  std::weak_ptr<const ModelSpec> owner;
+  std::uint64_t used = 0;  // last use, for eviction
   WalkOrder walk;
 };
 
-// At most this many orders, and this many modules over all of them, per thread: a default
-// campaign's catalog draws make about 1,500 keys (model x storage x compute dtype x LoRA x
-// flavor) of a few hundred modules each; a 1,000,000-module model is cached alone.
+// At most this many orders, and this many modules over all of them (12 bytes each), per thread:
+// a default campaign's catalog draws make about 1,500 keys (model x storage x compute dtype x
+// LoRA x flavor) of a few hundred modules each; a 1,000,000-module model is cached alone.
 constexpr std::size_t kMaxEntries = 4096;
-constexpr std::size_t kMaxModules = std::size_t{1} << 22;
+constexpr std::size_t kMaxModules = std::size_t{1} << 21;
 
 struct Memo {
   std::unordered_map<MemoKey, MemoEntry, MemoKeyHash> entries;
@@ -61,14 +64,19 @@ const WalkOrder& memo_walk(const std::shared_ptr<const ModelSpec>& spec, WalkFla
   const MemoKey key{spec.get(), n, spec->bytes, flavor, compute, lora, c.dequant_term, c.lora_math_factor};
   ++memo.clock;
   if (const auto it = memo.entries.find(key); it != memo.entries.end()) {
-    it->second.used = memo.clock;
-    return it->second.walk;
+    if (!it->second.owner.expired()) {
+      it->second.used = memo.clock;
+      return it->second.walk;
+    }
+    memo.modules -= n;  // another model at a dead one's address
+    memo.entries.erase(it);
   }
   MemoEntry fresh;
   build(fresh.walk);  // may throw (a constant out of range): nothing is cached then
-  fresh.spec = spec;
+  fresh.owner = spec;
   fresh.used = memo.clock;
-  // Make room: least recently used first (a scan, on a miss with the memo full).
+  // Make room: least recently used first (a scan, on a miss with the memo full; the orders of
+  // dead models are never used again, so they go first).
   while (!memo.entries.empty() && (memo.entries.size() >= kMaxEntries || memo.modules + n > kMaxModules)) {
     const auto lru = std::min_element(memo.entries.begin(), memo.entries.end(),
                                       [](const auto& a, const auto& b) { return a.second.used < b.second.used; });

@@ -2,8 +2,9 @@
 // offload cost, bytes and name (sort_walk), and the costs depend only on the model, its compute
 // dtype, LoRA and two constants: a campaign draws its models from a catalog of a few hundred
 // (model, storage) pairs, so the same order was sorted again for thousands of cases (a tenth of
-// a campaign's time). The memo is per thread and small; it keeps each model alive while it holds
-// its order, so an address is never taken for another model's.
+// a campaign's time). The memo is per thread and bounded; a model is known by its address while
+// it lives (a spec is immutable once finalized: scenario.h FingerprintMemo), and the memo does not
+// keep it alive.
 #pragma once
 
 #include <cstdint>
