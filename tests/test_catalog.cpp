@@ -601,6 +601,29 @@ TEST(CatalogModelSpec, NamesRoundTrip) {
   EXPECT_EQ(role_name(TensorRole::other), "other");
 }
 
+// Deep names make many more parents than modules: the set of parents grows past the room it
+// was made with (twice the modules), and every ancestor is still found.
+TEST(CatalogModelSpec, DeepNamesMarkEveryAncestorAsAContainer) {
+  std::vector<Module> modules;
+  for (int i = 0; i < 200; ++i) {
+    Module m;
+    m.name = fmt::format("x{}.a.b.c.d.e.f.g.h.lin", i);
+    m.tensors.push_back(Tensor{"weight", {4, 4}, Dtype::bf16, TensorRole::weight, 0, 0});
+    modules.push_back(std::move(m));
+  }
+  for (const char* name : {"x7.a.b.c", "x199.a", "x3.a.b.c.d.e.f.g.h", "x3.a.b.c.d.e.f.g.h.lin.more", "y", "x20"}) {
+    Module m;
+    m.name = name;
+    m.tensors.push_back(Tensor{"bias", {4}, Dtype::bf16, TensorRole::other, 0, 0});
+    modules.push_back(std::move(m));
+  }
+  mark_containers(modules);
+  std::vector<bool> tail;
+  for (std::size_t i = 200; i < modules.size(); ++i) tail.push_back(modules[i].container);
+  EXPECT_EQ(tail, (std::vector<bool>{true, true, true, false, false, true}));
+  EXPECT_FALSE(modules[0].container);
+}
+
 TEST(CatalogModelSpec, ContainersAreTheModulesWithParametersBelowThem) {
   auto mod = [](std::string name, TensorRole role, bool cast_hook) {
     Module m;
