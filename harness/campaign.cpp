@@ -169,6 +169,12 @@ CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace, Sent
     r.exec.fatal = e.fatal();
     return r;
   }
+  return run_planned(s, std::move(r.plan), backend, record_trace);
+}
+
+CaseResult run_planned(const Scenario& s, Plan plan, Backend& backend, bool record_trace) {
+  CaseResult r;
+  r.plan = std::move(plan);
   r.program = lower(s, r.plan);
   r.exec = backend.execute(s, r.program, ExecOptions{record_trace});
   r.verdict = judge(s, r.plan, r.program, r.exec);

@@ -36,6 +36,9 @@ class SentAhead;  // harness/predictors/external.h
 // become an `error` verdict. `ahead`: s's request, sent to its external predictor before (the
 // campaign's pipelining); its reply is the plan.
 CaseResult run_case(const Scenario& s, Backend& backend, bool record_trace, SentAhead* ahead = nullptr);
+// run_case with the plan already made (`diff` compares the plans before it runs them): lowered,
+// executed and judged exactly as run_case does with the same plan.
+CaseResult run_planned(const Scenario& s, Plan plan, Backend& backend, bool record_trace);
 
 // A workload for people: "1024x768", "512x512 batch 4", "832x480 33 frames".
 std::string workload_label(const Workload& w);

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
+#include <memory>
 #include <set>
 
 #include <fmt/format.h>
@@ -75,13 +77,16 @@ struct Outcome {
   std::string fatal_message;
 };
 
-Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg, Backend& backend, bool need_verdicts) {
+// `ahead_a` / `ahead_b`: the requests of a and b, sent to their external predictors before (the
+// pipelining of run_diff); their replies are the plans.
+Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg, Backend& backend, bool need_verdicts,
+                     SentAhead* ahead_a = nullptr, SentAhead* ahead_b = nullptr) {
   Outcome o;
   std::optional<Plan> pa, pb;
   std::string err_a, err_b;
-  const auto plan = [&](const Scenario& s, std::optional<Plan>& p, std::string& err) {
+  const auto plan = [&](const Scenario& s, std::optional<Plan>& p, std::string& err, SentAhead* ahead) {
     try {
-      p = predict(s);
+      p = ahead && ahead->sent() ? predict_external(s, ahead) : predict(s);
     } catch (const PredictorError& e) {
       if (e.fatal()) {
         o.fatal = true;
@@ -92,8 +97,8 @@ Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg
       err = e.what();
     }
   };
-  plan(a, pa, err_a);
-  plan(b, pb, err_b);
+  plan(a, pa, err_a, ahead_a);
+  plan(b, pb, err_b, ahead_b);
   if (o.fatal) return o;
   if (!pa || !pb) {
     o.error = true;
@@ -105,7 +110,8 @@ Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg
   std::set<std::string> kinds;
   for (const FieldDiff& f : o.fields) kinds.insert(field_kind(f.field));
   if (need_verdicts) {
-    const CaseResult ra = run_case(a, backend, false), rb = run_case(b, backend, false);
+    // The plans compared above are the plans run: an external predictor is asked once per case.
+    const CaseResult ra = run_planned(a, *pa, backend, false), rb = run_planned(b, *pb, backend, false);
     if (ra.exec.fatal || rb.exec.fatal) {
       o.fatal = true;
       o.fatal_message = ra.exec.fatal ? ra.verdict.message : rb.verdict.message;
@@ -278,6 +284,32 @@ DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend) {
   const auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   const Policy b = parse_policy(cfg.against, "--against", StartCommand::refuse);
   std::map<std::string, std::size_t> group_of;
+  // Case i, generated before it is compared. Generation depends on the seed alone, so the next
+  // cases are generated and their requests sent to the external predictor(s) while this one is
+  // planned and run: each side plans ahead instead of waiting for the other. Requests not needed
+  // after all (past the time budget, a stop) are abandoned. Built-in predictors send nothing.
+  struct Generated {
+    std::uint64_t seed = 0;
+    Scenario a, against;  // the case under A, and under B
+    SentAhead request_a, request_b;
+  };
+  const auto generate = [&](std::uint64_t i) {
+    auto g = std::make_unique<Generated>();
+    g->seed = case_seed(cfg.seed, i);
+    PrngChoices choices(g->seed);
+    g->a = generate_scenario(choices, cfg.gen, catalog);
+    g->against = under_policy(g->a, b, cfg.against_overrides);
+    return g;
+  };
+  const auto send_ahead = [](Generated& g) {
+    // Not sent yet, or lost with a process that died since: (again) to the running one.
+    if (g.a.policy.predictor == PredictorKind::external && !g.request_a.live()) g.request_a = send_external_ahead(g.a);
+    if (g.against.policy.predictor == PredictorKind::external && !g.request_b.live()) g.request_b = send_external_ahead(g.against);
+  };
+  const bool external = cfg.gen.policy.value_or("").find("exec:") != std::string::npos || cfg.against.find("exec:") != std::string::npos;
+  const std::size_t ahead = external ? 4 : 0;
+  std::deque<std::unique_ptr<Generated>> queued;
+  std::uint64_t next_index = 0;
   for (std::uint64_t i = 0;; ++i) {
     if (cfg.cases != 0 && i >= cfg.cases) break;
     if (cfg.cases == 0 && (cfg.seconds <= 0 || elapsed() >= cfg.seconds)) break;
@@ -285,12 +317,22 @@ DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend) {
       out.stopped = true;
       break;
     }
-    const std::uint64_t seed = case_seed(cfg.seed, i);
-    PrngChoices choices(seed);
-    const Scenario a = generate_scenario(choices, cfg.gen, catalog);
-    const Scenario sb = under_policy(a, b, cfg.against_overrides);
+    if (queued.empty()) queued.push_back(generate(next_index++));
+    const std::unique_ptr<Generated> current = std::move(queued.front());
+    queued.pop_front();
+    // In the order they are claimed: this case, those queued (again where a restart lost them),
+    // then new ones.
+    send_ahead(*current);
+    for (const auto& g : queued) send_ahead(*g);
+    while (queued.size() < ahead && (cfg.cases == 0 || next_index < cfg.cases)) {
+      queued.push_back(generate(next_index++));
+      send_ahead(*queued.back());
+    }
+    const std::uint64_t seed = current->seed;
+    const Scenario& a = current->a;
+    const Scenario& sb = current->against;
     ++out.cases;
-    const Outcome o = compare_case(a, sb, cfg, backend, cfg.verdicts);
+    const Outcome o = compare_case(a, sb, cfg, backend, cfg.verdicts, &current->request_a, &current->request_b);
     if (o.fatal) throw InfraError(fmt::format("diff: case {}: {}", i, o.fatal_message));
     if (o.key.empty()) {
       ++out.same;

@@ -206,7 +206,8 @@ TEST_F(Cli, AnOverrideTheExternalPredictorDoesNotApplyIsRefused) {
 // ---- diff ----------------------------------------------------------------------------------------
 
 // The protocol's proof through diff: the built-in predictor against itself served over the
-// protocol differs nowhere (plans and verdicts), classic and dynamic.
+// protocol differs nowhere (plans and verdicts), classic and dynamic. The external side is asked
+// once per case (its plan is the plan run for the verdict), each request sent ahead of its claim.
 TEST_F(Cli, DiffOfAPredictorAgainstItselfOverTheProtocolFindsNothing) {
   for (const std::string p : {"comfy:dec2025", "comfy:sep2026"}) {
     const Proc d = run({"diff", "--policy", p, "--against", fmt::format("exec:{} predict-serve --policy {}", VF_CLI, p), "--cases",
@@ -218,6 +219,7 @@ TEST_F(Cli, DiffOfAPredictorAgainstItselfOverTheProtocolFindsNothing) {
     EXPECT_EQ(j["counts"]["cases"], 120);
     EXPECT_EQ(j["counts"]["same"], 120) << j.dump(2);
     EXPECT_TRUE(j["groups"].empty());
+    EXPECT_NE((d.out + d.err).find(": 120 requests, 120 of them sent ahead of their claim;"), std::string::npos) << describe(d);
   }
 }
 
