@@ -419,7 +419,7 @@ CampaignResult run_campaign(const CampaignConfig& cfg, Catalog& catalog, Backend
   };
   // How many cases ahead of the one executing are generated and sent: enough that neither side
   // waits on the other's slower cases. Only for a campaign with an external predictor.
-  const std::size_t ahead = cfg.gen.policy && cfg.gen.policy->find("exec:") != std::string::npos ? 4 : 0;
+  const std::size_t ahead = cfg.gen.policy && cfg.gen.policy->find("exec:") != std::string::npos ? kCasesSentAhead : 0;
   std::deque<std::unique_ptr<Generated>> queued;  // generated, not yet run: cases next_index - k*stride
   std::uint64_t next_index = cfg.shard_index;     // the next case to generate
   for (std::uint64_t i = cfg.shard_index;; i += stride) {

@@ -111,7 +111,7 @@ Outcome compare_case(const Scenario& a, const Scenario& b, const DiffConfig& cfg
   for (const FieldDiff& f : o.fields) kinds.insert(field_kind(f.field));
   if (need_verdicts) {
     // The plans compared above are the plans run: an external predictor is asked once per case.
-    const CaseResult ra = run_planned(a, *pa, backend, false), rb = run_planned(b, *pb, backend, false);
+    const CaseResult ra = run_planned(a, std::move(*pa), backend, false), rb = run_planned(b, std::move(*pb), backend, false);
     if (ra.exec.fatal || rb.exec.fatal) {
       o.fatal = true;
       o.fatal_message = ra.exec.fatal ? ra.verdict.message : rb.verdict.message;
@@ -307,7 +307,7 @@ DiffResult run_diff(const DiffConfig& cfg, Catalog& catalog, Backend& backend) {
     if (g.against.policy.predictor == PredictorKind::external && !g.request_b.live()) g.request_b = send_external_ahead(g.against);
   };
   const bool external = cfg.gen.policy.value_or("").find("exec:") != std::string::npos || cfg.against.find("exec:") != std::string::npos;
-  const std::size_t ahead = external ? 4 : 0;
+  const std::size_t ahead = external ? kCasesSentAhead : 0;
   std::deque<std::unique_ptr<Generated>> queued;
   std::uint64_t next_index = 0;
   for (std::uint64_t i = 0;; ++i) {

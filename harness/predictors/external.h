@@ -17,6 +17,7 @@
 // that name can run it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -92,6 +93,10 @@ class SentAhead {
   std::uint64_t id_ = 0;    // the request's; 0: nothing sent
   std::uint64_t run_ = 0;   // which start of the process it went to
 };
+
+// How many cases past the one being run a campaign or `diff` generates and sends to an external
+// predictor: enough that neither side waits on the other's slower cases.
+inline constexpr std::size_t kCasesSentAhead = 4;
 
 // Sends `s`'s request to its external predictor now, to be claimed by predict_external(s, &it)
 // with the same `s`. Sends nothing (an empty SentAhead) where s is not external or cannot be sent
