@@ -56,7 +56,7 @@ std::vector<ActivationProfileEntry> parse_entries(const JsonIn& j) {
     // The workload fields of a scenario, with its limits (cfg and steps do not apply to one pass).
     nlohmann::json w = nlohmann::json::object();
     for (const char* k : {"width", "height", "batch", "frames", "text_tokens"}) {
-      if (e.raw().contains(k)) w[k] = e.raw()[k];
+      if (e.has(k)) w[k] = e.at(k).to_json();
     }
     p.workload = parse_workload_json(JsonIn(w, e.path()));
     p.peak = e.at("peak").bytes();
@@ -210,12 +210,12 @@ static ActivationSpec parse_uncapped_spec(const JsonIn& j, const std::string& ba
     a.source = ActivationSource::bytes;
     const JsonIn b = j.at("bytes");
     if (!b.is_object()) b.fail("expected an object of model id: bytes per forward pass");
-    if (b.raw().empty()) b.fail("needs at least one model (or \"*\" for every model)");
-    for (auto it = b.raw().begin(); it != b.raw().end(); ++it) {
-      const JsonIn v(*it, fmt::format("{}.{}", b.path(), it.key()));
+    if (b.member_count() == 0) b.fail("needs at least one model (or \"*\" for every model)");
+    for (std::size_t i = 0; i < b.member_count(); ++i) {
+      const JsonIn v = b.member(i);
       const Bytes x = v.bytes();
       if (x > kMaxDeviceBytes) v.fail("is more than 1 PiB");
-      a.bytes.emplace_back(it.key(), x);
+      a.bytes.emplace_back(std::string(b.key(i)), x);
     }
     return a;
   }

@@ -37,8 +37,8 @@ std::vector<std::string_view> split(std::string_view s) {
 // The scenario is checked by scenario_from_json, with its own messages; here only that it is one.
 Check scenario_object() {
   return [](const JsonIn& j) {
-    if (j.raw().is_null()) j.fail("null is not allowed here");
-    if (!j.raw().is_object()) j.fail("expected a scenario object (vramfuzz.scenario/1)");
+    if (j.is_null()) j.fail("null is not allowed here");
+    if (!j.is_object()) j.fail("expected a scenario object (vramfuzz.scenario/1)");
   };
 }
 

@@ -338,6 +338,8 @@ Scenario parse_scenario_json(std::string_view text, Catalog& catalog, std::strin
 // directory of `origin`, the load functions that of the file).
 Scenario scenario_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path,
                             const std::string& base_dir = "");
+// The same from a value of a parsed document (parse_json_doc): its path prefixes field paths.
+Scenario read_scenario(const JsonIn& j, Catalog& catalog, const std::string& base_dir = "");
 // One entry of a scenario's "models" list read on its own: the inline model `models import --out`
 // writes, or a catalog or file model. `path` prefixes field paths ("" for a file of its own).
 ModelRef model_from_json(const nlohmann::json& doc, Catalog& catalog, const std::string& path, const std::string& base_dir = "");

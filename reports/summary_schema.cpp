@@ -53,7 +53,7 @@ Check mode() { return str_where(allocator_mode, "an allocator mode (raw, caching
 Check shard_object() {
   return [](const JsonIn& j) {
     object({req("index", u64()), req("count", u64_in(1, ~std::uint64_t{0}))})(j);
-    const std::uint64_t i = j.raw()["index"].get<std::uint64_t>(), n = j.raw()["count"].get<std::uint64_t>();
+    const std::uint64_t i = j.at("index").u64(), n = j.at("count").u64();
     if (i >= n) j.at("index").fail(fmt::format("shard {} of {} does not exist (the index is 0 to {})", i, n, n - 1));
   };
 }
@@ -107,12 +107,12 @@ Check case_view() {
     const Check columns = [](const JsonIn& j) {
       static const json kColumns = json::array({"op", "stage", "live", "allocated", "reserved", "device_used"});
       array_of(str())(j);
-      if (j.raw() != kColumns) j.fail("expected [\"op\", \"stage\", \"live\", \"allocated\", \"reserved\", \"device_used\"]");
+      if (j.to_json() != kColumns) j.fail("expected [\"op\", \"stage\", \"live\", \"allocated\", \"reserved\", \"device_used\"]");
     };
     const Check parts_columns = [](const JsonIn& j) {
       static const json kColumns = json::array({"weights", "weight_transients", "activations"});
       array_of(str())(j);
-      if (j.raw() != kColumns) j.fail("expected [\"weights\", \"weight_transients\", \"activations\"]");
+      if (j.to_json() != kColumns) j.fail("expected [\"weights\", \"weight_transients\", \"activations\"]");
     };
     return object({
         req("title", str()),
@@ -210,8 +210,8 @@ Check calibrate() {
     json cols = json::array();
     for (const std::string& n : names) cols.push_back(n);
     return object({req("columns", [cols](const JsonIn& j) {
-                     if (j.raw().is_null()) j.fail("null is not allowed here");
-                     if (j.raw() != cols) j.fail(fmt::format("expected {}", cols.dump()));
+                     if (j.is_null()) j.fail("null is not allowed here");
+                     if (j.to_json() != cols) j.fail(fmt::format("expected {}", cols.dump()));
                    }),
                    req("rows", array_of(std::move(r)))});
   };

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/error.h"
+#include "harness/core/json_doc.h"
 #include "harness/core/json_in.h"
 
 namespace vf {
@@ -127,7 +128,7 @@ TEST(JsonIn, APathIsBuiltWhenAskedAndOutlivesTheValuesAboveIt) {
   EXPECT_EQ(root.at("models").at(0).path(), "models[0]");
   const std::optional<JsonIn> x = root.at("").opt("x");
   ASSERT_TRUE(x);
-  EXPECT_EQ(x->raw(), 1);
+  EXPECT_EQ(x->u64(), 1u);
   // A missing key is named with the path above it.
   try {
     (void)root.at("models").at(0).at("id");
@@ -159,10 +160,13 @@ bool same_json(const nlohmann::json& a, const nlohmann::json& b) {
   return a == b;
 }
 
-// Whether the fast path took `text`; where it did, its document must be nlohmann's.
+// Whether the fast paths took `text`; where they did, their documents must be nlohmann's. Both
+// fast paths (parse_json_fast's nlohmann document, JsonDoc's flat one) take exactly the same texts.
 bool fast_agrees(std::string_view text, bool& taken) {
   const std::optional<nlohmann::json> fast = parse_json_fast(text);
+  const std::shared_ptr<const JsonDoc> flat = JsonDoc::parse(text);
   taken = fast.has_value();
+  if (taken != (flat != nullptr)) return false;
   if (!fast) return true;
   nlohmann::json reference;
   try {
@@ -170,7 +174,7 @@ bool fast_agrees(std::string_view text, bool& taken) {
   } catch (const std::exception&) {
     return false;  // it took what nlohmann refuses
   }
-  return same_json(*fast, reference);
+  return same_json(*fast, reference) && same_json(flat->to_json(flat->root()), reference);
 }
 
 TEST(JsonIn, TheFastPathTakesTheEdgesOfJsonAsNlohmannDoesOrLeavesThem) {
@@ -306,6 +310,111 @@ TEST(JsonIn, ADirectoryIsNotAFile) {
     EXPECT_EQ(e.path(), dir);
     EXPECT_NE(std::string(e.what()).find("is a directory, not a file"), std::string::npos);
   }
+}
+
+
+// ---- the flat document JsonIn reads -------------------------------------------------------------
+
+TEST(JsonDoc, ReadsWhatNlohmannReadsWithTheSameTypesKeysInByteOrderAndEscapesUndone) {
+  const std::string text = R"({"zeta": [1, -2, 2.5, -0, 18446744073709551615, true, null], "Alpha": "a\"b\\c\nd", "alpha": {}, "b": []})";
+  const std::shared_ptr<const JsonDoc> d = JsonDoc::parse(text);
+  ASSERT_TRUE(d);
+  const JsonDoc::Index root = d->root();
+  ASSERT_EQ(d->type(root), JsonDoc::Type::object);
+  ASSERT_EQ(d->size(root), 4u);
+  // Members in byte order, as nlohmann's std::map keeps them: "Alpha" < "alpha" < "b" < "zeta".
+  EXPECT_EQ(d->key(root, 0), "Alpha");
+  EXPECT_EQ(d->key(root, 1), "alpha");
+  EXPECT_EQ(d->key(root, 2), "b");
+  EXPECT_EQ(d->key(root, 3), "zeta");
+  EXPECT_EQ(d->string(d->value(root, 0)), "a\"b\\c\nd");
+  const JsonDoc::Index zeta = *d->find(root, "zeta");
+  ASSERT_EQ(d->size(zeta), 7u);
+  EXPECT_EQ(d->type(d->element(zeta, 0)), JsonDoc::Type::unsigned_integer);
+  EXPECT_EQ(d->signed_value(d->element(zeta, 1)), -2);
+  EXPECT_EQ(d->real(d->element(zeta, 2)), 2.5);
+  EXPECT_EQ(d->type(d->element(zeta, 3)), JsonDoc::Type::signed_integer);  // -0, as nlohmann reads it
+  EXPECT_EQ(d->unsigned_value(d->element(zeta, 4)), 18446744073709551615u);
+  EXPECT_TRUE(d->boolean(d->element(zeta, 5)));
+  EXPECT_EQ(d->type(d->element(zeta, 6)), JsonDoc::Type::null);
+  EXPECT_FALSE(d->find(root, "zet"));
+  // Each value knows where it sits: the fifth element of "zeta", the fourth member of the root.
+  EXPECT_EQ(d->parent(d->element(zeta, 4)), zeta);
+  EXPECT_EQ(d->slot(d->element(zeta, 4)), 4u);
+  EXPECT_EQ(d->slot(zeta), 3u);
+  EXPECT_EQ(d->parent(root), JsonDoc::kNoParent);
+  EXPECT_TRUE(same_json(d->to_json(root), nlohmann::json::parse(text)));
+  // An object of many keys is searched as well as one of few.
+  std::string wide = "{";
+  for (int i = 299; i >= 0; --i) wide += fmt::format("\"k{}\": {}{}", i, i, i == 0 ? "}" : ", ");
+  const std::shared_ptr<const JsonDoc> w = JsonDoc::parse(wide);
+  ASSERT_TRUE(w);
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(w->unsigned_value(*w->find(w->root(), fmt::format("k{}", i))), static_cast<std::uint64_t>(i));
+  EXPECT_FALSE(w->find(w->root(), "k300"));
+}
+
+TEST(JsonDoc, ParseJsonDocAcceptsAndRefusesWhatParseJsonTextDoesWithTheSameMessage) {
+  // Valid text the fast parser leaves to nlohmann is read all the same (and converted).
+  for (const char* text : {R"({"name": "caf\u00e9"})", "{\"name\": \"caf\xc3\xa9\"}", R"({"big": 18446744073709551616})", R"({"tiny": 1e-400})"}) {
+    EXPECT_FALSE(JsonDoc::parse(text)) << text;
+    const std::shared_ptr<const JsonDoc> d = parse_json_doc(text, "x.json");
+    EXPECT_TRUE(same_json(d->to_json(d->root()), parse_json_text(text, "x.json"))) << text;
+  }
+  // Bad text: the error parse_json_text words, path and message alike.
+  for (const char* text : {R"({"a": 1, "a": 2})", R"({"a": [1, 2,]})", R"({"a": 1e999})", "", R"({"models": [{"id": "x", "id": "y"}]})"}) {
+    std::string want_path, want_what, got_path, got_what;
+    try {
+      (void)parse_json_text(text, "x.json");
+      ADD_FAILURE() << "parse_json_text read " << text;
+    } catch (const InputError& e) {
+      want_path = e.path();
+      want_what = e.what();
+    }
+    try {
+      (void)parse_json_doc(text, "x.json");
+      ADD_FAILURE() << "parse_json_doc read " << text;
+    } catch (const InputError& e) {
+      got_path = e.path();
+      got_what = e.what();
+    }
+    EXPECT_EQ(got_path, want_path) << text;
+    EXPECT_EQ(got_what, want_what) << text;
+  }
+}
+
+TEST(JsonDoc, JsonInOverAParsedDocumentNamesPathsAndFieldsAsBefore) {
+  const std::string text =
+      R"({"models": [{"id": "a", "modules": [{"name": "m", "tensors": [{"shape": [4, -4], "dtype": "fp16"}]}]}], "zz": 1, "aa": 2})";
+  const JsonIn root(parse_json_doc(text, "s.json"), "scenario");
+  const JsonIn dim = root.at("models").at(0).at("modules").at(std::size_t{0}).at("tensors").at(0).at("shape").at(1);
+  EXPECT_EQ(dim.path(), "scenario.models[0].modules[0].tensors[0].shape[1]");
+  try {
+    (void)dim.u64();
+    FAIL() << "a negative dimension was read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.models[0].modules[0].tensors[0].shape[1]");
+    EXPECT_NE(std::string(e.what()).find("must not be negative, got -4"), std::string::npos) << e.what();
+  }
+  // The first unknown key in byte order is the one named, as it was over nlohmann's document.
+  try {
+    root.expect_object({"models"});
+    FAIL() << "unknown keys were accepted";
+  } catch (const InputError& e) {
+    EXPECT_EQ(e.path(), "scenario.aa");
+  }
+  EXPECT_EQ(root.member_count(), 3u);
+  EXPECT_EQ(root.key(0), "aa");
+  EXPECT_EQ(root.member(2).u64(), 1u);
+  EXPECT_EQ(root.member(2).path(), "scenario.zz");
+  // A value outlives the JsonIn values above it, and the document they shared.
+  std::optional<JsonIn> kept;
+  {
+    const JsonIn temp(parse_json_doc(R"({"a": {"b": "text\tkept"}})", "t.json"), "");
+    kept = temp.at("a").at("b");
+  }
+  EXPECT_EQ(kept->str(), "text\tkept");
+  EXPECT_EQ(kept->path(), "a.b");
+  EXPECT_EQ(kept->type_name(), "string \"text\\tkept\"");
 }
 
 }  // namespace

@@ -30,8 +30,7 @@ void put(const std::string& line) {
 std::string answer(const std::string& line, const Policy& serve, Catalog& catalog, SpecStore& specs) {
   std::uint64_t id = 0;
   try {
-    const nlohmann::json doc = parse_json_text(line, "request");
-    const JsonIn j(doc, "request");
+    const JsonIn j(parse_json_doc(line, "request"), "request");
     if (!j.is_object()) j.fail("expected an object");
     if (const auto v = j.opt("id")) id = v->u64();
     j.expect_object({"type", "id", "view", "forget", "scenario"});
@@ -41,7 +40,7 @@ std::string answer(const std::string& line, const Policy& serve, Catalog& catalo
     Scenario s;
     {
       const SpecRefScope refs(specs.specs);
-      s = scenario_from_json(j.at("scenario").raw(), catalog, "request.scenario");
+      s = read_scenario(j.at("scenario"), catalog);
     }
     // The served predictor, with the case's overrides of the runtime's constants.
     Policy p = serve;

@@ -1,4 +1,4 @@
-// JSON's two-character string escapes, for the project's own JSON scanners (json_in.cpp's fast
+// JSON's two-character string escapes, for the project's own JSON scanners (json_doc.cpp's parser,
 // path, the safetensors header reader).
 #pragma once
 

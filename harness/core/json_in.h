@@ -15,25 +15,45 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/core/bytes.h"
+#include "harness/core/json_doc.h"
 
 namespace vf {
 
 // A value's path is built only when something asks for it (an error, path()): a reader walks
-// millions of values and names almost none. Each value holds its parent's link and its own step
-// (a key of the document, or an index); a link is made, once, for a value that has children.
+// millions of values and names almost none. A JsonIn is the document (shared), the node, and the
+// path its root was given; a path is rebuilt from the document's parent links, O(depth).
 class JsonIn {
  public:
+  // The root of a parsed document (parse_json_doc).
+  JsonIn(std::shared_ptr<const JsonDoc> doc, std::string path);
+  // A document built in code, or parsed by nlohmann: converted once, whole.
   JsonIn(const nlohmann::json& j, std::string path);
 
-  const nlohmann::json& raw() const { return *j_; }
   std::string path() const;
+
+  // Types.
+  bool is_null() const { return type() == JsonDoc::Type::null; }
+  bool is_boolean() const { return type() == JsonDoc::Type::boolean; }
+  bool is_object() const { return type() == JsonDoc::Type::object; }
+  bool is_array() const { return type() == JsonDoc::Type::array; }
+  bool is_string() const { return type() == JsonDoc::Type::string; }
+  bool is_number() const {
+    const JsonDoc::Type t = type();
+    return t == JsonDoc::Type::unsigned_integer || t == JsonDoc::Type::signed_integer || t == JsonDoc::Type::real;
+  }
+  bool is_integer() const { return type() == JsonDoc::Type::unsigned_integer || type() == JsonDoc::Type::signed_integer; }
+  // An integer that fits in 64 signed bits (not a double).
+  std::optional<std::int64_t> i64() const;
 
   // Objects.
   void expect_object(std::initializer_list<std::string_view> allowed_keys) const;
-  bool is_object() const { return j_->is_object(); }
   bool has(std::string_view key) const;
   JsonIn at(std::string_view key) const;  // required member
   std::optional<JsonIn> opt(std::string_view key) const;  // absent: nullopt; null: an error
+  // Every member, in key order (byte order, as nlohmann's std::map keeps them).
+  std::size_t member_count() const;
+  std::string_view key(std::size_t i) const;  // valid while this value lives
+  JsonIn member(std::size_t i) const;
 
   // Arrays.
   void expect_array() const;
@@ -41,8 +61,8 @@ class JsonIn {
   JsonIn at(std::size_t i) const;
 
   // Scalars.
-  bool is_string() const { return j_->is_string(); }
   std::string str() const;
+  std::string_view str_view() const;  // valid while this value lives
   bool boolean() const;
   double number() const;  // finite
   std::uint64_t u64() const;                              // a non-negative integer
@@ -53,31 +73,28 @@ class JsonIn {
   // A scalar rendered as text (options stored as strings): "20", "true", "0.5", "max".
   std::string scalar_text() const;
 
+  // What json_excerpt says of the value, and what a type error says it got ("integer -4",
+  // "string \"x\"", "an array").
+  std::string excerpt() const;
+  std::string type_name() const;
+  // The value as nlohmann's document.
+  nlohmann::json to_json() const;
+
   [[noreturn]] void fail(const std::string& message) const;
 
  private:
-  // One step of a path, shared by every value below it: the root's given path, or a key (a
-  // string of the document, which outlives every JsonIn over it) or an index under `up`.
-  struct Link {
-    std::shared_ptr<const Link> up;
-    std::string root;
-    std::string_view key;
-    std::size_t index = 0;
-    bool is_index = false;
+  struct Root {
+    std::shared_ptr<const JsonDoc> doc;
+    JsonDoc::Index node;
+    std::string path;
   };
-  JsonIn(const nlohmann::json& j, std::shared_ptr<const Link> up, std::string_view key, std::size_t index, bool is_index)
-      : j_(&j), up_(std::move(up)), key_(key), index_(index), is_index_(is_index) {}
-  // This value's link, made on first use and kept (a JsonIn is not shared between threads).
-  const std::shared_ptr<const Link>& link() const;
-  static void render(const Link* l, std::string& out);
-  std::string type_name() const;
+  JsonIn(std::shared_ptr<const Root> root, JsonDoc::Index node) : r_(std::move(root)), n_(node) {}
+  const JsonDoc& doc() const { return *r_->doc; }
+  JsonDoc::Type type() const { return doc().type(n_); }
+  std::string number_text() const;
   std::string child(std::string_view key) const;
-  const nlohmann::json* j_;
-  std::shared_ptr<const Link> up_;  // null for the root (its path is in self_)
-  std::string_view key_;
-  std::size_t index_ = 0;
-  bool is_index_ = false;
-  mutable std::shared_ptr<const Link> self_;
+  std::shared_ptr<const Root> r_;
+  JsonDoc::Index n_;
 };
 
 // A key given twice in one JSON object. nlohmann keeps the last value silently; every reader of
@@ -127,12 +144,15 @@ std::string json_excerpt(const nlohmann::json& value);
 nlohmann::json parse_json_unique(std::string_view text);
 // parse_json_unique's fast path, for its tests: the same document where it is sure of the text,
 // nullopt where nlohmann must parse it (any error, a \u escape, a byte >= 0x80 in a string, a
-// number at the edge of its type: json_in.cpp FastJson).
+// number at the edge of its type: JsonDoc::parse).
 std::optional<nlohmann::json> parse_json_fast(std::string_view text);
 // Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ..."), a
 // duplicate key InputError(path of the key, "key given twice in one object ..."), too deep a
 // nesting InputError(origin, "... nested deeper than 64 levels at byte N (at PATH)").
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin);
+// The same acceptance and errors as parse_json_text, into the flat document JsonIn reads: the
+// text's own fast parse where it is sure of it, nlohmann's (then converted) where it is not.
+std::shared_ptr<const JsonDoc> parse_json_doc(std::string_view text, std::string_view origin);
 // Reads a whole file (InputError if it can't be read, or is a directory; the path is the field).
 std::string read_text_file(const std::string& path);
 // Writes atomically: a temporary in the same directory, fsync, rename. InfraError on failure.

@@ -10,20 +10,20 @@ namespace vf::schema {
 
 namespace {
 
-std::string kind_of(const nlohmann::json& v) {
+std::string kind_of(const JsonIn& v) {
   if (v.is_null()) return "null";
   if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "number " + json_excerpt(v);
-  if (v.is_string()) return "string " + json_excerpt(v);
-  return json_excerpt(v);
+  if (v.is_number()) return "number " + v.excerpt();
+  if (v.is_string()) return "string " + v.excerpt();
+  return v.excerpt();
 }
 
 [[noreturn]] void expected(const JsonIn& j, std::string_view what) {
-  j.fail(fmt::format("expected {}, got {}", what, kind_of(j.raw())));
+  j.fail(fmt::format("expected {}, got {}", what, kind_of(j)));
 }
 
 void not_null(const JsonIn& j) {
-  if (j.raw().is_null()) j.fail("null is not allowed here");
+  if (j.is_null()) j.fail("null is not allowed here");
 }
 
 }  // namespace
@@ -44,10 +44,8 @@ Check u64_in(std::uint64_t lo, std::uint64_t hi) {
 
 Check i64() {
   return [](const JsonIn& j) {
-    const nlohmann::json& v = j.raw();
     not_null(j);
-    if (v.is_number_integer() && !v.is_number_unsigned()) return;
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return;
+    if (j.i64()) return;
     expected(j, "an integer (64-bit signed)");
   };
 }
@@ -96,7 +94,7 @@ Check one_of(std::vector<std::string> values) {
     }
     std::string list;
     for (const std::string& ok : values) list += (list.empty() ? "" : ", ") + ok;
-    j.fail(fmt::format("unknown value {} (one of: {})", json_excerpt(j.raw()), list));
+    j.fail(fmt::format("unknown value {} (one of: {})", j.excerpt(), list));
   };
 }
 
@@ -120,18 +118,17 @@ Check row(std::vector<Check> cells) {
 Check any() {
   return [](const JsonIn& j) {
     not_null(j);
-    const nlohmann::json& v = j.raw();
-    if (v.is_array()) {
-      for (std::size_t i = 0; i < v.size(); ++i) any()(j.at(i));
-    } else if (v.is_object()) {
-      for (auto it = v.begin(); it != v.end(); ++it) any()(j.at(it.key()));
+    if (j.is_array()) {
+      for (std::size_t i = 0; i < j.size(); ++i) any()(j.at(i));
+    } else if (j.is_object()) {
+      for (std::size_t i = 0; i < j.member_count(); ++i) any()(j.member(i));
     }
   };
 }
 
 Check nullable(Check inner) {
   return [inner = std::move(inner)](const JsonIn& j) {
-    if (!j.raw().is_null()) inner(j);
+    if (!j.is_null()) inner(j);
   };
 }
 
@@ -152,26 +149,24 @@ Check either(Check a, Check b) {
 Check str_where(std::function<bool(std::string_view)> pred, std::string what) {
   return [pred = std::move(pred), what = std::move(what)](const JsonIn& j) {
     not_null(j);
-    if (!j.raw().is_string() || !pred(j.raw().get_ref<const std::string&>())) expected(j, what);
+    if (!j.is_string() || !pred(j.str_view())) expected(j, what);
   };
 }
 
 Check object(std::vector<Field> fields) {
   return [fields = std::move(fields)](const JsonIn& j) {
     not_null(j);
-    const nlohmann::json& v = j.raw();
-    if (!v.is_object()) expected(j, "an object");
-    for (auto it = v.begin(); it != v.end(); ++it) {
+    if (!j.is_object()) expected(j, "an object");
+    for (std::size_t i = 0; i < j.member_count(); ++i) {
       bool known = false;
-      for (const Field& f : fields) known = known || f.key == it.key();
+      for (const Field& f : fields) known = known || f.key == j.key(i);
       if (known) continue;
       std::string list;
       for (const Field& f : fields) list += (list.empty() ? "" : ", ") + f.key;
-      j.at(it.key()).fail(fmt::format("unknown field (expected one of: {})", list));
+      j.member(i).fail(fmt::format("unknown field (expected one of: {})", list));
     }
     for (const Field& f : fields) {
-      const auto it = v.find(f.key);
-      if (it == v.end()) {
+      if (!j.has(f.key)) {
         if (f.required) (void)j.at(f.key);  // "required field is missing", named
         continue;
       }
@@ -183,9 +178,8 @@ Check object(std::vector<Field> fields) {
 Check map_of(Check value) {
   return [value = std::move(value)](const JsonIn& j) {
     not_null(j);
-    const nlohmann::json& v = j.raw();
-    if (!v.is_object()) expected(j, "an object");
-    for (auto it = v.begin(); it != v.end(); ++it) value(j.at(it.key()));
+    if (!j.is_object()) expected(j, "an object");
+    for (std::size_t i = 0; i < j.member_count(); ++i) value(j.member(i));
   };
 }
 

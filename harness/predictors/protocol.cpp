@@ -27,12 +27,10 @@ class ModuleNames {
   explicit ModuleNames(const Scenario& s) : s_(s), maps_(s.models.size()) {}
   std::uint32_t index(std::uint32_t model, const JsonIn& j) {
     const auto& mods = s_.models[model].spec->modules;
-    if (j.raw().is_number()) {
+    if (j.is_number()) {
       // A module by its index in the request's module list (repeats expanded).
-      if (!j.raw().is_number_unsigned() && !(j.raw().is_number_integer() && j.raw().get<std::int64_t>() >= 0)) {
-        j.fail("expected a module name or a module index (0 or more)");
-      }
-      const std::uint64_t i = j.raw().get<std::uint64_t>();
+      if (!j.is_integer() || (j.i64() && *j.i64() < 0)) j.fail("expected a module name or a module index (0 or more)");
+      const std::uint64_t i = j.u64();
       if (i >= mods.size()) {
         j.fail(fmt::format("module index {} is out of range: model \"{}\" has {} modules", i, s_.models[model].id, mods.size()));
       }
@@ -67,7 +65,7 @@ class ModuleNames {
 
 // The name of the module a JSON entry gives (a name or an index), for messages.
 std::string entry_name(const JsonIn& e, const ModelSpec& spec, std::uint32_t i) {
-  return e.raw().is_string() ? e.str() : fmt::format("{} ({})", i, spec.modules[i].name);
+  return e.is_string() ? e.str() : fmt::format("{} ({})", i, spec.modules[i].name);
 }
 
 // A set of module names as per-module flags (a name given twice: an error).
@@ -177,7 +175,7 @@ LoadPlan read_load(const JsonIn& j, const Scenario& s, ModuleNames& names, std::
   if (const auto u = j.opt("usable")) {
     const double d = u->number();
     if (d != static_cast<double>(static_cast<std::int64_t>(d)) || std::abs(d) > 9.0e15) u->fail("expected an integer byte count");
-    lp.usable = u->raw().is_number_integer() ? u->raw().get<std::int64_t>() : static_cast<std::int64_t>(d);
+    lp.usable = u->is_integer() ? *u->i64() : static_cast<std::int64_t>(d);  // within +-9e15: it fits
   }
   lp.resident = read_flags(j.at("resident"), lp.model, count, names);
   lp.lowvram = j.has("lowvram") ? read_flags(j.at("lowvram"), lp.model, count, names) : std::vector<std::uint8_t>(count, 0);
