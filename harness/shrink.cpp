@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -175,7 +176,12 @@ class Shrinker {
     }
     if (!within_budget()) return false;
     ++execs_;
-    const CaseResult r = run_case(c, backend_, false);
+    SentAhead sent;
+    if (auto it = ahead_.find(key); it != ahead_.end()) {
+      sent = std::move(it->second);
+      ahead_.erase(it);
+    }
+    const CaseResult r = run_case(c, backend_, false, &sent);
     // An external predictor given up: no candidate can run any more; the best so far stands.
     if (r.exec.fatal) exhausted_ = true;
     last_elapsed_us_ = r.exec.dynamic ? r.exec.dynamic->elapsed_us : 0;
@@ -247,6 +253,7 @@ class Shrinker {
   }
 
   bool adopt(const Scenario& c, const Verdict& v, const std::string& what) {
+    ahead_.clear();  // each was a candidate of the case before this one: abandoned
     best_ = c;
     best_verdict_ = v;
     best_elapsed_us_ = last_elapsed_us_;
@@ -981,15 +988,47 @@ class Shrinker {
     return walk.size() > 1 && bisect_in_order(m, std::move(walk), true);
   }
 
+  // Sends `c` to the external predictor now, to be claimed by interesting(c): a candidate the
+  // shrinker will run next unless the one before it is accepted. Nothing for a built-in predictor,
+  // a candidate that would not run (invalid, seen before, past the budget) or one already sent.
+  void send_ahead(const Scenario& c) {
+    if (c.policy.predictor != PredictorKind::external || ahead_.size() >= kCasesSentAhead) return;
+    if (execs_ + ahead_.size() + 1 >= opt_.max_execs) return;
+    try {
+      validate_scenario(c);
+    } catch (const InputError&) {
+      return;
+    }
+    const ScenarioFingerprint key = scenario_fingerprint(c, &memo_);
+    if (cache_.contains(key) || ahead_.contains(key)) return;
+    SentAhead sent = send_external_ahead(c);
+    if (sent.sent()) ahead_.emplace(key, std::move(sent));
+  }
+
   // Bisection over `order` (module indices of model m; chunks are ranges of positions in it).
+  // Each chunk is tried as it is, then (where the card allows) with its bytes taken off the card.
+  // Most tries are rejected, so with an external predictor the tries that would follow a
+  // rejection are built and sent ahead while this one runs; an acceptance abandons them.
   bool bisect_in_order(std::size_t m, std::vector<std::uint32_t> order, bool walk) {
     constexpr std::size_t kMaxChunksPerLevel = 32;  // frugal: no sweep finer than n/32
+    // Tries built at once: the one to run, and for an external predictor those sent ahead of it.
+    const std::size_t depth = best_.policy.predictor == PredictorKind::external ? kCasesSentAhead + 1 : 1;
+    struct Try {
+      std::size_t done;  // the chunk's place in the sweep
+      std::size_t start, len;
+      std::vector<std::uint32_t> drop;  // module indices, ascending
+      Scenario c;
+      std::string what;
+    };
     bool any = false;
     std::size_t n = order.size();
     for (std::size_t chunk = std::max<std::size_t>(1, n / 2); chunk >= 1 && n > 1 && within_budget(); chunk /= 2) {
       if (n / chunk > kMaxChunksPerLevel) break;
-      // The walk order is swept from its end: the modules loaded last go first.
-      for (std::size_t done = 0; done < n && n - std::min(chunk, n - done) >= 1 && within_budget();) {
+      std::deque<Try> tries;  // what follows if each try before it is rejected, in order
+      std::size_t next = 0;   // the sweep position of the first chunk not in `tries`
+      // The chunk at sweep position `done`: its try, and the same with its bytes off the card.
+      const auto push_chunk = [&](std::size_t done) {
+        // The walk order is swept from its end: the modules loaded last go first.
         const std::size_t len = std::min(chunk, n - done);
         const std::size_t start = walk ? n - done - len : done;
         std::vector<std::uint32_t> drop(order.begin() + static_cast<std::ptrdiff_t>(start),
@@ -1003,26 +1042,40 @@ class Shrinker {
           spec.modules.erase(spec.modules.begin() + static_cast<std::ptrdiff_t>(*it));
         }
         refinalize(c, m);
-        const std::string what = walk ? fmt::format("drop walk positions [{}, {}) of {} (of {}; the loader moves them {})",
-                                                    start, start + len, c.models[m].id, n, start + len == n ? "last" : "in order")
-                                      : fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
-        bool taken = accept(c, what);
-        if (!taken && c.device.total > removed + MiB) {
-          c.device.total -= removed;
-          taken = c.device.available() > 0 && accept(c, what + " and their bytes from the device");
+        std::string what = walk ? fmt::format("drop walk positions [{}, {}) of {} (of {}; the loader moves them {})", start, start + len,
+                                              c.models[m].id, n, start + len == n ? "last" : "in order")
+                                : fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
+        std::optional<Scenario> lighter;
+        if (c.device.total > removed + MiB) {
+          lighter = c;
+          lighter->device.total -= removed;
+          if (lighter->device.available() == 0) lighter.reset();
         }
-        if (!taken) {
-          done += len;
-          continue;
+        tries.push_back(Try{done, start, len, drop, std::move(c), what});
+        if (lighter) tries.push_back(Try{done, start, len, std::move(drop), std::move(*lighter), what + " and their bytes from the device"});
+      };
+      while (within_budget()) {
+        while (tries.size() < depth && next < n && n - std::min(chunk, n - next) >= 1) {
+          push_chunk(next);
+          next += std::min(chunk, n - next);
         }
+        if (tries.empty()) break;
+        for (std::size_t k = 1; k < tries.size(); ++k) send_ahead(tries[k].c);
+        const Try t = std::move(tries.front());
+        tries.pop_front();
+        if (!accept(t.c, t.what)) continue;
         any = true;
-        // The remaining positions, renumbered to the modules' new indices.
-        order.erase(order.begin() + static_cast<std::ptrdiff_t>(start), order.begin() + static_cast<std::ptrdiff_t>(start + len));
+        // The remaining positions, renumbered to the modules' new indices; the sweep goes on at
+        // the same position, over what is left.
+        tries.clear();
+        order.erase(order.begin() + static_cast<std::ptrdiff_t>(t.start), order.begin() + static_cast<std::ptrdiff_t>(t.start + t.len));
         for (std::uint32_t& i : order) {
-          i -= static_cast<std::uint32_t>(std::lower_bound(drop.begin(), drop.end(), i) - drop.begin());
+          i -= static_cast<std::uint32_t>(std::lower_bound(t.drop.begin(), t.drop.end(), i) - t.drop.begin());
         }
-        n -= len;
+        n -= t.len;
+        next = t.done;
       }
+      ahead_.clear();  // tries of this level that were sent and not run
       if (chunk == 1) break;
     }
     return any;
@@ -1295,6 +1348,8 @@ class Shrinker {
   // The candidates run so far, by structural fingerprint: whether each kept the signature.
   FingerprintMemo memo_;
   std::unordered_map<ScenarioFingerprint, bool, ScenarioFingerprintHash> cache_;
+  // Candidates sent to an external predictor ahead of their run (send_ahead), by fingerprint.
+  std::unordered_map<ScenarioFingerprint, SentAhead, ScenarioFingerprintHash> ahead_;
   std::uint64_t execs_ = 0, hits_ = 0, accepted_ = 0;
   bool exhausted_ = false;
   std::vector<std::string> log_;

@@ -965,6 +965,53 @@ TEST_F(ExternalPredictor, AShrinkWhosePredictorStopsAnsweringKeepsTheFinding) {
   std::filesystem::remove(state);
 }
 
+// The shrinker's bisection sends the tries that follow a rejection to an external predictor while
+// the one before runs (most are rejected): the shrink runs the same candidates in the same order,
+// and ends at the same case, as a shrink that asks one candidate at a time. predict-serve's
+// planner is the built-in one, so the built-in shrink is that reference.
+TEST_F(ExternalPredictor, AShrinkSendsItsBisectionAheadAndEndsWhereTheBuiltInShrinkEnds) {
+  const std::string served = fmt::format("exec:{} predict-serve --policy comfy:dec2025", VF_CLI);
+  Catalog catalog;
+  // The first generated classic finding whose shrink bisects a module list (accepts a drop).
+  ShrinkOptions opt;
+  opt.max_execs = 120;
+  opt.max_seconds = 600;
+  Scenario found;
+  ShrinkResult builtin;
+  const auto bisected = [](const ShrinkResult& r) {
+    return std::any_of(r.log.begin(), r.log.end(), [](const std::string& l) { return l.rfind("drop modules", 0) == 0 || l.rfind("drop walk", 0) == 0; });
+  };
+  for (std::uint64_t seed = 1; seed < 400 && found.models.empty(); ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:dec2025");
+    if (!run_case(s, *backend_, false).verdict.finding()) continue;
+    builtin = shrink(s, *backend_, opt);
+    if (bisected(builtin)) found = s;
+  }
+  ASSERT_FALSE(found.models.empty());
+
+  Scenario s = found;
+  const auto overrides = s.policy.overrides;
+  s.policy = parse_policy(served, "--policy");
+  for (const auto& [k, v] : overrides) apply_policy_override(s.policy, k, v, "policy");
+  const ExternalCounts before = external_counts(s.policy.external_name);
+  const ShrinkResult external = shrink(s, *backend_, opt);
+  const ExternalCounts after = external_counts(s.policy.external_name);
+
+  EXPECT_EQ(external.signature, builtin.signature);
+  EXPECT_EQ(external.executions, builtin.executions);
+  EXPECT_EQ(external.accepted, builtin.accepted);
+  EXPECT_EQ(external.log, builtin.log);
+  EXPECT_EQ(case_size(external.minimal), case_size(builtin.minimal));
+  Scenario same = external.minimal;
+  same.policy = builtin.minimal.policy;  // the policy's name is all that differs
+  EXPECT_EQ(scenario_fingerprint(same), scenario_fingerprint(builtin.minimal));
+  // Sent ahead: at least a quarter of the candidates run were claimed from requests sent ahead;
+  // what an acceptance left unclaimed was abandoned, never run.
+  const std::uint64_t claimed = after.claimed_ahead - before.claimed_ahead;
+  EXPECT_GE(claimed * 4, external.executions) << claimed << " of " << external.executions;
+  EXPECT_GE(after.requests - before.requests, external.executions + (after.abandoned - before.abandoned));
+}
+
 TEST(PredictorProtocol, AStagingSliceMustLieInsideTheVbar) {
   Catalog catalog;
   // The first generated dynamic case with a dynamic load.

@@ -400,7 +400,8 @@ struct Predictor {
   std::uint64_t next_id = 1;
   SpecRefs refs;  // the specs this process holds (hello.spec_refs); none after a restart
   // For the closing line: how much of the pipelining worked, and how long vramfuzz waited.
-  std::uint64_t requests = 0, claimed_ahead = 0;
+  // `abandoned`: sent ahead and then not needed (a shrink candidate after an accepted one).
+  std::uint64_t requests = 0, claimed_ahead = 0, abandoned = 0;
   Clock::duration waited{};
 };
 
@@ -561,6 +562,7 @@ Process* process_in_run(const std::string& name, std::uint64_t run) {
 void SentAhead::abandon() {
   if (id_ == 0) return;
   if (Process* p = process_in_run(name_, run_)) p->abandon(id_);
+  if (const auto it = registry().by_name.find(name_); it != registry().by_name.end()) ++it->second->abandoned;
   id_ = 0;
 }
 
@@ -652,15 +654,24 @@ Plan predict_external(const Scenario& s, SentAhead* ahead) {
   }
 }
 
+ExternalCounts external_counts(const std::string& name) {
+  Registry& reg = registry();
+  const auto it = reg.by_name.find(name);
+  if (it == reg.by_name.end()) return {};
+  return {it->second->requests, it->second->claimed_ahead, it->second->abandoned};
+}
+
 void stop_external_predictors() {
   Registry& reg = registry();
   for (auto& [cmd, p] : reg.by_command) {
     if (p->requests == 0) continue;
     // Whether the predictor kept up: waiting that is a large part of a run's time is the
     // predictor's own cost (docs/predictor-protocol.md, "Cost").
-    spdlog::info("external predictor \"{}\": {} requests, {} of them sent ahead of their claim; {:.2f} s waiting for replies",
-                 p->hello.name, p->requests, p->claimed_ahead, std::chrono::duration<double>(p->waited).count());
-    p->requests = p->claimed_ahead = 0;
+    spdlog::info("external predictor \"{}\": {} requests, {} of them sent ahead of their claim{}; {:.2f} s waiting for replies",
+                 p->hello.name, p->requests, p->claimed_ahead,
+                 p->abandoned == 0 ? std::string() : fmt::format(" and {} sent ahead but not needed", p->abandoned),
+                 std::chrono::duration<double>(p->waited).count());
+    p->requests = p->claimed_ahead = p->abandoned = 0;
     p->waited = {};
   }
   reg.stop_all();

@@ -110,6 +110,16 @@ SentAhead send_external_ahead(const Scenario& s);
 // went to still runs; otherwise the request is sent now.
 Plan predict_external(const Scenario& s, SentAhead* ahead = nullptr);
 
+// What a predictor started from the flags has been sent since it started (or since the last
+// stop_external_predictors): requests, those claimed after being sent ahead, and those sent ahead
+// and abandoned. Zeros for a name no predictor said hello under.
+struct ExternalCounts {
+  std::uint64_t requests = 0;
+  std::uint64_t claimed_ahead = 0;
+  std::uint64_t abandoned = 0;
+};
+ExternalCounts external_counts(const std::string& name);
+
 // Closes every predictor's stdin and waits briefly for each to exit (then kills it). Called at
 // exit; safe to call more than once.
 void stop_external_predictors();
