@@ -155,37 +155,63 @@ Scenario without_modules(const Scenario& s, std::size_t m, std::size_t from, std
 }
 
 // Delta debugging over each model's modules: drop halves, quarters ... single modules, keeping
-// every removal after which both predictors still differ in the same fields.
+// every removal after which both predictors still differ in the same fields. Most removals are
+// not kept, so an external side is sent the removals that follow a rejected one while it runs
+// (kCasesSentAhead of them); a kept removal abandons them. The removals tried are the same.
 void shrink_group(DiffGroup& g, const DiffConfig& cfg, const Policy& b, Backend& backend) {
   Scenario best = g.original;
   const bool need_verdicts = g.key.find("verdict:") != std::string::npos;
+  const bool external = best.policy.predictor == PredictorKind::external || b.predictor == PredictorKind::external;
+  struct Try {
+    std::size_t from;
+    Scenario a, b;
+    SentAhead sent_a, sent_b;
+  };
   std::uint64_t execs = 0;
   bool progress = true;
   while (progress && execs < cfg.shrink_execs && !(cfg.should_stop && cfg.should_stop())) {
     progress = false;
     for (std::size_t m = 0; m < best.models.size() && execs < cfg.shrink_execs; ++m) {
       for (std::size_t chunk = best.models[m].spec->modules.size() / 2; chunk >= 1 && execs < cfg.shrink_execs; chunk /= 2) {
-        for (std::size_t from = 0; from + chunk <= best.models[m].spec->modules.size() && best.models[m].spec->modules.size() > chunk &&
-                                   execs < cfg.shrink_execs;) {
-          Scenario c = without_modules(best, m, from, chunk);
-          try {
-            validate_scenario(c);
-          } catch (const InputError&) {
-            from += chunk;
-            continue;
+        std::deque<Try> tries;  // the removals that follow if each one before is rejected
+        std::size_t next = 0;   // the first position not in `tries`
+        const auto room = [&](std::size_t from) {
+          return from + chunk <= best.models[m].spec->modules.size() && best.models[m].spec->modules.size() > chunk;
+        };
+        while (execs < cfg.shrink_execs) {
+          // A removal the checks refuse is skipped, as it would be at its turn.
+          while (tries.size() < (external ? kCasesSentAhead + 1 : 1) && room(next)) {
+            Scenario c = without_modules(best, m, next, chunk);
+            const std::size_t from = next;
+            next += chunk;
+            try {
+              validate_scenario(c);
+            } catch (const InputError&) {
+              continue;
+            }
+            Scenario cb = under_policy(c, b, cfg.against_overrides);
+            tries.push_back(Try{from, std::move(c), std::move(cb), {}, {}});
           }
+          if (tries.empty()) break;
+          for (std::size_t k = 1; k < tries.size() && external; ++k) {
+            Try& t = tries[k];
+            if (!t.sent_a.sent()) t.sent_a = send_external_ahead(t.a);
+            if (!t.sent_b.sent()) t.sent_b = send_external_ahead(t.b);
+          }
+          Try t = std::move(tries.front());
+          tries.pop_front();
           ++execs;
-          const Outcome o = compare_case(c, under_policy(c, b, cfg.against_overrides), cfg, backend, need_verdicts);
+          const Outcome o = compare_case(t.a, t.b, cfg, backend, need_verdicts, &t.sent_a, &t.sent_b);
           if (o.fatal) {
             g.shrink_execs = execs;
             g.minimal = best;
             return;
           }
           if (o.key == g.key) {
-            best = std::move(c);
+            best = std::move(t.a);
             progress = true;
-          } else {
-            from += chunk;
+            tries.clear();  // removals from the case before: abandoned
+            next = t.from;
           }
         }
         if (chunk == 1) break;

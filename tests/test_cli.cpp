@@ -223,6 +223,38 @@ TEST_F(Cli, DiffOfAPredictorAgainstItselfOverTheProtocolFindsNothing) {
   }
 }
 
+// diff's shrink through the protocol: the removals that follow a rejected one are sent ahead to
+// the external side, and the groups, their shrinks and their minimal cases are those of the same
+// diff with both sides built in.
+TEST_F(Cli, DiffShrinksThroughTheProtocolAsItDoesBuiltInWithItsRemovalsSentAhead) {
+  const Proc builtin = run({"diff", "--against", "comfy:dec2025", "--against-set", "reserve=600MiB", "--cases", "60", "--out", "db"}, 120);
+  ASSERT_EQ(builtin.exit_code, 1) << describe(builtin);
+  const Proc served = run({"diff", "--against", fmt::format("exec:{} predict-serve --policy comfy:dec2025", VF_CLI), "--against-set",
+                           "reserve=600MiB", "--cases", "60", "--out", "ds"},
+                          120);
+  ASSERT_EQ(served.exit_code, 1) << describe(served);
+  const nlohmann::json jb = nlohmann::json::parse(read_file(dir_ / "db" / "diff.json"));
+  const nlohmann::json js = nlohmann::json::parse(read_file(dir_ / "ds" / "diff.json"));
+  EXPECT_EQ(js["counts"], jb["counts"]);
+  ASSERT_EQ(js["groups"].size(), jb["groups"].size());
+  std::uint64_t shrink_execs = 0;
+  for (std::size_t i = 0; i < jb["groups"].size(); ++i) {
+    EXPECT_EQ(js["groups"][i]["key"], jb["groups"][i]["key"]);
+    EXPECT_EQ(js["groups"][i]["shrink_execs"], jb["groups"][i]["shrink_execs"]);
+    EXPECT_EQ(js["groups"][i]["modules"], jb["groups"][i]["modules"]);  // before and after the shrink
+    EXPECT_EQ(js["groups"][i]["fields"], jb["groups"][i]["fields"]);
+    shrink_execs += jb["groups"][i]["shrink_execs"].get<std::uint64_t>();
+  }
+  ASSERT_GT(shrink_execs, 10u);
+  // 60 cases and the shrinks' removals, each asked once of the external side; more of them
+  // claimed from requests sent ahead than the 60 cases alone.
+  const std::regex line(R"(: (\d+) requests, (\d+) of them sent ahead of their claim)");
+  std::smatch m;
+  const std::string out = served.out + served.err;
+  ASSERT_TRUE(std::regex_search(out, m, line)) << describe(served);
+  EXPECT_GT(std::stoull(m[2].str()), 60u + shrink_execs / 4) << m[0].str();
+}
+
 // A patch to a constant (what a ComfyUI developer reviewing a reserve change runs): every
 // difference names the reserve, and each group's minimal case plans under both as described.
 TEST_F(Cli, DiffOfAReserveChangeGroupsShrinksAndWritesReplayableCases) {
