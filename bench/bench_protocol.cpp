@@ -77,7 +77,7 @@ void BM_Campaign(benchmark::State& state) {
 
 BENCHMARK(BM_Campaign)
     ->ArgsProduct({{0, 1, 2}, {0, 1}, {200}})
-    ->ArgsProduct({{0, 1, 2}, {0}, {1000}})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}, {1000}})
     ->ArgNames({"predictor", "shrink", "cases"})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
