@@ -62,7 +62,7 @@ class FreeIndex {
     const std::uint32_t b = bin_of(size);
     std::vector<Entry>& bin = lane.bins[b];
     bin.insert(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before), Entry{size, addr, block});
-    lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
+    mark(lane, b);
     lane.bytes += size;
     ++lane.count;
     total_bytes_ += size;
@@ -75,7 +75,7 @@ class FreeIndex {
     const std::uint32_t b = bin_of(size);
     std::vector<Entry>& bin = lane.bins[b];
     bin.erase(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before));
-    if (bin.empty()) lane.nonempty[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    if (bin.empty()) unmark(lane, b);
     lane.bytes -= size;
     --lane.count;
     total_bytes_ -= size;
@@ -96,10 +96,10 @@ class FreeIndex {
       const auto at = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before);
       const Entry e{size, addr, at->block};
       old_bin.erase(at);
-      if (old_bin.empty()) lane.nonempty[ob / 64] &= ~(std::uint64_t{1} << (ob % 64));
+      if (old_bin.empty()) unmark(lane, ob);
       std::vector<Entry>& bin = lane.bins[b];
       bin.insert(std::lower_bound(bin.begin(), bin.end(), e, before), e);
-      lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
+      mark(lane, b);
       return;
     }
     std::vector<Entry>& bin = lane.bins[b];
@@ -120,6 +120,7 @@ class FreeIndex {
     const std::uint32_t l = find_lane(stream);
     if (l == kNoLane) return {};
     const Lane& lane = lanes_[l];
+    if (lane.count == 0) return {};
     const std::uint32_t b = bin_of(size);
     const std::vector<Entry>& bin = lane.bins[b];
     const auto it = std::lower_bound(bin.begin(), bin.end(), Entry{size, 0, 0}, before);
@@ -198,6 +199,7 @@ class FreeIndex {
   // Sizes below 16 B share bin 0 (the caching allocator never has blocks below 512 B).
   static constexpr std::uint32_t kBins = 61 * 8;
   static constexpr std::uint32_t kWords = (kBins + 63) / 64;
+  static_assert(kWords <= 32, "Lane::words has a bit per word");
   static constexpr std::uint32_t kNoLane = 0xffffffffu;
 
   static std::uint32_t bin_of(Bytes size) {
@@ -212,9 +214,19 @@ class FreeIndex {
     StreamId stream = 0;
     std::vector<std::vector<Entry>> bins = std::vector<std::vector<Entry>>(kBins);
     std::array<std::uint64_t, kWords> nonempty{};
+    std::uint32_t words = 0;  // bit w: nonempty[w] != 0 (a search past a bin jumps to the next word)
     Bytes bytes = 0;
     std::size_t count = 0;
   };
+
+  static void mark(Lane& lane, std::uint32_t b) {
+    lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
+    lane.words |= std::uint32_t{1} << (b / 64);
+  }
+  static void unmark(Lane& lane, std::uint32_t b) {
+    lane.nonempty[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    if (lane.nonempty[b / 64] == 0) lane.words &= ~(std::uint32_t{1} << (b / 64));
+  }
 
   template <class F>
   static void for_each_in(const Lane& lane, F& f) {
@@ -254,15 +266,20 @@ class FreeIndex {
     return lanes_.back();
   }
 
-  // First entry in bins >= `from` of lane `l`.
+  // First entry in bins >= `from` of lane `l`: the rest of `from`'s word, then the first
+  // non-empty word after it.
   Cursor first_from(std::uint32_t l, std::uint32_t from) const {
+    if (from >= kBins) return {};
     const Lane& lane = lanes_[l];
-    for (std::uint32_t w = from / 64; w < kWords && from < kBins; ++w) {
-      std::uint64_t bits = lane.nonempty[w];
-      if (w == from / 64) bits &= ~std::uint64_t{0} << (from % 64);
-      if (bits != 0) return Cursor{l, w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits)), 0, true};
+    std::uint32_t w = from / 64;
+    std::uint64_t bits = lane.nonempty[w] & (~std::uint64_t{0} << (from % 64));
+    if (bits == 0) {
+      const std::uint32_t later = w + 1 < 32 ? lane.words & (~std::uint32_t{0} << (w + 1)) : 0;
+      if (later == 0) return {};
+      w = static_cast<std::uint32_t>(std::countr_zero(later));
+      bits = lane.nonempty[w];
     }
-    return {};
+    return Cursor{l, w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits)), 0, true};
   }
 
   // Last entry in bins <= `upto` of lane `l`.
