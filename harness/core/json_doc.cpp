@@ -9,6 +9,9 @@
 #include <string>
 #include <system_error>
 
+#include <fmt/format.h>
+
+#include "harness/core/error.h"
 #include "harness/core/json_escape.h"
 #include "harness/core/json_in.h"
 
@@ -40,8 +43,9 @@ class JsonDoc::Parser {
 
   bool document() {
     d_.text_.assign(begin_, end_);
-    // Values are at least a byte or two of text each; a guess that saves most regrowths.
-    d_.nodes_.reserve(static_cast<std::size_t>(end_ - begin_) / 8 + 1);
+    // A scenario's modules take about a node per 11 bytes of text: a guess that saves most
+    // regrowths without reserving far more than a document of long strings needs.
+    d_.nodes_.reserve(static_cast<std::size_t>(end_ - begin_) / 12 + 1);
     d_.ups_.reserve(d_.nodes_.capacity());
     skip_space();
     if (!value(kNoParent, 0, 0)) return false;
@@ -151,26 +155,27 @@ class JsonDoc::Parser {
     }
   }
   bool close_object(Index self, std::size_t mark) {
-    const auto first = pairs_.begin() + static_cast<std::ptrdiff_t>(mark);
+    // By index: an object with no members may sit at the start of an empty vector (no data).
+    const std::size_t count = pairs_.size() - mark;
+    Member* first = pairs_.data() + mark;
     const char* text = d_.text_.data();
     const auto key_of = [text](const Member& m) { return std::string_view(text + m.key_offset, m.key_size); };
     const auto less = [&](const Member& a, const Member& b) { return key_of(a) < key_of(b); };
-    if (pairs_.end() - first <= 16) {
-      for (auto i = first + (first != pairs_.end() ? 1 : 0); i < pairs_.end(); ++i) {  // insertion sort: most objects have a few keys
-        for (auto k = i; k != first && less(*k, *(k - 1)); --k) std::iter_swap(k, k - 1);
+    if (count <= 16) {
+      for (std::size_t i = 1; i < count; ++i) {  // insertion sort: most objects have a few keys
+        for (std::size_t k = i; k > 0 && less(first[k], first[k - 1]); --k) std::swap(first[k], first[k - 1]);
       }
     } else {
-      std::sort(first, pairs_.end(), less);
+      std::sort(first, first + count, less);
     }
-    for (auto i = first; i + 1 < pairs_.end(); ++i) {
-      if (key_of(*i) == key_of(*(i + 1))) return false;  // a key given twice: nlohmann's path words it
+    for (std::size_t i = 1; i < count; ++i) {
+      if (key_of(first[i - 1]) == key_of(first[i])) return false;  // a key given twice: nlohmann's path words it
     }
-    const std::size_t count = static_cast<std::size_t>(pairs_.end() - first);
     if (count > std::numeric_limits<std::uint32_t>::max()) return false;
     d_.nodes_[self].bits = d_.members_.size();
     d_.nodes_[self].size = static_cast<std::uint32_t>(count);
-    for (std::size_t i = 0; i < count; ++i) d_.ups_[first[static_cast<std::ptrdiff_t>(i)].value].slot = static_cast<std::uint32_t>(i);
-    d_.members_.insert(d_.members_.end(), first, pairs_.end());
+    for (std::size_t i = 0; i < count; ++i) d_.ups_[first[i].value].slot = static_cast<std::uint32_t>(i);
+    d_.members_.insert(d_.members_.end(), pairs_.begin() + static_cast<std::ptrdiff_t>(mark), pairs_.end());
     pairs_.resize(mark);
     return true;
   }
@@ -372,6 +377,10 @@ class JsonDoc::Converter {
 
  private:
   std::uint64_t append(std::string_view s) {
+    // A size is 32 bits: a longer string (a file of over 4 GiB) is refused, never cut.
+    if (s.size() > std::numeric_limits<std::uint32_t>::max()) {
+      throw InputError("", fmt::format("a JSON string of {} bytes (more than 4 GiB) is not read", s.size()));
+    }
     const std::uint64_t at = d_.text_.size();
     d_.text_.insert(d_.text_.end(), s.begin(), s.end());
     return at;
