@@ -136,29 +136,22 @@ const Check& repro_schema() {
   return c;
 }
 
-std::string kind_part(const nlohmann::json& doc) {
-  const std::string& sig = doc["signature"].get_ref<const std::string&>();
-  return sig.substr(0, sig.find(':'));
-}
-
-// What the schema cannot say alone: the verdict is the signature's, the counts add up.
-void check_consistency(const nlohmann::json& doc, const std::string& root, bool result) {
-  const JsonIn j(doc, root);
-  if (doc.contains("verdict")) {
-    const std::string kind = doc["verdict"]["kind"].get<std::string>();
-    const std::string sig_kind = kind_part(doc);
-    const bool ok = result ? (kind == "pass" ? doc["signature"].get_ref<const std::string&>().empty() : sig_kind == "error")
-                           : kind == sig_kind;
+// What the schema cannot say alone: the verdict is the signature's, the counts add up. The
+// document has passed its schema: the fields read here have their types.
+void check_consistency(const JsonIn& j, bool result) {
+  if (j.has("verdict")) {
+    const std::string kind = j.at("verdict").at("kind").str();
+    const std::string_view sig = j.at("signature").str_view();
+    const std::string_view sig_kind = sig.substr(0, sig.find(':'));
+    const bool ok = result ? (kind == "pass" ? sig.empty() : sig_kind == "error") : kind == sig_kind;
     if (!ok) {
-      j.at("verdict").at("kind").fail(fmt::format("\"{}\" does not match the signature {}", kind, json_excerpt(doc["signature"])));
+      j.at("verdict").at("kind").fail(fmt::format("\"{}\" does not match the signature {}", kind, j.at("signature").excerpt()));
     }
   }
-  if (doc.contains("reliability")) {
-    const nlohmann::json& r = doc["reliability"];
-    const std::uint64_t runs = r["runs"].get<std::uint64_t>(), reproduced = r["reproduced"].get<std::uint64_t>();
-    if (reproduced > runs) {
-      j.at("reliability").at("reproduced").fail(fmt::format("{} is more than the {} run(s)", reproduced, runs));
-    }
+  if (j.has("reliability")) {
+    const JsonIn r = j.at("reliability");
+    const std::uint64_t runs = r.at("runs").u64(), reproduced = r.at("reproduced").u64();
+    if (reproduced > runs) r.at("reproduced").fail(fmt::format("{} is more than the {} run(s)", reproduced, runs));
   }
 }
 
@@ -177,11 +170,15 @@ bool is_signature(std::string_view text, bool allow_error) {
 }
 
 CaseDocKind check_case_document(const nlohmann::json& doc, const std::string& root) {
-  if (!doc.is_object() || !doc.contains("schema")) return CaseDocKind::scenario;
-  const JsonIn schema = JsonIn(doc, root).at("schema");
-  if (!doc["schema"].is_string()) return CaseDocKind::scenario;  // the scenario reader names the type error
-  const std::string& name = doc["schema"].get_ref<const std::string&>();
-  if (name.rfind("vramfuzz.scenario/", 0) == 0) return CaseDocKind::scenario;  // the scenario reader checks the version
+  return check_case_document(JsonIn(doc, root));
+}
+
+CaseDocKind check_case_document(const JsonIn& j) {
+  if (!j.is_object() || !j.has("schema")) return CaseDocKind::scenario;
+  const JsonIn schema = j.at("schema");
+  if (!schema.is_string()) return CaseDocKind::scenario;  // the scenario reader names the type error
+  const std::string_view name = schema.str_view();
+  if (name.starts_with("vramfuzz.scenario/")) return CaseDocKind::scenario;  // the scenario reader checks the version
   CaseDocKind kind;
   if (name == kFindingSchema) {
     kind = CaseDocKind::finding;
@@ -191,16 +188,15 @@ CaseDocKind check_case_document(const nlohmann::json& doc, const std::string& ro
     kind = CaseDocKind::repro;
   } else {
     schema.fail(fmt::format("unsupported schema {} here (this build reads vramfuzz.scenario/1, {}, {} and vramfuzz.repro/1{})",
-                            json_excerpt(doc["schema"]), kFindingSchema, kResultSchema,
-                            name.rfind("vramfuzz.summary/", 0) == 0 ? "; a summary is read by `report` and `merge`" : ""));
+                            schema.excerpt(), kFindingSchema, kResultSchema,
+                            name.starts_with("vramfuzz.summary/") ? "; a summary is read by `report` and `merge`" : ""));
   }
-  const JsonIn j(doc, root);
   if (kind == CaseDocKind::repro) {
     repro_schema()(j);
   } else {
     finding_schema(kind == CaseDocKind::result)(j);
   }
-  check_consistency(doc, root, kind == CaseDocKind::result);
+  check_consistency(j, kind == CaseDocKind::result);
   return kind;
 }
 

@@ -13,6 +13,8 @@
 
 namespace vf {
 
+class JsonIn;  // harness/core/json_in.h
+
 enum class CaseDocKind { scenario, finding, result, repro };
 
 inline constexpr std::string_view kFindingSchema = "vramfuzz.finding/1";
@@ -23,6 +25,8 @@ inline constexpr std::string_view kResultSchema = "vramfuzz.result/1";
 // unknown version of a known schema included). Field paths start with `root` ("" for the
 // document itself: "verdict.kind").
 CaseDocKind check_case_document(const nlohmann::json& doc, const std::string& root = "");
+// The same over a parsed document (parse_json_doc); its path is the root.
+CaseDocKind check_case_document(const JsonIn& doc);
 
 // `KIND:PHASE:ACTIVITY:ALLOCATOR` with KIND violation or oom (a finding's), or, with
 // `allow_error`, `error:BACKEND:ALLOCATOR` (a result whose case could not run): each part a

@@ -1174,11 +1174,8 @@ Scenario parse_case_json(std::string_view text, Catalog& catalog, std::string_vi
   const std::string path(origin);
   const std::string base_dir = std::filesystem::path(path).parent_path().string();
   const JsonIn j(parse_json_doc(text, origin), "");
-  // A finding, result or repro is checked whole (case_file.h); its scenario is read below. Only
-  // a document that names another schema is one (check_case_document reads nlohmann's form).
-  if (j.is_object() && j.has("schema") && j.at("schema").is_string() && !j.at("schema").str_view().starts_with("vramfuzz.scenario/")) {
-    if (check_case_document(j.to_json()) != CaseDocKind::scenario) return read_scenario(j.at("scenario"), catalog, base_dir);
-  }
+  // A finding, result or repro is checked whole (case_file.h); its scenario is read below.
+  if (check_case_document(j) != CaseDocKind::scenario) return read_scenario(j.at("scenario"), catalog, base_dir);
   return read_scenario(j, catalog, base_dir);
 }
 
