@@ -657,6 +657,18 @@ class ModuleNames {
   std::size_t count_ = 0;
 };
 
+// A name a report, a log line or a terminal shows (a model id, a module or tensor name): no control
+// bytes. A name with \u0000 or an escape sequence in it is a damaged or hostile file, and would cut
+// or garble every line that quotes it.
+std::string printable_name(const JsonIn& v) {
+  std::string name = v.str();
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f) v.fail(fmt::format("must not contain control characters (byte 0x{:02x} at offset {} of the name)", c, i));
+  }
+  return name;
+}
+
 std::vector<Module> parse_modules(const JsonIn& j) {
   std::vector<Module> modules;
   const std::size_t n = j.size();
@@ -706,7 +718,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
     const JsonIn mj = j.at(i);
     mj.expect_object({"name", "repeat", "tensors", "cast_hook"});
     Module tmpl;
-    tmpl.name = mj.at("name").str();
+    tmpl.name = printable_name(mj.at("name"));
     // "repeat": N stands for N copies of the module named NAME.0 ... NAME.(N-1) (the compact form
     // of a rounding-sum repro: "212 x [2 MiB + 512 B fp16]").
     std::optional<std::uint64_t> repeat;
@@ -734,7 +746,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
       const JsonIn x = tj.at(t);
       x.expect_object({"name", "shape", "dtype", "role"});
       Tensor tensor;
-      tensor.name = x.at("name").str();
+      tensor.name = printable_name(x.at("name"));
       if (tensor.name.empty()) x.at("name").fail("must not be empty (a tensor is named within its module: \"weight\", \"bias\")");
       const JsonIn sj = x.at("shape");
       if (sj.size() > kMaxTensorRank) sj.fail(fmt::format("rank {} is more than {} dimensions", sj.size(), kMaxTensorRank));
@@ -990,7 +1002,7 @@ ModelRef parse_model(const JsonIn& j, Catalog& catalog, const std::string& base_
     j.at("source").fail(fmt::format("unknown source \"{}\" (use \"catalog:NAME\", \"file:PATH\" or give \"modules\" inline)", ref.source));
   }
   if (auto v = j.opt("id")) {
-    ref.id = v->str();
+    ref.id = printable_name(*v);
     if (ref.id.empty()) v->fail("must not be empty");
   }
   return ref;

@@ -382,6 +382,33 @@ TEST(JsonDoc, ParseJsonDocAcceptsAndRefusesWhatParseJsonTextDoesWithTheSameMessa
   }
 }
 
+// nlohmann's parser takes a NUL byte for the end of the input, so `{...}\0garbage` was read as
+// `{...}`. JSON text has no NUL byte: it is the error, at its offset, whatever follows it.
+TEST(JsonDoc, ANulByteIsAnErrorAtItsOffsetNotTheEndOfTheText) {
+  const std::string text = std::string("{\"a\": 1}") + '\0' + "garbage";
+  const std::string want = "doc.json: invalid JSON at byte 9: a NUL byte (JSON text has none; a string writes it \\u0000)";
+  EXPECT_EQ(error_of(text), want);
+  try {
+    (void)parse_json_doc(text, "doc.json");
+    ADD_FAILURE() << "read";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+  EXPECT_EQ(error_of(std::string("[1]") + '\0'), "doc.json: invalid JSON at byte 4: a NUL byte (JSON text has none; a string writes it \\u0000)");
+  // An error before the NUL is the error.
+  EXPECT_EQ(error_of(std::string("[1,]") + '\0'), error_of("[1,]"));
+  // \u0000 inside a string is JSON's own way to write one.
+  EXPECT_EQ(error_of(R"({"a": "x\u0000y"})"), "");
+}
+
+// A number too large for a double is named where it stands as a number, not where its digits
+// first appear (inside a string before it).
+TEST(JsonDoc, ANumberOverflowIsNamedAtTheNumberNotAtAStringWithItsDigits) {
+  EXPECT_EQ(error_of(R"({"name": "1e400", "seed": 1e400})"), "doc.json: invalid JSON at byte 27: number overflow parsing '1e400'");
+  // Strings skipped with their escaped quotes.
+  EXPECT_EQ(error_of(R"({"s": "1e400", "t": "x \" 1e400", "u": 1e400})"), "doc.json: invalid JSON at byte 40: number overflow parsing '1e400'");
+}
+
 TEST(JsonDoc, JsonInOverAParsedDocumentNamesPathsAndFieldsAsBefore) {
   const std::string text =
       R"({"models": [{"id": "a", "modules": [{"name": "m", "tensors": [{"shape": [4, -4], "dtype": "fp16"}]}]}], "zz": 1, "aa": 2})";

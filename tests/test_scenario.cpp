@@ -1200,6 +1200,24 @@ TEST(ScenarioRepeat, IdenticalNumberedModulesAreWrittenAsARunAndOthersAreNot) {
   EXPECT_EQ(scenario_to_json(load(json::parse(scenario_to_json(s)))), scenario_to_json(s));
 }
 
+// Names are shown in reports, logs and terminals: a control byte in one (a NUL cut `plan`'s output
+// short) is refused, naming the field and the byte.
+TEST(ScenarioNames, ControlCharactersInANameAreRefused) {
+  json doc = base_inline();
+  doc["models"][0]["modules"][1]["name"] = std::string("blocks.0\x00x", 10);
+  expect_error(doc, "models[0].modules[1].name", {"must not contain control characters (byte 0x00 at offset 8 of the name)"});
+  doc = base_inline();
+  doc["models"][0]["modules"][0]["tensors"][0]["name"] = "we\x1b[2Jight";
+  expect_error(doc, "models[0].modules[0].tensors[0].name", {"byte 0x1b at offset 2"});
+  doc = base_inline();
+  doc["models"][0]["id"] = "te\x7f";
+  expect_error(doc, "models[0].id", {"byte 0x7f at offset 2"});
+  // UTF-8 is not a control byte.
+  doc = base_inline();
+  doc["models"][0]["modules"][1]["name"] = "blöcks.0";
+  EXPECT_NO_THROW((void)load(doc));
+}
+
 TEST(ScenarioRepeat, BadRepeatsNameTheField) {
   json doc = base_inline();
   doc["models"][0]["modules"].push_back(json::parse(R"({"name": "pad", "repeat": 0, "tensors": [{"name": "weight", "shape": [4], "dtype": "fp16"}]})"));

@@ -433,8 +433,40 @@ nlohmann::json parse_json_unique(std::string_view text) {
   nlohmann::json root;
   UniqueDomBuilder builder(root, text);
   nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
+  // nlohmann stops at a NUL byte as at the end: what it read is valid, and the NUL is the error.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) throw JsonNulByte(nul + 1);
   return root;
 }
+
+namespace {
+
+// The 0-based offset of the number `literal` in `text`, outside strings and not inside a longer
+// token (npos if none): where nlohmann's number overflow is. `{"name": "1e400", "seed": 1e400}`
+// names the second, not the name.
+std::size_t number_offset(std::string_view text, std::string_view literal) {
+  const auto part_of_number = [](char c) { return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'; };
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (text.compare(i, literal.size(), literal) == 0 && (i == 0 || !part_of_number(text[i - 1])) &&
+        (i + literal.size() == text.size() || !part_of_number(text[i + literal.size()]))) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
 
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
   try {
@@ -443,6 +475,8 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
     throw InputError(e.path(), fmt::format("key given twice in one object (in {}; keep one)", origin));
   } catch (const JsonTooDeep& e) {
     throw InputError(std::string(origin), e.what());
+  } catch (const JsonNulByte& e) {
+    throw InputError(std::string(origin), fmt::format("invalid JSON at byte {}: a NUL byte (JSON text has none; a string writes it \\u0000)", e.byte()));
   } catch (const nlohmann::json::parse_error& e) {
 
     // e.byte is 1-based position of the failure; e.what() carries nlohmann's diagnosis.
@@ -458,7 +492,7 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
     if (pos != std::string::npos) what = what.substr(pos + 2);
     const auto q1 = what.find('\'');
     const auto q2 = q1 == std::string::npos ? q1 : what.find('\'', q1 + 1);
-    const auto at = q2 == std::string::npos ? std::string_view::npos : text.find(what.substr(q1 + 1, q2 - q1 - 1));
+    const auto at = q2 == std::string::npos ? std::string_view::npos : number_offset(text, std::string_view(what).substr(q1 + 1, q2 - q1 - 1));
     if (at == std::string_view::npos) throw InputError(std::string(origin), fmt::format("invalid JSON: {}", what));
     throw InputError(std::string(origin), fmt::format("invalid JSON at byte {}: {}", at + 1, what));
   }

@@ -116,6 +116,20 @@ class JsonDuplicateKey : public std::runtime_error {
 // copies, error messages) short, whatever the input.
 inline constexpr int kMaxJsonDepth = 64;
 
+// A NUL byte in JSON text, at 1-based offset `byte`. JSON has none (a string writes it \u0000);
+// nlohmann's parser takes one for the end of the input, which would let anything after it through
+// unread (`{...}\0garbage` read as `{...}`).
+class JsonNulByte : public std::runtime_error {
+ public:
+  explicit JsonNulByte(std::size_t byte)
+      : std::runtime_error("a NUL byte at byte " + std::to_string(byte) + " (JSON text has none; a string writes it \\u0000)"),
+        byte_(byte) {}
+  std::size_t byte() const { return byte_; }
+
+ private:
+  std::size_t byte_;
+};
+
 // An array or object opened deeper than kMaxJsonDepth. `byte` is the 1-based offset of the bracket
 // that went too deep (the text before it is valid JSON so far); `path` names where it is.
 class JsonTooDeep : public std::runtime_error {
@@ -136,8 +150,8 @@ class JsonTooDeep : public std::runtime_error {
 // elements"). Messages never carry a whole value: a hostile one could be megabytes.
 std::string json_excerpt(const nlohmann::json& value);
 
-// Parses JSON text, refusing a duplicate key (JsonDuplicateKey) and nesting deeper than
-// kMaxJsonDepth (JsonTooDeep). Syntax errors and numbers too large for a double throw nlohmann's
+// Parses JSON text, refusing a duplicate key (JsonDuplicateKey), nesting deeper than
+// kMaxJsonDepth (JsonTooDeep) and a NUL byte (JsonNulByte). Syntax errors and numbers too large for a double throw nlohmann's
 // own exceptions (parse_error, out_of_range): for readers that word their errors themselves (the
 // JSONL trace); the others use parse_json_text. Time and memory are linear in the text: a key's
 // path is built only when an error names it.

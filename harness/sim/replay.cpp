@@ -375,6 +375,8 @@ TraceEvent parse_trace_line(std::string_view line, std::size_t line_no, std::str
     throw InputError(ctx.at(err.path()), "key given twice on one line (keep one)");
   } catch (const JsonTooDeep& err) {
     throw InputError(ctx.here(), err.what());  // the byte is the line's
+  } catch (const JsonNulByte& err) {
+    throw InputError(ctx.here(), fmt::format("not valid JSON ({})", err.what()));
   } catch (const json::exception& err) {
     // parse_error, and out_of_range for a number too large for a double (1e999).
     throw InputError(ctx.here(), fmt::format("not valid JSON ({})", err.what()));
