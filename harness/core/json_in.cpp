@@ -287,11 +287,10 @@ std::string json_excerpt(const nlohmann::json& v) {
 
 namespace {
 
-// The 1-based offset of the first bracket that opens level kMaxJsonDepth + 1, brackets inside
-// strings not counted (0: none). Asked only once the parser has refused that bracket, so the text
-// before it is valid JSON and the count is exact.
-std::size_t too_deep_offset(std::string_view text) {
-  int depth = 0;
+// Calls `stop(i)` for each byte of `text` outside strings (quotes included in their strings), in
+// order, until it returns true; returns that i, or npos.
+template <class Stop>
+std::size_t find_outside_strings(std::string_view text, Stop&& stop) {
   bool in_string = false, escaped = false;
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -303,13 +302,24 @@ std::size_t too_deep_offset(std::string_view text) {
     }
     if (c == '"') {
       in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return i + 1;
-    } else if (c == ']' || c == '}') {
-      --depth;
+      continue;
     }
+    if (stop(i)) return i;
   }
-  return 0;
+  return std::string_view::npos;
+}
+
+// The 1-based offset of the first bracket that opens level kMaxJsonDepth + 1, brackets inside
+// strings not counted (0: none). Asked only once the parser has refused that bracket, so the text
+// before it is valid JSON and the count is exact.
+std::size_t too_deep_offset(std::string_view text) {
+  int depth = 0;
+  const std::size_t at = find_outside_strings(text, [&](std::size_t i) {
+    if (text[i] == '[' || text[i] == '{') return ++depth > kMaxJsonDepth;
+    if (text[i] == ']' || text[i] == '}') --depth;
+    return false;
+  });
+  return at == std::string_view::npos ? 0 : at + 1;
 }
 
 // Builds the document from the parser's SAX events, as nlohmann's own DOM builder does, and
@@ -445,25 +455,10 @@ namespace {
 // names the second, not the name.
 std::size_t number_offset(std::string_view text, std::string_view literal) {
   const auto part_of_number = [](char c) { return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E'; };
-  bool in_string = false, escaped = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-      continue;
-    }
-    if (text.compare(i, literal.size(), literal) == 0 && (i == 0 || !part_of_number(text[i - 1])) &&
-        (i + literal.size() == text.size() || !part_of_number(text[i + literal.size()]))) {
-      return i;
-    }
-  }
-  return std::string_view::npos;
+  return find_outside_strings(text, [&](std::size_t i) {
+    return text.compare(i, literal.size(), literal) == 0 && (i == 0 || !part_of_number(text[i - 1])) &&
+           (i + literal.size() == text.size() || !part_of_number(text[i + literal.size()]));
+  });
 }
 
 }  // namespace
