@@ -180,7 +180,9 @@ void shrink_group(DiffGroup& g, const DiffConfig& cfg, const Policy& b, Backend&
         };
         while (execs < cfg.shrink_execs) {
           // A removal the checks refuse is skipped, as it would be at its turn.
-          while (tries.size() < (external ? kCasesSentAhead + 1 : 1) && room(next)) {
+          // No more tries built (and sent) than the budget can still run.
+          const std::uint64_t depth = std::min<std::uint64_t>(external ? kCasesSentAhead + 1 : 1, cfg.shrink_execs - execs);
+          while (tries.size() < depth && room(next)) {
             Scenario c = without_modules(best, m, next, chunk);
             const std::size_t from = next;
             next += chunk;
@@ -193,7 +195,8 @@ void shrink_group(DiffGroup& g, const DiffConfig& cfg, const Policy& b, Backend&
             tries.push_back(Try{from, std::move(c), std::move(cb), {}, {}});
           }
           if (tries.empty()) break;
-          for (std::size_t k = 1; k < tries.size() && external; ++k) {
+          // The front one too: sent last, it would wait behind the others' replies.
+          for (std::size_t k = 0; k < tries.size() && external; ++k) {
             Try& t = tries[k];
             if (!t.sent_a.sent()) t.sent_a = send_external_ahead(t.a);
             if (!t.sent_b.sent()) t.sent_b = send_external_ahead(t.b);

@@ -991,18 +991,21 @@ class Shrinker {
   // Sends `c` to the external predictor now, to be claimed by interesting(c): a candidate the
   // shrinker will run next unless the one before it is accepted. Nothing for a built-in predictor,
   // a candidate that would not run (invalid, seen before, past the budget) or one already sent.
-  void send_ahead(const Scenario& c) {
-    if (c.policy.predictor != PredictorKind::external || ahead_.size() >= kCasesSentAhead) return;
-    if (execs_ + ahead_.size() + 1 >= opt_.max_execs) return;
+  // False only when kCasesSentAhead requests are out already: ask again once one is claimed.
+  bool send_ahead(const Scenario& c) {
+    if (c.policy.predictor != PredictorKind::external) return true;
+    if (ahead_.size() >= kCasesSentAhead) return false;
+    if (execs_ + ahead_.size() + 1 >= opt_.max_execs) return true;
     try {
       validate_scenario(c);
     } catch (const InputError&) {
-      return;
+      return true;
     }
     const ScenarioFingerprint key = scenario_fingerprint(c, &memo_);
-    if (cache_.contains(key) || ahead_.contains(key)) return;
+    if (cache_.contains(key) || ahead_.contains(key)) return true;
     SentAhead sent = send_external_ahead(c);
     if (sent.sent()) ahead_.emplace(key, std::move(sent));
+    return true;
   }
 
   // Bisection over `order` (module indices of model m; chunks are ranges of positions in it).
@@ -1019,6 +1022,16 @@ class Shrinker {
       std::vector<std::uint32_t> drop;  // module indices, ascending
       Scenario c;
       std::string what;
+      Bytes removed = 0;     // the chunk's bytes
+      bool lighter = false;  // this is the try with them off the card
+      bool sent = false;     // sent ahead (or found not to be sendable)
+    };
+    // The try with the chunk's bytes off the card, where the card allows it.
+    const auto lighter_of = [](Scenario c, Bytes removed) -> std::optional<Scenario> {
+      if (c.device.total <= removed + MiB) return std::nullopt;
+      c.device.total -= removed;
+      if (c.device.available() == 0) return std::nullopt;
+      return c;
     };
     bool any = false;
     std::size_t n = order.size();
@@ -1045,14 +1058,12 @@ class Shrinker {
         std::string what = walk ? fmt::format("drop walk positions [{}, {}) of {} (of {}; the loader moves them {})", start, start + len,
                                               c.models[m].id, n, start + len == n ? "last" : "in order")
                                 : fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
-        std::optional<Scenario> lighter;
-        if (c.device.total > removed + MiB) {
-          lighter = c;
-          lighter->device.total -= removed;
-          if (lighter->device.available() == 0) lighter.reset();
+        // Sending ahead, the lighter try is built now; else only once this one is rejected.
+        std::optional<Scenario> lighter = depth > 1 ? lighter_of(c, removed) : std::nullopt;
+        tries.push_back(Try{done, start, len, drop, std::move(c), what, removed, false, false});
+        if (lighter) {
+          tries.push_back(Try{done, start, len, std::move(drop), std::move(*lighter), what + " and their bytes from the device", removed, true, false});
         }
-        tries.push_back(Try{done, start, len, drop, std::move(c), what});
-        if (lighter) tries.push_back(Try{done, start, len, std::move(drop), std::move(*lighter), what + " and their bytes from the device"});
       };
       while (within_budget()) {
         while (tries.size() < depth && next < n && n - std::min(chunk, n - next) >= 1) {
@@ -1060,10 +1071,20 @@ class Shrinker {
           next += std::min(chunk, n - next);
         }
         if (tries.empty()) break;
-        for (std::size_t k = 1; k < tries.size(); ++k) send_ahead(tries[k].c);
-        const Try t = std::move(tries.front());
+        // The front one too: sent last, it would wait behind the others' replies.
+        for (Try& t : tries) {
+          if (!t.sent) t.sent = send_ahead(t.c);
+        }
+        Try t = std::move(tries.front());
         tries.pop_front();
-        if (!accept(t.c, t.what)) continue;
+        if (!accept(t.c, t.what)) {
+          if (depth == 1 && !t.lighter) {
+            if (std::optional<Scenario> l = lighter_of(std::move(t.c), t.removed)) {
+              tries.push_front(Try{t.done, t.start, t.len, std::move(t.drop), std::move(*l), t.what + " and their bytes from the device", t.removed, true, false});
+            }
+          }
+          continue;
+        }
         any = true;
         // The remaining positions, renumbered to the modules' new indices; the sweep goes on at
         // the same position, over what is left.

@@ -160,21 +160,40 @@ bool same_json(const nlohmann::json& a, const nlohmann::json& b) {
   return a == b;
 }
 
-// Whether the fast paths took `text`; where they did, their documents must be nlohmann's. Both
-// fast paths (parse_json_fast's nlohmann document, JsonDoc's flat one) take exactly the same texts.
+// The same shape with the same links: each value's container and its place there (what paths are
+// built from), value for value.
+bool same_links(const JsonDoc& a, JsonDoc::Index x, const JsonDoc& b, JsonDoc::Index y) {
+  if (a.type(x) != b.type(y) || a.slot(x) != b.slot(y) || (a.parent(x) == JsonDoc::kNoParent) != (b.parent(y) == JsonDoc::kNoParent)) {
+    return false;
+  }
+  if (a.type(x) == JsonDoc::Type::array || a.type(x) == JsonDoc::Type::object) {
+    if (a.size(x) != b.size(y)) return false;
+    const bool object = a.type(x) == JsonDoc::Type::object;
+    for (std::uint32_t i = 0; i < a.size(x); ++i) {
+      const JsonDoc::Index u = object ? a.value(x, i) : a.element(x, i);
+      const JsonDoc::Index v = object ? b.value(y, i) : b.element(y, i);
+      if (object && a.key(x, i) != b.key(y, i)) return false;
+      if (a.parent(u) != x || b.parent(v) != y || !same_links(a, u, b, v)) return false;
+    }
+  }
+  return true;
+}
+
+// Whether the fast path (JsonDoc's strict parser) took `text`; where it did, its document must be
+// nlohmann's value for value, and its links those of nlohmann's document converted.
 bool fast_agrees(std::string_view text, bool& taken) {
-  const std::optional<nlohmann::json> fast = parse_json_fast(text);
   const std::shared_ptr<const JsonDoc> flat = JsonDoc::parse(text);
-  taken = fast.has_value();
-  if (taken != (flat != nullptr)) return false;
-  if (!fast) return true;
+  taken = flat != nullptr;
+  if (!taken) return true;
   nlohmann::json reference;
   try {
     reference = nlohmann::json::parse(text);
   } catch (const std::exception&) {
     return false;  // it took what nlohmann refuses
   }
-  return same_json(*fast, reference) && same_json(flat->to_json(flat->root()), reference);
+  if (!same_json(flat->to_json(flat->root()), reference)) return false;
+  const std::shared_ptr<const JsonDoc> converted = JsonDoc::from_json(reference);
+  return same_links(*flat, flat->root(), *converted, converted->root());
 }
 
 TEST(JsonIn, TheFastPathTakesTheEdgesOfJsonAsNlohmannDoesOrLeavesThem) {
@@ -397,6 +416,8 @@ TEST(JsonDoc, ANulByteIsAnErrorAtItsOffsetNotTheEndOfTheText) {
   EXPECT_EQ(error_of(std::string("[1]") + '\0'), "doc.json: invalid JSON at byte 4: a NUL byte (JSON text has none; a string writes it \\u0000)");
   // An error before the NUL is the error.
   EXPECT_EQ(error_of(std::string("[1,]") + '\0'), error_of("[1,]"));
+  // A NUL where more was expected is the NUL, not "unexpected end of input".
+  EXPECT_EQ(error_of(std::string("[1") + '\0' + "]"), "doc.json: invalid JSON at byte 3: a NUL byte (JSON text has none; a string writes it \\u0000)");
   // \u0000 inside a string is JSON's own way to write one.
   EXPECT_EQ(error_of(R"({"a": "x\u0000y"})"), "");
 }

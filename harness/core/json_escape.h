@@ -1,5 +1,5 @@
 // JSON's two-character string escapes, for the project's own JSON scanners (json_doc.cpp's parser,
-// path, the safetensors header reader).
+// the safetensors header reader).
 #pragma once
 
 namespace vf {

@@ -160,9 +160,15 @@ std::size_t JsonIn::member_count() const {
   return doc().size(n_);
 }
 
-std::string_view JsonIn::key(std::size_t i) const { return doc().key(n_, i); }
+std::string_view JsonIn::key(std::size_t i) const {
+  if (i >= member_count()) fail(fmt::format("no member {} (the object has {})", i, doc().size(n_)));
+  return doc().key(n_, i);
+}
 
-JsonIn JsonIn::member(std::size_t i) const { return JsonIn(r_, doc().value(n_, i)); }
+JsonIn JsonIn::member(std::size_t i) const {
+  if (i >= member_count()) fail(fmt::format("no member {} (the object has {})", i, doc().size(n_)));
+  return JsonIn(r_, doc().value(n_, i));
+}
 
 void JsonIn::expect_array() const {
   if (!is_array()) fail("expected an array, got " + type_name());
@@ -175,6 +181,7 @@ std::size_t JsonIn::size() const {
 
 JsonIn JsonIn::at(std::size_t i) const {
   expect_array();
+  if (i >= doc().size(n_)) fail(fmt::format("no element {} (the array has {})", i, doc().size(n_)));
   return JsonIn(r_, doc().element(n_, i));
 }
 
@@ -438,8 +445,10 @@ std::optional<nlohmann::json> parse_json_fast(std::string_view text) {
   return doc->to_json(doc->root());
 }
 
-nlohmann::json parse_json_unique(std::string_view text) {
-  if (std::optional<nlohmann::json> fast = parse_json_fast(text)) return std::move(*fast);
+namespace {
+
+// nlohmann's parse, refusing a duplicate key, too deep a nesting and a NUL byte.
+nlohmann::json parse_json_slow(std::string_view text) {
   nlohmann::json root;
   UniqueDomBuilder builder(root, text);
   nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
@@ -447,8 +456,6 @@ nlohmann::json parse_json_unique(std::string_view text) {
   if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) throw JsonNulByte(nul + 1);
   return root;
 }
-
-namespace {
 
 // The 0-based offset of the number `literal` in `text`, outside strings and not inside a longer
 // token (npos if none): where nlohmann's number overflow is. `{"name": "1e400", "seed": 1e400}`
@@ -461,19 +468,25 @@ std::size_t number_offset(std::string_view text, std::string_view literal) {
   });
 }
 
-}  // namespace
 
-nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
+std::string nul_message(std::size_t byte) {
+  return fmt::format("invalid JSON at byte {}: a NUL byte (JSON text has none; a string writes it \\u0000)", byte);
+}
+
+// `parse()`'s document; its errors as InputError naming `origin` and the byte (parse_json_text).
+template <class Parse>
+auto worded(std::string_view text, std::string_view origin, Parse&& parse) {
   try {
-    return parse_json_unique(text);
+    return parse();
   } catch (const JsonDuplicateKey& e) {
     throw InputError(e.path(), fmt::format("key given twice in one object (in {}; keep one)", origin));
   } catch (const JsonTooDeep& e) {
     throw InputError(std::string(origin), e.what());
   } catch (const JsonNulByte& e) {
-    throw InputError(std::string(origin), fmt::format("invalid JSON at byte {}: a NUL byte (JSON text has none; a string writes it \\u0000)", e.byte()));
+    throw InputError(std::string(origin), nul_message(e.byte()));
   } catch (const nlohmann::json::parse_error& e) {
-
+    // A NUL where nlohmann still wanted input (`[1\0]`) is its "unexpected end of input" there.
+    if (e.byte >= 1 && e.byte <= text.size() && text[e.byte - 1] == '\0') throw InputError(std::string(origin), nul_message(e.byte));
     // e.byte is 1-based position of the failure; e.what() carries nlohmann's diagnosis.
     std::string what = e.what();
     const auto pos = what.find("; ");
@@ -493,11 +506,22 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
   }
 }
 
+}  // namespace
+
+nlohmann::json parse_json_unique(std::string_view text) {
+  if (std::optional<nlohmann::json> fast = parse_json_fast(text)) return std::move(*fast);
+  return parse_json_slow(text);
+}
+
+nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
+  return worded(text, origin, [&] { return parse_json_unique(text); });
+}
+
 std::shared_ptr<const JsonDoc> parse_json_doc(std::string_view text, std::string_view origin) {
   if (std::shared_ptr<const JsonDoc> doc = JsonDoc::parse(text)) return doc;
   // Declined: an error (worded by nlohmann's parse, which throws it), or text the fast parser
   // leaves to nlohmann (a \u escape, UTF-8 in a string, a number at the edge of its type).
-  return JsonDoc::from_json(parse_json_text(text, origin));
+  return JsonDoc::from_json(worded(text, origin, [&] { return parse_json_slow(text); }));
 }
 
 std::string read_text_file(const std::string& path) {

@@ -160,9 +160,9 @@ nlohmann::json parse_json_unique(std::string_view text);
 // nullopt where nlohmann must parse it (any error, a \u escape, a byte >= 0x80 in a string, a
 // number at the edge of its type: JsonDoc::parse).
 std::optional<nlohmann::json> parse_json_fast(std::string_view text);
-// Parses text as JSON; a syntax error becomes InputError(origin, "invalid JSON at byte N: ..."), a
-// duplicate key InputError(path of the key, "key given twice in one object ..."), too deep a
-// nesting InputError(origin, "... nested deeper than 64 levels at byte N (at PATH)").
+// Parses text as JSON; a syntax error or a NUL byte becomes InputError(origin, "invalid JSON at
+// byte N: ..."), a duplicate key InputError(path of the key, "key given twice in one object ..."),
+// too deep a nesting InputError(origin, "... nested deeper than 64 levels at byte N (at PATH)").
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin);
 // The same acceptance and errors as parse_json_text, into the flat document JsonIn reads: the
 // text's own fast parse where it is sure of it, nlohmann's (then converted) where it is not.

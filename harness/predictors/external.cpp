@@ -561,8 +561,12 @@ Process* process_in_run(const std::string& name, std::uint64_t run) {
 
 void SentAhead::abandon() {
   if (id_ == 0) return;
-  if (Process* p = process_in_run(name_, run_)) p->abandon(id_);
-  if (const auto it = registry().by_name.find(name_); it != registry().by_name.end()) ++it->second->abandoned;
+  // Counted only where its process still runs: one lost with a process that died is not a
+  // request "sent ahead but not needed".
+  if (Process* p = process_in_run(name_, run_)) {
+    p->abandon(id_);
+    if (const auto it = registry().by_name.find(name_); it != registry().by_name.end()) ++it->second->abandoned;
+  }
   id_ = 0;
 }
 
