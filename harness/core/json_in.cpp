@@ -468,7 +468,6 @@ std::size_t number_offset(std::string_view text, std::string_view literal) {
   });
 }
 
-
 std::string nul_message(std::size_t byte) {
   return fmt::format("invalid JSON at byte {}: a NUL byte (JSON text has none; a string writes it \\u0000)", byte);
 }
@@ -517,11 +516,15 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin) {
   return worded(text, origin, [&] { return parse_json_unique(text); });
 }
 
-std::shared_ptr<const JsonDoc> parse_json_doc(std::string_view text, std::string_view origin) {
+std::shared_ptr<const JsonDoc> parse_json_doc_unique(std::string_view text) {
   if (std::shared_ptr<const JsonDoc> doc = JsonDoc::parse(text)) return doc;
-  // Declined: an error (worded by nlohmann's parse, which throws it), or text the fast parser
-  // leaves to nlohmann (a \u escape, UTF-8 in a string, a number at the edge of its type).
-  return JsonDoc::from_json(worded(text, origin, [&] { return parse_json_slow(text); }));
+  // Declined: an error (nlohmann's parse throws it), or text the fast parser leaves to nlohmann
+  // (a \u escape, UTF-8 in a string, a number at the edge of its type).
+  return JsonDoc::from_json(parse_json_slow(text));
+}
+
+std::shared_ptr<const JsonDoc> parse_json_doc(std::string_view text, std::string_view origin) {
+  return worded(text, origin, [&] { return parse_json_doc_unique(text); });
 }
 
 std::string read_text_file(const std::string& path) {

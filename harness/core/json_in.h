@@ -164,6 +164,9 @@ std::optional<nlohmann::json> parse_json_fast(std::string_view text);
 // byte N: ..."), a duplicate key InputError(path of the key, "key given twice in one object ..."),
 // too deep a nesting InputError(origin, "... nested deeper than 64 levels at byte N (at PATH)").
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin);
+// parse_json_unique into the flat document JsonIn reads (its exceptions, for readers that word
+// their errors themselves: a predictor's reply).
+std::shared_ptr<const JsonDoc> parse_json_doc_unique(std::string_view text);
 // The same acceptance and errors as parse_json_text, into the flat document JsonIn reads: the
 // text's own fast parse where it is sure of it, nlohmann's (then converted) where it is not.
 std::shared_ptr<const JsonDoc> parse_json_doc(std::string_view text, std::string_view origin);

@@ -615,14 +615,12 @@ Plan predict_external(const Scenario& s, SentAhead* ahead) {
   }
   p.waited += Clock::now() - waiting;
   if (!err.empty()) fail_case(p, err);
-  std::shared_ptr<const JsonDoc> doc = JsonDoc::parse(line);
-  if (!doc) {  // declined by the fast parser: nlohmann's parse words the error, or reads what it declined
-    try {
-      doc = JsonDoc::from_json(parse_json_unique(line));
-    } catch (const std::exception& e) {
-      p.process->kill_now();  // its output can no longer be trusted to be in step
-      fail_case(p, fmt::format("its reply is not JSON ({}): \"{}\"", e.what(), shown(line)));
-    }
+  std::shared_ptr<const JsonDoc> doc;
+  try {
+    doc = parse_json_doc_unique(line);
+  } catch (const std::exception& e) {
+    p.process->kill_now();  // its output can no longer be trusted to be in step
+    fail_case(p, fmt::format("its reply is not JSON ({}): \"{}\"", e.what(), shown(line)));
   }
   const JsonIn j(std::move(doc), "reply");
   try {
