@@ -1022,16 +1022,7 @@ class Shrinker {
       std::vector<std::uint32_t> drop;  // module indices, ascending
       Scenario c;
       std::string what;
-      Bytes removed = 0;     // the chunk's bytes
-      bool lighter = false;  // this is the try with them off the card
-      bool sent = false;     // sent ahead (or found not to be sendable)
-    };
-    // The try with the chunk's bytes off the card, where the card allows it.
-    const auto lighter_of = [](Scenario c, Bytes removed) -> std::optional<Scenario> {
-      if (c.device.total <= removed + MiB) return std::nullopt;
-      c.device.total -= removed;
-      if (c.device.available() == 0) return std::nullopt;
-      return c;
+      bool sent = false;  // sent ahead (or found not to be sendable)
     };
     bool any = false;
     std::size_t n = order.size();
@@ -1058,12 +1049,15 @@ class Shrinker {
         std::string what = walk ? fmt::format("drop walk positions [{}, {}) of {} (of {}; the loader moves them {})", start, start + len,
                                               c.models[m].id, n, start + len == n ? "last" : "in order")
                                 : fmt::format("drop modules [{}, {}) of {}", start, start + len, c.models[m].id);
-        // Sending ahead, the lighter try is built now; else only once this one is rejected.
-        std::optional<Scenario> lighter = depth > 1 ? lighter_of(c, removed) : std::nullopt;
-        tries.push_back(Try{done, start, len, drop, std::move(c), what, removed, false, false});
-        if (lighter) {
-          tries.push_back(Try{done, start, len, std::move(drop), std::move(*lighter), what + " and their bytes from the device", removed, true, false});
+        // The same with the chunk's bytes off the card, where the card allows it.
+        std::optional<Scenario> lighter;
+        if (c.device.total > removed + MiB) {
+          lighter = c;
+          lighter->device.total -= removed;
+          if (lighter->device.available() == 0) lighter.reset();
         }
+        tries.push_back(Try{done, start, len, drop, std::move(c), what, false});
+        if (lighter) tries.push_back(Try{done, start, len, std::move(drop), std::move(*lighter), what + " and their bytes from the device", false});
       };
       while (within_budget()) {
         while (tries.size() < depth && next < n && n - std::min(chunk, n - next) >= 1) {
@@ -1077,14 +1071,7 @@ class Shrinker {
         }
         Try t = std::move(tries.front());
         tries.pop_front();
-        if (!accept(t.c, t.what)) {
-          if (depth == 1 && !t.lighter) {
-            if (std::optional<Scenario> l = lighter_of(std::move(t.c), t.removed)) {
-              tries.push_front(Try{t.done, t.start, t.len, std::move(t.drop), std::move(*l), t.what + " and their bytes from the device", t.removed, true, false});
-            }
-          }
-          continue;
-        }
+        if (!accept(t.c, t.what)) continue;
         any = true;
         // The remaining positions, renumbered to the modules' new indices; the sweep goes on at
         // the same position, over what is left.
