@@ -16,7 +16,6 @@ namespace {
 
 // PyTorch refuses requests of 1 EB and more before calling CUDA.
 constexpr Bytes kMaxAsyncRequest = Bytes{1} << 60;
-constexpr std::uint32_t kNoSlot = ~std::uint32_t{0};
 
 }  // namespace
 
@@ -28,100 +27,120 @@ AsyncPoolAllocator::AsyncPoolAllocator(SimDevice& device, const AsyncOptions& op
   const Bytes g = options_.pool_granularity;
   const Bytes arena = round_up(std::max(device.spec().total, g), g) * kAsyncArenaFactor;
   base_ = round_up(device_.reserve_address_range(arena + g), g);  // chunk-aligned start
-  Range all;
+  Node all;
   all.start = base_;
   all.size = arena;
   all.kind = Kind::unmapped;
-  insert_range(all);
+  index(link_new(all, kNil));
 }
 
 // ---- Range bookkeeping -----------------------------------------------------------------------
 
-AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::insert_range(const Range& r) {
-  auto it = open_nodes_.insert(open_, Open::value_type{r.end(), r});
-  std::uint32_t slot = 0;
-  if (!spare_slots_.empty()) {
-    slot = spare_slots_.back();
-    spare_slots_.pop_back();
-    slots_[slot] = it;
+// A new range, linked after `after` (kNil: at the arena's start) and not yet indexed.
+std::uint32_t AsyncPoolAllocator::link_new(const Node& proto, std::uint32_t after) {
+  std::uint32_t n = 0;
+  if (!spare_nodes_.empty()) {
+    n = spare_nodes_.back();
+    spare_nodes_.pop_back();
+    nodes_[n] = proto;
   } else {
-    slot = static_cast<std::uint32_t>(slots_.size());
-    slots_.push_back(it);
+    n = static_cast<std::uint32_t>(nodes_.size());
+    nodes_.push_back(proto);
   }
-  it->second.slot = slot;
-  if (r.kind == Kind::free) sizes_.insert(r.owner, r.size, r.start, slot);
-  return it;
+  Node& r = nodes_[n];
+  r.prev = after;
+  if (after == kNil) {
+    r.next = head_;
+    head_ = n;
+  } else {
+    r.next = nodes_[after].next;
+    nodes_[after].next = n;
+  }
+  if (r.next != kNil) nodes_[r.next].prev = n;
+  return n;
 }
 
-AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::erase_range(Open::iterator it) {
-  if (it->second.kind == Kind::free) sizes_.erase(it->second.owner, it->second.size, it->second.start);
-  spare_slots_.push_back(it->second.slot);
-  auto next = std::next(it);
-  open_nodes_.erase(open_, it);
-  return next;
+// Takes an indexed range out of its index and the list.
+void AsyncPoolAllocator::unlink(std::uint32_t n) {
+  unindex(n);
+  const Node& r = nodes_[n];
+  if (r.prev != kNil) {
+    nodes_[r.prev].next = r.next;
+  } else {
+    head_ = r.next;
+  }
+  if (r.next != kNil) nodes_[r.next].prev = r.prev;
+  spare_nodes_.push_back(n);
 }
 
-// The open range that starts exactly at `addr`, or end().
-AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::starting_at(DeviceAddr addr) {
-  const auto it = open_.upper_bound(addr);  // the first range ending after addr: the one holding it
-  return it != open_.end() && it->second.start == addr ? it : open_.end();
+void AsyncPoolAllocator::index(std::uint32_t n) {
+  const Node& r = nodes_[n];
+  if (r.kind == Kind::free) {
+    sizes_.insert(r.owner, r.size, r.start, n);
+  } else if (r.kind == Kind::unmapped) {
+    unmapped_.emplace(r.start, n);
+  }
 }
 
-// Moves a range's start up to `start` (it loses its front); its end, the key, stays.
-void AsyncPoolAllocator::resize_front(Open::iterator it, DeviceAddr start) {
-  Range& r = it->second;
-  if (r.kind == Kind::free) sizes_.replace(r.owner, r.size, r.start, r.end() - start, start);
-  r.size = r.end() - start;
+void AsyncPoolAllocator::unindex(std::uint32_t n) {
+  const Node& r = nodes_[n];
+  if (r.kind == Kind::free) {
+    sizes_.erase(r.owner, r.size, r.start);
+  } else if (r.kind == Kind::unmapped) {
+    unmapped_.erase(r.start);
+  }
+}
+
+// Gives an indexed range new bounds, in its index too.
+void AsyncPoolAllocator::resize(std::uint32_t n, DeviceAddr start, Bytes size) {
+  Node& r = nodes_[n];
+  if (r.kind == Kind::free) {
+    sizes_.replace(r.owner, r.size, r.start, size, start);
+  } else if (r.kind == Kind::unmapped && start != r.start) {
+    unmapped_.erase(r.start);
+    unmapped_.emplace(start, n);
+  }
   r.start = start;
+  r.size = size;
 }
 
-void AsyncPoolAllocator::set_owner(Open::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic) {
-  Range& r = it->second;
-  sizes_.erase(r.owner, r.size, r.start);
-  r.owner = owner;
-  r.free_tick = tick;
-  r.opportunistic = opportunistic;
-  sizes_.insert(owner, r.size, r.start, r.slot);
-}
-
-// Adds `r`, which covers address space no open range covers, merged with its neighbours when no
-// tensor lies between and they are of one class: unmapped with unmapped, free with free of the
-// same owner. UNVERIFIED modelling choice: free memory of different owners stays apart (each
-// keeps its own reuse rule); merged frees of one owner keep the later free tick and are
-// opportunistic only if all were. Merging into the range above keeps that range's node and key.
-AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::place(Range r) {
-  auto one_class = [](const Range& a, const Range& b) {
+// Indexes the open range `n` (linked, not indexed), merged with its neighbours when they are of
+// one class: unmapped with unmapped, free with free of the same owner. UNVERIFIED modelling
+// choice: free memory of different owners stays apart (each keeps its own reuse rule); merged
+// frees of one owner keep the later free tick and are opportunistic only if all were. Returns the
+// range that holds n's bytes now.
+std::uint32_t AsyncPoolAllocator::place(std::uint32_t n) {
+  auto one_class = [](const Node& a, const Node& b) {
     return a.kind == b.kind && (a.kind == Kind::unmapped || a.owner == b.owner);
   };
-  const auto next = open_.upper_bound(r.start);  // the first range above r
-  if (next != open_.begin()) {
-    const auto prev = std::prev(next);
-    if (prev->first == r.start && one_class(prev->second, r)) {
-      const Range& l = prev->second;
-      r.start = l.start;
-      r.size += l.size;
-      r.free_tick = std::max(r.free_tick, l.free_tick);
-      r.opportunistic = r.opportunistic && l.opportunistic;
-      erase_range(prev);
-    }
+  const Node r = nodes_[n];
+  const std::uint32_t lo = r.prev != kNil && one_class(nodes_[r.prev], r) ? r.prev : kNil;
+  const std::uint32_t hi = r.next != kNil && one_class(r, nodes_[r.next]) ? r.next : kNil;
+  auto absorb = [](Node& into, const Node& from) {
+    into.free_tick = std::max(into.free_tick, from.free_tick);
+    into.opportunistic = into.opportunistic && from.opportunistic;
+  };
+  if (lo == kNil && hi == kNil) {
+    index(n);
+    return n;
   }
-  if (next != open_.end() && next->second.start == r.end() && one_class(r, next->second)) {
-    Range& u = next->second;
-    if (u.kind == Kind::free) sizes_.replace(u.owner, u.size, u.start, u.size + r.size, r.start);
-    u.start = r.start;
-    u.size += r.size;
-    u.free_tick = std::max(u.free_tick, r.free_tick);
-    u.opportunistic = u.opportunistic && r.opportunistic;
-    return next;
+  // n leaves the list (it is not indexed: unlink's unindex must not look for it)
+  nodes_[n].kind = Kind::tensor;
+  unlink(n);
+  if (lo == kNil) {  // the range above grows down over n
+    resize(hi, r.start, r.size + nodes_[hi].size);
+    absorb(nodes_[hi], r);
+    return hi;
   }
-  return insert_range(r);
-}
-
-// Merges an open range with its neighbours as place() does.
-AsyncPoolAllocator::Open::iterator AsyncPoolAllocator::coalesce(Open::iterator it) {
-  const Range r = it->second;
-  erase_range(it);
-  return place(r);
+  Bytes size = nodes_[lo].size + r.size;
+  absorb(nodes_[lo], r);
+  if (hi != kNil) {
+    size += nodes_[hi].size;
+    absorb(nodes_[lo], nodes_[hi]);
+    unlink(hi);
+  }
+  resize(lo, nodes_[lo].start, size);
+  return lo;
 }
 
 void AsyncPoolAllocator::ensure_stream(StreamId s) {
@@ -159,7 +178,7 @@ bool AsyncPoolAllocator::coin() {
 
 // ---- Who may reuse a free range --------------------------------------------------------------
 
-bool AsyncPoolAllocator::usable(const Range& r, StreamId stream) const {
+bool AsyncPoolAllocator::usable(const Node& r, StreamId stream) const {
   if (r.owner == kAnyStream || r.owner == stream) return true;  // synchronized, or same stream
   if (options_.reuse_allow_opportunistic && r.opportunistic) return true;
   // ReuseFollowEventDependencies: the asking stream waited on the owner after the free.
@@ -173,16 +192,16 @@ Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream, Bytes request)
   // A stream the pool has not seen yet is ordered after nothing: only synchronized frees and
   // those the coin completed are its to take.
   // Synchronized frees are everyone's: only the ranges of a stream (or the unifier) are visited,
-  // through their slots, so a traced run pays for the frees since the last sync, not the pool.
+  // through the free index, so a traced run pays for the frees since the last sync, not the pool.
   const bool seen = stream < seen_.size();
-  std::vector<DeviceAddr> withheld;  // starts of the ranges `stream` may not take
+  std::vector<std::uint32_t> withheld;  // the ranges `stream` may not take
   Bytes held = 0;
   sizes_.for_each_except(kAnyStream, [&](const FreeIndex::Entry& e) {
-    const Range& r = slots_[e.block]->second;
+    const Node& r = nodes_[e.block];
     const bool ok = seen ? usable(r, stream) : options_.reuse_allow_opportunistic && r.opportunistic;
     if (ok) return;
     held += r.size;
-    if (request > 0) withheld.push_back(r.start);
+    if (request > 0) withheld.push_back(e.block);
   });
   if (request == 0 || held == 0) return held;
   // With a request: only the withheld ranges in a run long enough for it, where the pool would
@@ -191,39 +210,40 @@ Bytes AsyncPoolAllocator::held_for_other_streams(StreamId stream, Bytes request)
   // placed (held right after it is asked about the memory before it). Each run is walked once:
   // the withheld ranges are visited in address order.
   const Bytes rounded = request >= kMaxAsyncRequest ? request : round_up(request, kAsyncAlign);
-  auto joined = [&](Open::const_iterator below, Open::const_iterator above, Bytes& bridge) {
+  // The open range joined to `from` on one side (prev or next), directly or across the block
+  // the last malloc placed (whose bytes go to `bridge`), or kNil.
+  auto joined = [&](std::uint32_t from, bool down, Bytes& bridge) -> std::uint32_t {
     bridge = 0;
-    if (below->first == above->second.start) return true;
-    if (last_placed_size_ > 0 && below->first == last_placed_ && last_placed_ + last_placed_size_ == above->second.start) {
-      bridge = last_placed_size_;
-      return true;
-    }
-    return false;
+    const std::uint32_t n = down ? nodes_[from].prev : nodes_[from].next;
+    if (n == kNil) return kNil;
+    const Node& r = nodes_[n];
+    if (r.open()) return n;
+    if (last_placed_size_ == 0 || r.start != last_placed_ || r.size != last_placed_size_) return kNil;
+    const std::uint32_t beyond = down ? r.prev : r.next;
+    if (beyond == kNil || !nodes_[beyond].open()) return kNil;
+    bridge = r.size;
+    return beyond;
   };
-  std::sort(withheld.begin(), withheld.end());
+  std::sort(withheld.begin(), withheld.end(), [&](std::uint32_t a, std::uint32_t b) { return nodes_[a].start < nodes_[b].start; });
   held = 0;
   DeviceAddr run_end = 0;  // the end of the last run walked
   bool run_fits = false;
-  for (const DeviceAddr start : withheld) {
-    const Open::const_iterator it = open_.upper_bound(start);  // the range starting at `start`
-    if (start >= run_end) {
-      Bytes total = it->second.size;
+  for (const std::uint32_t n : withheld) {
+    if (nodes_[n].start >= run_end) {
+      Bytes total = nodes_[n].size;
       Bytes bridge = 0;
-      for (Open::const_iterator lo = it; lo != open_.begin();) {
-        const Open::const_iterator below = std::prev(lo);
-        if (!joined(below, lo, bridge)) break;
-        total += below->second.size + bridge;
-        lo = below;
+      for (std::uint32_t lo = joined(n, true, bridge); lo != kNil; lo = joined(lo, true, bridge)) {
+        total += nodes_[lo].size + bridge;
       }
-      Open::const_iterator hi = it;
-      for (Open::const_iterator above = std::next(hi); above != open_.end() && joined(hi, above, bridge); ++above) {
-        total += above->second.size + bridge;
-        hi = above;
+      std::uint32_t hi = n;
+      for (std::uint32_t up = joined(hi, false, bridge); up != kNil; up = joined(hi, false, bridge)) {
+        total += nodes_[up].size + bridge;
+        hi = up;
       }
-      run_end = hi->first;
+      run_end = nodes_[hi].end();
       run_fits = total >= rounded;
     }
-    if (run_fits) held += it->second.size;
+    if (run_fits) held += nodes_[n].size;
   }
   return held;
 }
@@ -243,7 +263,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   last_failed_ = false;
   failed_pieces_.clear();
   if (size == 0) {  // PyTorch does not call cudaMallocAsync for an empty tensor
-    keys_[key] = Live{true, true, 0, 0, 0, stream, false};
+    keys_[key] = Live{true, true, 0, 0, 0, stream, false, kNil};
     return true;
   }
   if (size >= kMaxAsyncRequest) {
@@ -257,18 +277,17 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   }
 
   const Bytes rounded = round_up(size, kAsyncAlign);
-  DeviceAddr at = 0;
-  std::uint32_t slot = kNoSlot;
+  std::uint32_t at = kNil;  // the free range the block goes at the start of
   // Reuse what this stream may reuse (best fit on one free range of its own or synchronized
   // memory, else the best run of adjacent usable free ranges, other streams' frees included
   // where an event edge or the coin allows), else grow the pool.
-  bool found = best_single_fit(stream, rounded, at, slot) ||
-               best_run([&](const Range& r) { return usable(r, stream); }, rounded, at) ||
+  bool found = best_single_fit(stream, rounded, at) ||
+               best_run([&](const Node& r) { return usable(r, stream); }, rounded, at) ||
                grow(stream, rounded, at);
   // ReuseAllowInternalDependencies: only once the pool could not grow, take frees still
   // pending on other streams and let the driver insert the wait.
   if (!found && options_.reuse_allow_internal_dependencies &&
-      best_run([](const Range&) { return true; }, rounded, at)) {
+      best_run([](const Node&) { return true; }, rounded, at)) {
     take_with_internal_dependency(stream, at, rounded);
     found = true;
   }
@@ -278,61 +297,58 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     last_failed_ = true;
     return false;
   }
-  carve(slot != kNoSlot ? slots_[slot] : starting_at(at), at, rounded);
-  last_placed_ = at;
+  const DeviceAddr addr = nodes_[at].start;
+  const std::uint32_t node = carve(at, rounded);
+  last_placed_ = addr;
   last_placed_size_ = rounded;
-  keys_[key] = Live{true, false, at, rounded, size, stream, false};
+  keys_[key] = Live{true, false, addr, rounded, size, stream, false, node};
   stats_.allocated.add(rounded);
   stats_.active.add(rounded);
   stats_.requested.add(size);
   return true;
 }
 
-bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, DeviceAddr& at, std::uint32_t& slot) const {
+bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at) const {
   bool found = false;
   Bytes best_size = 0;
+  DeviceAddr best_addr = 0;
   for (const StreamId owner : {stream, kAnyStream}) {
     const FreeIndex::Cursor c = sizes_.lower_bound(owner, size);
     if (!c.valid) continue;
     const FreeIndex::Entry& e = sizes_.at(c);
-    if (!found || std::tie(e.size, e.addr) < std::tie(best_size, at)) {
+    if (!found || std::tie(e.size, e.addr) < std::tie(best_size, best_addr)) {
       found = true;
       best_size = e.size;
-      at = e.addr;
-      slot = e.block;
+      best_addr = e.addr;
+      at = e.block;
     }
   }
   return found;
 }
 
 // The smallest run of adjacent free ranges accepted by `usable_range` that holds `size`
-// (lowest address on ties); the allocation goes at the start of the run.
+// (lowest address on ties); the allocation goes at the start of the run (`at`, its first range).
 template <class Pred>
-bool AsyncPoolAllocator::best_run(Pred usable_range, Bytes size, DeviceAddr& at) const {
+bool AsyncPoolAllocator::best_run(Pred usable_range, Bytes size, std::uint32_t& at) const {
+  // A run is made of free ranges, so none can hold more than every free byte.
+  if (sizes_.total_bytes() < size) return false;
   bool found = false;
   Bytes best_total = 0;
-  bool in_run = false;
-  DeviceAddr run_start = 0;
+  std::uint32_t run_start = kNil;  // the run being walked, kNil between runs
   Bytes run_total = 0;
   auto close_run = [&] {
-    if (in_run && run_total >= size && (!found || run_total < best_total)) {
+    if (run_start != kNil && run_total >= size && (!found || run_total < best_total)) {
       found = true;
       best_total = run_total;
       at = run_start;
     }
-    in_run = false;
+    run_start = kNil;
   };
-  // A run is made of free ranges, so none can hold more than every free byte.
-  if (sizes_.total_bytes() < size) return false;
-  DeviceAddr run_end = 0;
-  for (const auto& [end, r] : open_) {
-    const DeviceAddr addr = r.start;
+  for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
+    const Node& r = nodes_[n];
     if (r.kind == Kind::free && usable_range(r)) {
-      if (in_run && addr != run_end) close_run();  // a tensor lies between: the run ended there
-      run_end = addr + r.size;
-      if (!in_run) {
-        in_run = true;
-        run_start = addr;
+      if (run_start == kNil) {
+        run_start = n;
         run_total = 0;
       }
       run_total += r.size;
@@ -346,47 +362,52 @@ bool AsyncPoolAllocator::best_run(Pred usable_range, Bytes size, DeviceAddr& at)
 
 // Maps new chunks at the lowest address where usable free memory plus unmapped address space
 // holds the request: usually the end of the pool, extending its free tail, so reserved grows in
-// whole chunks ahead of allocated (the origin thread's 32 MiB steps).
-bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
+// whole chunks ahead of allocated (the origin thread's 32 MiB steps). Called once best_run has
+// found no run of usable free ranges that holds the request, so the run it takes holds unmapped
+// space: only the runs around unmapped ranges are walked, in address order.
+bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, std::uint32_t& at) {
   const Bytes g = options_.pool_granularity;
-  bool in_run = false;
-  DeviceAddr start = 0;
-  Bytes run_total = 0;
+  auto open_for = [&](std::uint32_t n) {
+    const Node& r = nodes_[n];
+    return r.kind == Kind::unmapped || (r.kind == Kind::free && usable(r, stream));
+  };
   bool found = false;
-  DeviceAddr end = 0;
-  for (const auto& [range_end, r] : open_) {
-    const DeviceAddr addr = r.start;
-    const bool open = r.kind == Kind::unmapped || (r.kind == Kind::free && usable(r, stream));
-    if (!open) {
-      in_run = false;
-      continue;
+  std::uint32_t start = kNil;
+  DeviceAddr walked_to = 0;  // the end of the last run walked
+  for (const auto& [ustart, u] : unmapped_) {
+    if (ustart < walked_to) continue;  // inside the run walked last
+    Bytes total = nodes_[u].size;
+    std::uint32_t lo = u;
+    while (nodes_[lo].prev != kNil && open_for(nodes_[lo].prev)) {
+      lo = nodes_[lo].prev;
+      total += nodes_[lo].size;
     }
-    if (!in_run || addr != end) {  // a tensor lies between: a new run
-      in_run = true;
-      start = addr;
-      run_total = 0;
+    std::uint32_t hi = u;
+    while (nodes_[hi].next != kNil && open_for(nodes_[hi].next)) {
+      hi = nodes_[hi].next;
+      total += nodes_[hi].size;
     }
-    run_total += r.size;
-    end = range_end;
-    if (run_total >= size) {
+    walked_to = nodes_[hi].end();
+    if (total >= size) {
       found = true;
+      start = lo;
       break;
     }
   }
   if (!found) return false;
 
   // The unmapped pieces inside [start, start + size), each rounded up to whole chunks.
-  std::vector<std::pair<DeviceAddr, Bytes>> pieces;
+  std::vector<std::pair<std::uint32_t, Bytes>> pieces;
   Bytes covered = 0;
   Bytes to_map = 0;
-  for (auto it = starting_at(start); covered < size; ++it) {
-    const Range& r = it->second;
+  for (std::uint32_t n = start; covered < size; n = nodes_[n].next) {
+    const Node& r = nodes_[n];
     if (r.kind == Kind::free) {
       covered += r.size;
       continue;
     }
     const Bytes bytes = round_up(std::min(r.size, size - covered), g);
-    pieces.emplace_back(r.start, bytes);
+    pieces.emplace_back(n, bytes);
     to_map += bytes;
     covered += bytes;
   }
@@ -394,10 +415,14 @@ bool AsyncPoolAllocator::grow(StreamId stream, Bytes size, DeviceAddr& at) {
     failed_pieces_ = std::move(pieces);  // kept by keep_failed_growth if the request fails
     return false;
   }
-  map_pieces(pieces, to_map);
+  // The block goes at the run's start: the free range there, or the first piece once mapped (the
+  // range below is not usable, so the fresh memory does not merge down; it may merge up).
+  const bool starts_free = nodes_[start].kind == Kind::free;
+  std::uint32_t first = kNil;
+  map_pieces(pieces, to_map, &first);
   stats_.reserved.add(to_map);
   ++stats_.num_device_alloc;
-  at = start;
+  at = starts_free ? start : first;
   return true;
 }
 
@@ -424,54 +449,71 @@ void AsyncPoolAllocator::keep_failed_growth(StreamId stream) {
   ++stats_.num_device_alloc;
 }
 
-// Turns the first `budget` bytes of the unmapped pieces (whole chunks, in address order) into
-// fresh free memory any stream may use; the caller has charged the device. Returns the bytes.
-Bytes AsyncPoolAllocator::map_pieces(const std::vector<std::pair<DeviceAddr, Bytes>>& pieces, Bytes budget) {
+// Turns the first `budget` bytes of the unmapped pieces (whole chunks, in address order, each at
+// the start of its unmapped range) into fresh free memory any stream may use; the caller has
+// charged the device. Returns the bytes; `first` gets the range that holds the first piece.
+Bytes AsyncPoolAllocator::map_pieces(const std::vector<std::pair<std::uint32_t, Bytes>>& pieces, Bytes budget,
+                                     std::uint32_t* first) {
   Bytes mapped = 0;
-  for (const auto& [addr, piece] : pieces) {
+  for (const auto& [u, piece] : pieces) {
     const Bytes bytes = std::min(piece, budget - mapped);
     if (bytes == 0) break;
-    const auto it = starting_at(addr);  // an unmapped range starts exactly here
-    if (bytes < it->second.size) {
-      resize_front(it, addr + bytes);
-    } else {
-      erase_range(it);
-    }
-    Range fresh;  // new pool memory: any stream may use it
-    fresh.start = addr;
+    Node fresh;  // new pool memory: any stream may use it
+    fresh.start = nodes_[u].start;
     fresh.size = bytes;
     fresh.kind = Kind::free;
     fresh.owner = kAnyStream;
-    place(fresh);
+    std::uint32_t n = u;
+    if (bytes < nodes_[u].size) {
+      resize(u, fresh.start + bytes, nodes_[u].size - bytes);
+      n = link_new(fresh, nodes_[u].prev);
+    } else {
+      unindex(u);
+      fresh.prev = nodes_[u].prev;
+      fresh.next = nodes_[u].next;
+      nodes_[u] = fresh;
+    }
+    const std::uint32_t holder = place(n);
+    if (first != nullptr && mapped == 0) *first = holder;
     mapped += bytes;
   }
   return mapped;
 }
 
-void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size) {
-  for (auto it = starting_at(at); it != open_.end() && it->second.start < at + size; ++it) {
-    const StreamId owner = it->second.owner;
+void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, std::uint32_t at, Bytes size) {
+  const DeviceAddr end = nodes_[at].start + size;
+  for (std::uint32_t n = at; n != kNil && nodes_[n].start < end; n = nodes_[n].next) {
+    const StreamId owner = nodes_[n].owner;
     if (owner != kAnyStream && owner != kUnifierStream && owner != stream) order_after(stream, owner);
   }
 }
 
-// Gives [at, at + size) of free ranges to a tensor: `it` is the range at `at`, where a run of
-// adjacent free ranges starts (every placement is at one), and the rest of the last range stays
-// free with its owner.
-void AsyncPoolAllocator::carve(Open::iterator it, DeviceAddr at, Bytes size) {
+// Gives `size` bytes of free ranges to a tensor: `n` is the free range where a run of adjacent
+// free ranges starts (every placement is at one), and the rest of the last range stays free with
+// its owner. Returns the tensor's range.
+std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size) {
+  const std::uint32_t below = nodes_[n].prev;
+  Node tensor;
+  tensor.start = nodes_[n].start;
+  tensor.size = size;
+  tensor.kind = Kind::tensor;
   Bytes left = size;
   while (left > 0) {
-    if (it == open_.end() || it->second.kind != Kind::free) {
-      throw InfraError(fmt::format("async pool: placement at {:#x} (+{}) is not on free memory", at, size));
+    if (n == kNil || nodes_[n].kind != Kind::free) {
+      throw InfraError(fmt::format("async pool: placement at {:#x} (+{}) is not on free memory", tensor.start, size));
     }
-    const Bytes take = std::min(left, it->second.size);
-    if (take < it->second.size) {
-      resize_front(it, it->second.start + take);
+    const Node& r = nodes_[n];
+    const Bytes take = std::min(left, r.size);
+    if (take < r.size) {
+      resize(n, r.start + take, r.size - take);
     } else {
-      it = erase_range(it);
+      const std::uint32_t next = r.next;
+      unlink(n);
+      n = next;
     }
     left -= take;
   }
+  return link_new(tensor, below);
 }
 
 // ---- free, streams, synchronize ----------------------------------------------------------------
@@ -488,20 +530,20 @@ void AsyncPoolAllocator::free(BlockKey key) {
   stats_.active.sub(l.size);
   stats_.requested.sub(l.requested);
 
-  Range fr;
-  fr.start = l.addr;
-  fr.size = l.size;
+  Node& fr = nodes_[l.node];
   fr.kind = Kind::free;
   if (l.recorded) {
     // PyTorch frees a block used on several streams on its "unifier" stream, which waits for
     // all of them: other streams get it only by chance, after a sync, or via internal deps.
     fr.owner = kUnifierStream;
+    fr.free_tick = 0;
   } else {
     fr.owner = l.stream;  // cudaFreeAsync on the allocation stream
     fr.free_tick = ++ticks_[l.stream];
   }
   fr.opportunistic = options_.reuse_allow_opportunistic && coin();
-  place(fr);
+  l.node = kNil;
+  place(static_cast<std::uint32_t>(&fr - nodes_.data()));
 }
 
 void AsyncPoolAllocator::record_stream(BlockKey key, StreamId stream) {
@@ -523,14 +565,19 @@ void AsyncPoolAllocator::synchronize() {
   // the free ranges of a stream (or the unifier) change: each becomes everyone's and merges with
   // its free neighbours, in address order. Synchronized ranges are merged already.
   if (sizes_.count(kAnyStream) != sizes_.size()) {
-    std::vector<DeviceAddr> owned;
+    std::vector<std::uint32_t> owned;
     owned.reserve(sizes_.size() - sizes_.count(kAnyStream));
-    sizes_.for_each_except(kAnyStream, [&](const FreeIndex::Entry& e) { owned.push_back(e.addr); });
-    std::sort(owned.begin(), owned.end());
-    for (const DeviceAddr addr : owned) {
-      const auto it = open_.upper_bound(addr);  // the range holding addr (it may have merged down)
-      if (it->second.owner != kAnyStream) set_owner(it, kAnyStream, 0, false);
-      coalesce(it);
+    sizes_.for_each_except(kAnyStream, [&](const FreeIndex::Entry& e) { owned.push_back(e.block); });
+    std::sort(owned.begin(), owned.end(), [&](std::uint32_t a, std::uint32_t b) { return nodes_[a].start < nodes_[b].start; });
+    // A range of a stream merges only with synchronized ones, so those not reached yet stay as
+    // they are.
+    for (const std::uint32_t n : owned) {
+      unindex(n);
+      Node& r = nodes_[n];
+      r.owner = kAnyStream;
+      r.free_tick = 0;
+      r.opportunistic = false;
+      place(n);
     }
   }
   // cudaMemPoolAttrReleaseThreshold: above it, the sync gives free chunks back.
@@ -546,38 +593,47 @@ void AsyncPoolAllocator::empty_cache() {
 // Releases whole free chunks, highest address first (UNVERIFIED order), until reserved <= keep.
 // Chunks holding any part of a live allocation are never released.
 void AsyncPoolAllocator::trim_to(Bytes keep) {
+  if (stats_.reserved.current <= keep) return;
   const Bytes g = options_.pool_granularity;
-  auto it = open_.end();
-  while (stats_.reserved.current > keep && it != open_.begin()) {
-    --it;
-    const Range r = it->second;
-    if (r.kind != Kind::free || r.owner != kAnyStream) continue;
+  // Only synchronized free ranges of a chunk or more can hold a whole chunk; releasing one
+  // changes no range below it, so they are visited from the top down as they are now.
+  std::vector<std::uint32_t> candidates;
+  for (FreeIndex::Cursor c = sizes_.lower_bound(kAnyStream, g); c.valid; c = sizes_.next(c)) {
+    candidates.push_back(sizes_.at(c).block);
+  }
+  std::sort(candidates.begin(), candidates.end(), [&](std::uint32_t a, std::uint32_t b) { return nodes_[a].start > nodes_[b].start; });
+  for (const std::uint32_t n : candidates) {
+    if (stats_.reserved.current <= keep) break;
+    const Node r = nodes_[n];
     const DeviceAddr a = r.start;
     const Bytes lo = round_up(a - base_, g);
     const Bytes hi = (r.end() - base_) / g * g;
     if (hi <= lo) continue;
     const Bytes release = std::min(hi - lo, ceil_div(stats_.reserved.current - keep, g) * g);
     const DeviceAddr cut = base_ + hi - release;
-    erase_range(it);
-    Range piece = r;
+    // [a, cut) stays free, [cut, cut + release) is unmapped, [base + hi, end) stays free.
+    std::uint32_t below = r.prev;
+    unlink(n);
+    Node piece = r;
     if (cut > a) {
       piece.size = cut - a;
-      insert_range(piece);
+      below = link_new(piece, below);
+      index(below);
     }
-    if (r.end() > base_ + hi) {
-      piece.start = base_ + hi;
-      piece.size = r.end() - piece.start;
-      insert_range(piece);
-    }
-    Range hole;
+    Node hole;
     hole.start = cut;
     hole.size = release;
     hole.kind = Kind::unmapped;
-    place(hole);
+    const std::uint32_t h = link_new(hole, below);
+    if (r.end() > base_ + hi) {
+      piece.start = base_ + hi;
+      piece.size = r.end() - piece.start;
+      index(link_new(piece, h));
+    }
+    place(h);
     device_.unmap(release);
     stats_.reserved.sub(release);
     ++stats_.num_device_free;
-    it = open_.upper_bound(a);  // what now holds `a`: the front piece, or the hole merged down
   }
 }
 
@@ -585,9 +641,9 @@ void AsyncPoolAllocator::trim_to(Bytes keep) {
 
 Bytes AsyncPoolAllocator::largest_usable_range(StreamId stream) const {
   Bytes largest = 0;
-  for (const auto& [end, r] : open_) {
-    if (r.kind == Kind::free && usable(r, stream)) largest = std::max(largest, r.size);
-  }
+  sizes_.for_each([&](const FreeIndex::Entry& e) {
+    if (usable(nodes_[e.block], stream)) largest = std::max(largest, e.size);
+  });
   return largest;
 }
 

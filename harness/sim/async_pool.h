@@ -23,7 +23,6 @@
 
 #include "harness/sim/allocator.h"
 #include "harness/sim/free_index.h"
-#include "harness/sim/node_stash.h"
 
 namespace vf::sim {
 
@@ -83,7 +82,10 @@ class AsyncPoolAllocator final : public Allocator {
   Bytes held_at_oom(StreamId stream, Bytes request) const override {
     return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream, request);
   }
-  void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
+  void reserve_keys(std::size_t keys) override {
+    keys_.reserve(keys);
+    nodes_.reserve(keys + 16);
+  }
 
   // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
   // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).
@@ -110,26 +112,27 @@ class AsyncPoolAllocator final : public Allocator {
   static constexpr StreamId kAnyStream = 0xffffffffu;      // fresh or synchronized: any stream
   static constexpr StreamId kUnifierStream = 0xfffffffeu;  // freed after record_stream (PyTorch's
                                                            // "unifier" stream, nobody waits on it)
-  enum class Kind : std::uint8_t { free, unmapped };
+  static constexpr std::uint32_t kNil = ~std::uint32_t{0};
+  enum class Kind : std::uint8_t { tensor, free, unmapped };
 
-  // The arena is covered by ranges without gaps: tensors' ranges (kept only in keys_), free
-  // ranges (mapped memory no tensor uses) and unmapped ranges (whole chunks of address space
-  // without memory). `open_` holds the free and unmapped ones, keyed by their END address: taking
-  // the front of a free range for a tensor (every placement does) and merging a free into the
-  // range after it leave the key as it is, so neither changes the tree (a free that merges with
-  // nothing inserts one node; one that joins the range below erases one).
-  // Two open ranges with no tensor between them are adjacent: one's end is the other's start.
-  struct Range {
+  // The arena is covered, without gaps, by ranges in a list in address order (boundary tags, as
+  // PyTorch's own blocks keep prev/next): tensors, free ranges (mapped memory no tensor uses) and
+  // unmapped ranges (whole chunks of address space without memory). A free looks at its two
+  // neighbours only; a placement takes the front of a free range in place. Free ranges are
+  // indexed by (owner, size, start) in `sizes_` and unmapped ones by start in `unmapped_`; a
+  // tensor is indexed by its key (Live::node). Nothing searches the list by address.
+  struct Node {
     DeviceAddr start = 0;
     Bytes size = 0;
-    Kind kind = Kind::unmapped;
-    StreamId owner = kAnyStream;  // free: who may reuse it without further ado
     std::uint64_t free_tick = 0;  // free: the owner stream's free counter at the free
-    bool opportunistic = false;   // free: the coin said this free completed early
-    std::uint32_t slot = 0;       // its entry in slots_ (FreeIndex entries carry it too)
+    StreamId owner = kAnyStream;  // free: who may reuse it without further ado
+    std::uint32_t prev = kNil;    // the range below / above, kNil at the arena's ends
+    std::uint32_t next = kNil;
+    Kind kind = Kind::unmapped;
+    bool opportunistic = false;  // free: the coin said this free completed early
     DeviceAddr end() const { return start + size; }
+    bool open() const { return kind != Kind::tensor; }
   };
-  using Open = std::map<DeviceAddr, Range>;  // end address -> range
 
   struct Live {
     bool live = false;
@@ -139,27 +142,27 @@ class AsyncPoolAllocator final : public Allocator {
     Bytes requested = 0;
     StreamId stream = 0;
     bool recorded = false;  // record_stream on another stream: the free goes to the unifier
+    std::uint32_t node = kNil;
   };
 
-  bool usable(const Range& r, StreamId stream) const;
-  bool best_single_fit(StreamId stream, Bytes size, DeviceAddr& at, std::uint32_t& slot) const;
+  bool usable(const Node& r, StreamId stream) const;
+  bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at) const;
   template <class Pred>
-  bool best_run(Pred usable_range, Bytes size, DeviceAddr& at) const;
-  bool grow(StreamId stream, Bytes size, DeviceAddr& at);
-  void take_with_internal_dependency(StreamId stream, DeviceAddr at, Bytes size);
-  void carve(Open::iterator it, DeviceAddr at, Bytes size);
-  Open::iterator starting_at(DeviceAddr addr);
-  Open::iterator place(Range r);
-  Open::iterator coalesce(Open::iterator it);
-  Open::iterator insert_range(const Range& r);
-  Open::iterator erase_range(Open::iterator it);
-  void resize_front(Open::iterator it, DeviceAddr start);
-  void set_owner(Open::iterator it, StreamId owner, std::uint64_t tick, bool opportunistic);
+  bool best_run(Pred usable_range, Bytes size, std::uint32_t& at) const;
+  bool grow(StreamId stream, Bytes size, std::uint32_t& at);
+  void take_with_internal_dependency(StreamId stream, std::uint32_t at, Bytes size);
+  std::uint32_t carve(std::uint32_t n, Bytes size);
+  std::uint32_t link_new(const Node& proto, std::uint32_t after);
+  void unlink(std::uint32_t n);
+  void index(std::uint32_t n);
+  void unindex(std::uint32_t n);
+  void resize(std::uint32_t n, DeviceAddr start, Bytes size);
+  std::uint32_t place(std::uint32_t n);
   void ensure_stream(StreamId s);
   void order_after(StreamId waiter, StreamId target);
   bool coin();
   void record_oom(Bytes size, Bytes rounded, StreamId stream, bool fraction);
-  Bytes map_pieces(const std::vector<std::pair<DeviceAddr, Bytes>>& pieces, Bytes budget);
+  Bytes map_pieces(const std::vector<std::pair<std::uint32_t, Bytes>>& pieces, Bytes budget, std::uint32_t* first = nullptr);
   void keep_failed_growth(StreamId stream);
 
   SimDevice& device_;
@@ -167,13 +170,11 @@ class AsyncPoolAllocator final : public Allocator {
   std::uint64_t rng_state_;
   std::optional<Bytes> limit_;  // fraction x total, on requested bytes
   DeviceAddr base_ = 0;         // arena start, aligned to the granularity
-  Open open_;
-  FreeIndex sizes_;  // free ranges by (owner, size, start), for the best fit of one owner
-  NodeStash<Open> open_nodes_;
-  // Every open range's node, by the slot its Range and FreeIndex entry carry: a best fit goes
-  // straight to its range instead of searching the map for the address.
-  std::vector<Open::iterator> slots_;
-  std::vector<std::uint32_t> spare_slots_;
+  std::vector<Node> nodes_;  // by index; spare ones are listed in spare_nodes_
+  std::vector<std::uint32_t> spare_nodes_;
+  std::uint32_t head_ = kNil;  // the range at the arena's start
+  FreeIndex sizes_;  // free ranges by (owner, size, start); entries carry their node
+  std::map<DeviceAddr, std::uint32_t> unmapped_;  // unmapped ranges by start (a few: the tail, trimmed holes)
   std::vector<Live> keys_;
   // Event-edge bookkeeping (vector clocks): ticks_[s] counts frees on stream s;
   // seen_[w][s] is the latest free tick of s that stream w is ordered after.
@@ -189,7 +190,7 @@ class AsyncPoolAllocator final : public Allocator {
   // ranges before it (for the OOM's message).
   Bytes retained_ = 0;
   bool last_failed_ = false;  // the previous malloc failed (a retry adds to retained_)
-  std::vector<std::pair<DeviceAddr, Bytes>> failed_pieces_;  // the growth grow() could not back
+  std::vector<std::pair<std::uint32_t, Bytes>> failed_pieces_;  // the growth grow() could not back (unmapped nodes)
   Bytes largest_before_ = 0;
   Bytes usable_before_ = 0;
 };
