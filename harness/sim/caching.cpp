@@ -198,7 +198,7 @@ CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId st
   if (size >= options_.max_split_size && e.size >= size + options_.max_non_split_rounding) return kNone;
 
   const Index b = e.block;
-  erase_free(b);
+  pool.blocks.erase_at(it);  // erase_free(b) without searching for it again
   return b;
 }
 

@@ -54,7 +54,9 @@ class FreeIndex {
     std::uint32_t lane = 0;
     std::uint32_t bin = 0;
     std::uint32_t pos = 0;
-    bool valid = false;
+    // A word, not a bool: a 16-byte cursor copies in two aligned moves (a 13-byte one was copied in
+    // overlapping pieces that stalled store-to-load forwarding in the async pool's best fit).
+    std::uint32_t valid = 0;
   };
 
   void insert(StreamId stream, Bytes size, DeviceAddr addr, std::uint32_t block) {
@@ -82,35 +84,55 @@ class FreeIndex {
     --count_;
   }
 
+  // Erases the entry a cursor points at (no search).
+  void erase_at(Cursor c) {
+    Lane& lane = lanes_[c.lane];
+    std::vector<Entry>& bin = lane.bins[c.bin];
+    const Bytes size = bin[c.pos].size;
+    bin.erase(bin.begin() + c.pos);
+    if (bin.empty()) unmark(lane, c.bin);
+    lane.bytes -= size;
+    --lane.count;
+    total_bytes_ -= size;
+    --count_;
+  }
+
   // Replaces the entry (stream, old_size, old_addr), which must be present, by (size, addr) of
   // the same block (kept): in place when both fall in one bin (the usual case when a free range loses
   // its front to a tensor), else an erase and an insert.
   void replace(StreamId stream, Bytes old_size, DeviceAddr old_addr, Bytes size, DeviceAddr addr) {
-    const std::uint32_t b = bin_of(size);
+    const std::uint32_t l = find_lane(stream);
     const std::uint32_t ob = bin_of(old_size);
-    Lane& lane = lanes_[find_lane(stream)];
-    lane.bytes = lane.bytes - old_size + size;
-    total_bytes_ = total_bytes_ - old_size + size;
-    if (ob != b) {  // the usual case (a range losing a tensor's bytes moves bins): one search in each
-      std::vector<Entry>& old_bin = lane.bins[ob];
-      const auto at = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before);
-      const Entry e{size, addr, at->block};
+    std::vector<Entry>& old_bin = lanes_[l].bins[ob];
+    const auto at = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before);
+    replace_at(Cursor{l, ob, static_cast<std::uint32_t>(at - old_bin.begin()), true}, size, addr);
+  }
+
+  // The same for the entry a cursor points at (no search for it).
+  void replace_at(Cursor c, Bytes size, DeviceAddr addr) {
+    Lane& lane = lanes_[c.lane];
+    std::vector<Entry>& old_bin = lane.bins[c.bin];
+    const auto at = old_bin.begin() + c.pos;
+    const Entry e{size, addr, at->block};
+    lane.bytes = lane.bytes - at->size + size;
+    total_bytes_ = total_bytes_ - at->size + size;
+    const std::uint32_t b = bin_of(size);
+    if (c.bin != b) {  // the usual case (a range losing a tensor's bytes moves bins): one search in the new one
       old_bin.erase(at);
-      if (old_bin.empty()) unmark(lane, ob);
+      if (old_bin.empty()) unmark(lane, c.bin);
       std::vector<Entry>& bin = lane.bins[b];
       bin.insert(std::lower_bound(bin.begin(), bin.end(), e, before), e);
       mark(lane, b);
       return;
     }
-    std::vector<Entry>& bin = lane.bins[b];
-    const auto at = std::lower_bound(bin.begin(), bin.end(), Entry{old_size, old_addr, 0}, before);
-    const Entry e{size, addr, at->block};
-    const auto pos = std::lower_bound(bin.begin(), bin.end(), e, before);
-    if (pos <= at) {
-      std::rotate(pos, at, at + 1);
+    // Within the bin: the entry moves down when it sorts before its old place, else up.
+    if (before(e, *at)) {
+      const auto pos = std::lower_bound(old_bin.begin(), at, e, before);
+      std::move_backward(pos, at, at + 1);
       *pos = e;
     } else {
-      std::rotate(at, at + 1, pos);
+      const auto pos = std::lower_bound(at + 1, old_bin.end(), e, before);
+      std::move(at + 1, pos, at);
       *(pos - 1) = e;
     }
   }
