@@ -278,10 +278,11 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
 
   const Bytes rounded = round_up(size, kAsyncAlign);
   std::uint32_t at = kNil;  // the free range the block goes at the start of
+  FreeIndex::Cursor fit;    // its entry, when one range holds the block
   // Reuse what this stream may reuse (best fit on one free range of its own or synchronized
   // memory, else the best run of adjacent usable free ranges, other streams' frees included
   // where an event edge or the coin allows), else grow the pool.
-  bool found = best_single_fit(stream, rounded, at) ||
+  bool found = best_single_fit(stream, rounded, at, fit) ||
                best_run([&](const Node& r) { return usable(r, stream); }, rounded, at) ||
                grow(stream, rounded, at);
   // ReuseAllowInternalDependencies: only once the pool could not grow, take frees still
@@ -298,7 +299,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     return false;
   }
   const DeviceAddr addr = nodes_[at].start;
-  const std::uint32_t node = carve(at, rounded);
+  const std::uint32_t node = carve(at, rounded, fit);
   last_placed_ = addr;
   last_placed_size_ = rounded;
   keys_[key] = Live{true, false, addr, rounded, size, stream, false, node};
@@ -308,7 +309,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   return true;
 }
 
-bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at) const {
+bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const {
   bool found = false;
   Bytes best_size = 0;
   DeviceAddr best_addr = 0;
@@ -321,6 +322,7 @@ bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint3
       best_size = e.size;
       best_addr = e.addr;
       at = e.block;
+      fit = c;
     }
   }
   return found;
@@ -328,35 +330,29 @@ bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint3
 
 // The smallest run of adjacent free ranges accepted by `usable_range` that holds `size`
 // (lowest address on ties); the allocation goes at the start of the run (`at`, its first range).
+// Runs are found from the free index, not by walking the tensors: each accepted range with no
+// accepted range below it starts one.
 template <class Pred>
 bool AsyncPoolAllocator::best_run(Pred usable_range, Bytes size, std::uint32_t& at) const {
   // A run is made of free ranges, so none can hold more than every free byte.
   if (sizes_.total_bytes() < size) return false;
+  auto accepted = [&](std::uint32_t n) { return n != kNil && nodes_[n].kind == Kind::free && usable_range(nodes_[n]); };
   bool found = false;
   Bytes best_total = 0;
-  std::uint32_t run_start = kNil;  // the run being walked, kNil between runs
-  Bytes run_total = 0;
-  auto close_run = [&] {
-    if (run_start != kNil && run_total >= size && (!found || run_total < best_total)) {
+  DeviceAddr best_start = 0;
+  sizes_.for_each([&](const FreeIndex::Entry& e) {
+    const std::uint32_t first = e.block;
+    if (!usable_range(nodes_[first]) || accepted(nodes_[first].prev)) return;
+    Bytes total = 0;
+    for (std::uint32_t n = first; accepted(n); n = nodes_[n].next) total += nodes_[n].size;
+    if (total < size) return;
+    if (!found || total < best_total || (total == best_total && e.addr < best_start)) {
       found = true;
-      best_total = run_total;
-      at = run_start;
+      best_total = total;
+      best_start = e.addr;
+      at = first;
     }
-    run_start = kNil;
-  };
-  for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
-    const Node& r = nodes_[n];
-    if (r.kind == Kind::free && usable_range(r)) {
-      if (run_start == kNil) {
-        run_start = n;
-        run_total = 0;
-      }
-      run_total += r.size;
-    } else {
-      close_run();
-    }
-  }
-  close_run();
+  });
   return found;
 }
 
@@ -490,13 +486,27 @@ void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, std::uin
 
 // Gives `size` bytes of free ranges to a tensor: `n` is the free range where a run of adjacent
 // free ranges starts (every placement is at one), and the rest of the last range stays free with
-// its owner. Returns the tensor's range.
-std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size) {
+// its owner. `fit`, when valid, is n's entry in the free index (n holds the block alone). Returns
+// the tensor's range.
+std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit) {
   const std::uint32_t below = nodes_[n].prev;
   Node tensor;
   tensor.start = nodes_[n].start;
   tensor.size = size;
   tensor.kind = Kind::tensor;
+  if (fit.valid) {  // one range: its entry is known, no search
+    Node& r = nodes_[n];
+    if (size < r.size) {
+      sizes_.replace_at(fit, r.size - size, r.start + size);
+      r.start += size;
+      r.size -= size;
+    } else {
+      sizes_.erase_at(fit);
+      r.kind = Kind::tensor;  // out of the index already
+      unlink(n);
+    }
+    return link_new(tensor, below);
+  }
   Bytes left = size;
   while (left > 0) {
     if (n == kNil || nodes_[n].kind != Kind::free) {

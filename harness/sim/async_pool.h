@@ -146,12 +146,12 @@ class AsyncPoolAllocator final : public Allocator {
   };
 
   bool usable(const Node& r, StreamId stream) const;
-  bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at) const;
+  bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const;
   template <class Pred>
   bool best_run(Pred usable_range, Bytes size, std::uint32_t& at) const;
   bool grow(StreamId stream, Bytes size, std::uint32_t& at);
   void take_with_internal_dependency(StreamId stream, std::uint32_t at, Bytes size);
-  std::uint32_t carve(std::uint32_t n, Bytes size);
+  std::uint32_t carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit);
   std::uint32_t link_new(const Node& proto, std::uint32_t after);
   void unlink(std::uint32_t n);
   void index(std::uint32_t n);
