@@ -22,9 +22,9 @@ std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, 
       us = flops / (s.device.tflops * 1e6);
       break;
     }
-    default: break;
+    default: return 0;  // no modelled time (most ops: allocations and frees)
   }
-  return static_cast<std::uint64_t>(std::llround(us));
+  return us > 0 ? static_cast<std::uint64_t>(std::llround(us)) : 0;
 }
 
 DynamicRuntime::DynamicRuntime(const Scenario& s, const Program& p, sim::Aimdo& aimdo, TorchView& torch)
