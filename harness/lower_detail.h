@@ -81,6 +81,7 @@ class DynamicLowering {
   struct Block {
     std::uint32_t first = 0;  // module range [first, last) in forward order, staged ones faulted together
     std::uint32_t last = 0;
+    bool keyed = false;  // a block of the prefetch queue (its modules' names share a block key)
   };
   void fault(std::uint32_t m, std::uint32_t i, std::uint8_t flags);
   void unpin(std::uint32_t m, std::uint32_t i);

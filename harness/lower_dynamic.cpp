@@ -145,7 +145,7 @@ std::vector<DynamicLowering::Block> DynamicLowering::blocks(std::uint32_t m) con
     if (!key.empty()) {
       while (j < n && block_key(model.modules[j].name) == key) ++j;
     }
-    out.push_back(Block{i, j});
+    out.push_back(Block{i, j, !key.empty()});
     i = j;
   }
   return out;
@@ -184,10 +184,12 @@ void DynamicLowering::forward(const StagePlan& sp) {
         for (std::uint32_t b : temps) out_.free(Phase::forward, b);
         continue;
       }
-      if (prefetch && !block_key(mod.name).empty()) {
+      if (prefetch) {
+        while (groups[g].last <= i) ++g;
+      }
+      if (prefetch && groups[g].keyed) {
         // prefetch_queue_pop: the consumed block is unpinned, then this block's staged modules
         // are faulted together.
-        while (groups[g].last <= i) ++g;
         if (faulted != g) {
           for (const std::uint32_t p : pinned) unpin(m, p);
           pinned.clear();
