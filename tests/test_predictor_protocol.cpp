@@ -105,6 +105,53 @@ TEST(PredictorProtocol, ARequestCarriesEveryModelInlineAndNothingThePlannerDoesN
   }
 }
 
+// What check_view says of a request's view against the scenario: its error, or "accepted".
+std::string view_error(const nlohmann::json& view, const Scenario& s) {
+  try {
+    check_view(JsonIn(view, "request.view"), s);
+  } catch (const InputError& e) {
+    return std::string(e.what());
+  }
+  return std::string("accepted");
+}
+
+TEST(PredictorProtocol, AServerChecksTheViewAgainstTheScenario) {
+  Catalog catalog;
+  std::map<AllocatorMode, int> modes;
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    const Scenario s = generated(seed, catalog, "comfy:dec2025,comfy:sep2026");
+    ++modes[s.allocator.mode];
+    const nlohmann::json view = nlohmann::json::parse(request_line(s, 1))["view"];
+    EXPECT_EQ(view_error(view, s), "accepted") << "seed " << seed;
+  }
+  EXPECT_GE(modes.size(), 3u);  // the generator draws the allocator: the backends are all checked
+
+  Scenario s = generated(3, catalog, "comfy:dec2025");
+  s.allocator.mode = AllocatorMode::caching;
+  const nlohmann::json view = nlohmann::json::parse(request_line(s, 1))["view"];
+  auto with = [&](const char* key, nlohmann::json value) {
+    nlohmann::json v = view;
+    v[key] = std::move(value);
+    return view_error(v, s);
+  };
+  const Bytes free = s.device.available();
+  EXPECT_EQ(with("free", free - 1),
+            fmt::format("request.view.free: {} but the scenario says {} (device.total less the context and other processes)", free - 1, free));
+  EXPECT_EQ(with("total", s.device.total + 512),
+            fmt::format("request.view.total: {} but the scenario says {} (device.total)", s.device.total + 512, s.device.total));
+  EXPECT_EQ(with("torch_reserved", 20 * MiB), "request.view.torch_reserved: 20971520 but the scenario says 0 (each case runs in a fresh process)");
+  EXPECT_EQ(with("allocator_backend", "cudaMallocAsync"),
+            "request.view.allocator_backend: \"cudaMallocAsync\" but the scenario's allocator is caching (\"native\")");
+  EXPECT_EQ(with("allocator_backend", "native "), "request.view.allocator_backend: \"native \" is not a backend: native, cudaMallocAsync or raw");
+  EXPECT_EQ(with("expandable_segments", true), "request.view.expandable_segments: true but the scenario's allocator is caching");
+  EXPECT_NE(with("free", "24GiB").find("request.view.free: "), std::string::npos);
+  EXPECT_NE(with("torch_activ", 0).find("torch_activ"), std::string::npos);  // a misspelt key is refused, not ignored
+  nlohmann::json missing = view;
+  missing.erase("torch_active");
+  EXPECT_NE(view_error(missing, s).find("torch_active"), std::string::npos);
+  EXPECT_EQ(view_error(nlohmann::json::array(), s).rfind("request.view: expected an object", 0), 0u);
+}
+
 // The request is written as text (scenario_json_compact), not through a document: the text is
 // the document's, byte for byte, on generated cases (catalog and synthetic models, repeats,
 // modules without the cast hook) and on names that need escaping.

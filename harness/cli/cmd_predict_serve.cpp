@@ -51,6 +51,9 @@ std::string answer(const std::string& line, const Policy& serve, Catalog& catalo
     }
     s.policy = p;
     validate_scenario(s);
+    // The view is the scenario's device and allocator as the runtime's accounting sees them:
+    // planned from the scenario, a view that says otherwise would be answered wrongly.
+    if (const auto view = j.opt("view")) check_view(*view, s);
     return plan_reply_line(s, predict(s), id, true);
   } catch (const InputError& e) {
     return error_reply_line(id, e.what());

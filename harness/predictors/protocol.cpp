@@ -343,6 +343,31 @@ std::string request_text(const Scenario& s, std::uint64_t id, const std::vector<
 
 std::string request_line(const Scenario& s, std::uint64_t id) { return request_text(s, id, nullptr, nullptr, {}); }
 
+void check_view(const JsonIn& view, const Scenario& s) {
+  if (!view.is_object()) view.fail("expected an object");
+  view.expect_object({"total", "free", "torch_reserved", "torch_active", "allocator_backend", "expandable_segments"});
+  auto same = [&](std::string_view key, Bytes want, std::string_view what) {
+    const JsonIn v = view.at(key);
+    const Bytes got = v.u64();
+    if (got != want) v.fail(fmt::format("{} but the scenario says {} ({})", got, want, what));
+  };
+  same("total", s.device.total, "device.total");
+  same("free", s.device.available(), "device.total less the context and other processes");
+  same("torch_reserved", 0, "each case runs in a fresh process");
+  same("torch_active", 0, "each case runs in a fresh process");
+  const JsonIn backend = view.at("allocator_backend");
+  if (const std::string_view b = backend.str_view(); b != "native" && b != "cudaMallocAsync" && b != "raw") {
+    backend.fail(fmt::format("\"{}\" is not a backend: native, cudaMallocAsync or raw", b));
+  } else if (b != allocator_backend(s.allocator.mode)) {
+    backend.fail(fmt::format("\"{}\" but the scenario's allocator is {} (\"{}\")", b, allocator_mode_name(s.allocator.mode),
+                             allocator_backend(s.allocator.mode)));
+  }
+  const JsonIn expandable = view.at("expandable_segments");
+  if (expandable.boolean() != (s.allocator.mode == AllocatorMode::caching_expandable)) {
+    expandable.fail(fmt::format("{} but the scenario's allocator is {}", expandable.boolean(), allocator_mode_name(s.allocator.mode)));
+  }
+}
+
 void SpecRefs::reset() {
   by_fp_.clear();
   lru_.clear();

@@ -58,6 +58,12 @@ PredictorHello parse_hello(const nlohmann::json& j, const std::string& origin);
 // no name, no activation source, no knee or log provenance; its policy is the runtime preset
 // with the case's overrides.
 std::string request_line(const Scenario& s, std::uint64_t id);
+// A request's `view` against its scenario, as a server planning from the scenario reads it: an
+// object of exactly the keys request_line writes, each of its type, and saying what the scenario
+// says (total, free, a fresh process's empty allocator, the allocator's backend). A server that
+// planned from the scenario while the view said otherwise would answer another case than the
+// one asked; what disagrees is an InputError naming the field (`request.view.free`).
+void check_view(const JsonIn& view, const Scenario& s);
 
 // The client's side of supports.spec_refs: which model specs (kind, family, memory usage factor,
 // arch, modules) this predictor process holds, by number. The first request with a spec writes
