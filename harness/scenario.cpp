@@ -17,6 +17,7 @@
 #include "harness/case_file.h"
 #include "harness/comfy_log.h"
 #include "harness/core/error.h"
+#include "harness/core/flat_name_index.h"
 #include "harness/core/json_in.h"
 #include "harness/core/json_text.h"
 #include "harness/predictors/external.h"
@@ -604,58 +605,12 @@ std::optional<std::pair<std::size_t, std::size_t>> first_repeated_name(const std
 }
 
 // The module names of a model read so far, as indices into its module list (which may grow and
-// move): a flat open-addressing table. A node per name (std::unordered_map<std::string, ...>) was
-// a sixth of reading a million modules, and freeing its nodes another tenth.
-class ModuleNames {
- public:
-  ModuleNames(const std::vector<Module>& modules, std::size_t expected) : modules_(modules) {
-    std::size_t cap = 16;
-    while (cap < 2 * expected) cap *= 2;
-    slots_.resize(cap);
-  }
-  // The index of the module already named `name`, if any.
-  std::optional<std::uint32_t> find(std::string_view name) const {
-    const Slot& s = slots_[probe(name, hash(name))];
-    if (s.index == 0) return std::nullopt;
-    return s.index - 1;
-  }
-  // Adds modules[i] (in the list already; its name not yet in the table).
-  void add(std::uint32_t i) {
-    if (2 * (count_ + 1) > slots_.size()) grow();
-    const std::uint64_t h = hash(modules_[i].name);
-    slots_[probe(modules_[i].name, h)] = Slot{i + 1, static_cast<std::uint32_t>(h)};
-    ++count_;
-  }
-
- private:
-  struct Slot {
-    std::uint32_t index = 0;  // module index + 1; 0: empty
-    std::uint32_t hash = 0;   // the name's hash, low bits (a cheap mismatch before the names)
-  };
-  static std::uint64_t hash(std::string_view name) { return std::hash<std::string_view>{}(name); }
-  // The slot holding `name`, or the empty slot where it would go (the table is never full).
-  std::size_t probe(std::string_view name, std::uint64_t h) const {
-    const std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
-      if (s.index == 0 || (s.hash == static_cast<std::uint32_t>(h) && modules_[s.index - 1].name == name)) return i;
-    }
-  }
-  void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
-    old.swap(slots_);
-    const std::size_t mask = slots_.size() - 1;
-    for (const Slot& s : old) {
-      if (s.index == 0) continue;
-      std::size_t i = hash(modules_[s.index - 1].name) & mask;
-      while (slots_[i].index != 0) i = (i + 1) & mask;
-      slots_[i] = s;
-    }
-  }
-  const std::vector<Module>& modules_;
-  std::vector<Slot> slots_;
-  std::size_t count_ = 0;
+// move: the names are read through the vector each time).
+struct ModuleNameOf {
+  const std::vector<Module>* modules;
+  std::string_view operator()(std::uint32_t i) const { return (*modules)[i].name; }
 };
+using ModuleNames = FlatNameIndex<ModuleNameOf>;
 
 // A name a report, a log line or a terminal shows (a model id, a module or tensor name): no control
 // bytes. A name with \u0000 or an escape sequence in it is a damaged or hostile file, and would cut
@@ -697,7 +652,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
     const std::string at = fmt::format("{}[{}].tensors[{}]", j.path(), g.entry, g.tensor);
     return g.repeated ? fmt::format("{} (copy {})", at, g.copy) : at;
   };
-  ModuleNames module_at(modules, n);  // the names so far (where each was given: given_at)
+  ModuleNames module_at(ModuleNameOf{&modules}, n);  // the names so far (where each was given: given_at)
   std::uint64_t tensor_count = 0, tensor_count_step = 0;
   std::vector<std::size_t> entry_of;                  // per module: the entry that gave it (repeat expands one entry)
   // Full tensor names ("a.b.weight") -> where each was given. While no tensor name has a dot,

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/core/flat_name_index.h"
 
 namespace vf {
 
@@ -95,52 +96,26 @@ bool owns_parameters(const Module& m) {
 
 namespace {
 
-// A set of names (views into the modules' names) in one flat table with open addressing: the
-// node-based std::unordered_set allocated a node per name and chased it at every probe, which was
-// a quarter of reading a 1,000,000-module scenario.
+// A set of names (views into the modules' names, which outlive it).
 class NameSet {
  public:
-  explicit NameSet(std::size_t expected) {
-    std::size_t cap = 16;
-    while (cap < 2 * expected) cap *= 2;
-    slots_.resize(cap);
-  }
+  explicit NameSet(std::size_t expected) : index_(ViewAt{&names_}, expected) { names_.reserve(expected); }
   // Inserts `name`; false if it was there already.
   bool insert(std::string_view name) {
-    if (2 * (count_ + 1) > slots_.size()) grow();
-    const std::size_t h = hash(name);
-    Slot& s = slots_[find(name, h)];
-    if (s.used) return false;
-    s = Slot{name, h, true};
-    ++count_;
+    if (index_.find(name)) return false;
+    names_.push_back(name);
+    index_.add(static_cast<std::uint32_t>(names_.size() - 1));
     return true;
   }
-  bool contains(std::string_view name) const { return slots_[find(name, hash(name))].used; }
+  bool contains(std::string_view name) const { return index_.find(name).has_value(); }
 
  private:
-  struct Slot {
-    std::string_view name;
-    std::size_t hash = 0;
-    bool used = false;
+  struct ViewAt {
+    const std::vector<std::string_view>* names;
+    std::string_view operator()(std::uint32_t i) const { return (*names)[i]; }
   };
-  static std::size_t hash(std::string_view name) { return std::hash<std::string_view>{}(name); }
-  // The slot holding `name`, or the empty slot where it would go (the table is never full).
-  std::size_t find(std::string_view name, std::size_t h) const {
-    const std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
-      const Slot& s = slots_[i];
-      if (!s.used || (s.hash == h && s.name == name)) return i;
-    }
-  }
-  void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
-    old.swap(slots_);
-    for (const Slot& s : old) {
-      if (s.used) slots_[find(s.name, s.hash)] = s;
-    }
-  }
-  std::vector<Slot> slots_;
-  std::size_t count_ = 0;
+  std::vector<std::string_view> names_;
+  FlatNameIndex<ViewAt> index_;
 };
 
 }  // namespace
