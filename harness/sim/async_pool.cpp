@@ -540,7 +540,9 @@ void AsyncPoolAllocator::free(BlockKey key) {
   stats_.active.sub(l.size);
   stats_.requested.sub(l.requested);
 
-  Node& fr = nodes_[l.node];
+  const std::uint32_t n = l.node;  // the tensor's range becomes free memory
+  l.node = kNil;
+  Node& fr = nodes_[n];
   fr.kind = Kind::free;
   if (l.recorded) {
     // PyTorch frees a block used on several streams on its "unifier" stream, which waits for
@@ -552,8 +554,7 @@ void AsyncPoolAllocator::free(BlockKey key) {
     fr.free_tick = ++ticks_[l.stream];
   }
   fr.opportunistic = options_.reuse_allow_opportunistic && coin();
-  l.node = kNil;
-  place(static_cast<std::uint32_t>(&fr - nodes_.data()));
+  place(n);
 }
 
 void AsyncPoolAllocator::record_stream(BlockKey key, StreamId stream) {
