@@ -263,7 +263,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   last_failed_ = false;
   failed_pieces_.clear();
   if (size == 0) {  // PyTorch does not call cudaMallocAsync for an empty tensor
-    keys_[key] = Live{true, true, 0, 0, 0, stream, false, kNil};
+    keys_[key] = Live{0, kNil, stream, true, true, false};
     return true;
   }
   if (size >= kMaxAsyncRequest) {
@@ -302,7 +302,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   const std::uint32_t node = carve(at, rounded, fit);
   last_placed_ = addr;
   last_placed_size_ = rounded;
-  keys_[key] = Live{true, false, addr, rounded, size, stream, false, node};
+  keys_[key] = Live{size, node, stream, true, false, false};
   stats_.allocated.add(rounded);
   stats_.active.add(rounded);
   stats_.requested.add(size);
@@ -536,8 +536,9 @@ void AsyncPoolAllocator::free(BlockKey key) {
   l.live = false;
   last_placed_size_ = 0;
   if (l.zero) return;
-  stats_.allocated.sub(l.size);
-  stats_.active.sub(l.size);
+  const Bytes size = nodes_[l.node].size;
+  stats_.allocated.sub(size);
+  stats_.active.sub(size);
   stats_.requested.sub(l.requested);
 
   const std::uint32_t n = l.node;  // the tensor's range becomes free memory
@@ -699,13 +700,13 @@ void AsyncPoolAllocator::reset_peak_stats() {
 
 std::optional<DeviceAddr> AsyncPoolAllocator::address(BlockKey key) const {
   if (key >= keys_.size() || !keys_[key].live || keys_[key].zero) return std::nullopt;
-  return keys_[key].addr;
+  return nodes_[keys_[key].node].start;
 }
 
 void AsyncPoolAllocator::live_blocks(std::vector<BlockView>& out) const {
   for (BlockKey k = 0; k < keys_.size(); ++k) {
     const Live& l = keys_[k];
-    if (l.live && !l.zero) out.push_back(BlockView{k, l.addr, l.size, l.requested, l.stream});
+    if (l.live && !l.zero) out.push_back(BlockView{k, nodes_[l.node].start, nodes_[l.node].size, l.requested, l.stream});
   }
 }
 

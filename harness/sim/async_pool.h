@@ -82,10 +82,7 @@ class AsyncPoolAllocator final : public Allocator {
   Bytes held_at_oom(StreamId stream, Bytes request) const override {
     return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream, request);
   }
-  void reserve_keys(std::size_t keys) override {
-    keys_.reserve(keys);
-    nodes_.reserve(keys + 16);
-  }
+  void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
 
   // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
   // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).
@@ -134,15 +131,14 @@ class AsyncPoolAllocator final : public Allocator {
     bool open() const { return kind != Kind::tensor; }
   };
 
+  // A key's block: its range (the node holds the address and the 512 B-rounded size).
   struct Live {
-    bool live = false;
-    bool zero = false;  // a 0-byte request: PyTorch never calls cudaMallocAsync for it
-    DeviceAddr addr = 0;
-    Bytes size = 0;       // 512 B-rounded
     Bytes requested = 0;
+    std::uint32_t node = kNil;  // kNil for a 0-byte request
     StreamId stream = 0;
+    bool live = false;
+    bool zero = false;      // a 0-byte request: PyTorch never calls cudaMallocAsync for it
     bool recorded = false;  // record_stream on another stream: the free goes to the unifier
-    std::uint32_t node = kNil;
   };
 
   bool usable(const Node& r, StreamId stream) const;
