@@ -246,11 +246,14 @@ class Lowerer final : public lowering::ProgramSink {
   }
 
   void move_to_device(std::uint32_t m, std::uint32_t i) {
-    const Module& mod = s_.models[m].spec->modules[i];
-    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-      const std::uint32_t b = alloc(Phase::load, mod.tensors[t].bytes, 0, BufferKind::weight, m, i, t);
+    // The tensors' bytes from the model's flat array (the Tensor structs are cold in a large model).
+    const ModelSpec& spec = *s_.models[m].spec;
+    const std::uint32_t first = spec.tensor_first[i], count = spec.tensor_first[i + 1] - first;
+    const std::span<std::uint32_t> slots = weights_[m].of(i);
+    for (std::uint32_t t = 0; t < count; ++t) {
+      const std::uint32_t b = alloc(Phase::load, spec.tensor_sizes[first + t], 0, BufferKind::weight, m, i, t);
       emit(OpKind::h2d, Phase::load, 0, b);
-      weights_[m].of(i)[t] = b;
+      slots[t] = b;
     }
     resident_[m][i] = 1;
   }

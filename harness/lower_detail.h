@@ -45,14 +45,9 @@ class ProgramSink {
 class TensorSlots {
  public:
   void init(const ModelSpec& model) {
-    first_.resize(model.modules.size() + 1);
-    std::uint32_t n = 0;
-    for (std::size_t i = 0; i < model.modules.size(); ++i) {
-      first_[i] = n;
-      n += static_cast<std::uint32_t>(model.modules[i].tensors.size());
-    }
-    first_.back() = n;
-    slot_.assign(n, kNone);
+    (void)module_sizes(model);  // checks tensor_first against the modules
+    first_ = model.tensor_first;
+    slot_.assign(first_.back(), kNone);
   }
   std::span<std::uint32_t> of(std::uint32_t module) { return {slot_.data() + first_[module], slot_.data() + first_[module + 1]}; }
   std::span<const std::uint32_t> of(std::uint32_t module) const {

@@ -105,14 +105,15 @@ bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const Ex
     }
     if (!lp || lp->lowvram.empty()) continue;
     const ModelSpec& spec = *s.models[sp.model].spec;
+    const std::vector<Bytes>& sizes = module_sizes(spec);  // modules[i].bytes, flat
     Bytes largest = 0, offloaded_bytes = 0;
     std::uint32_t offloaded = 0, largest_module = kNone;
-    for (std::uint32_t i = 0; i < lp->lowvram.size() && i < spec.modules.size(); ++i) {
+    for (std::uint32_t i = 0; i < lp->lowvram.size() && i < sizes.size(); ++i) {
       if (!lp->lowvram[i]) continue;
       ++offloaded;
-      offloaded_bytes += spec.modules[i].bytes;
-      if (spec.modules[i].bytes > largest) {
-        largest = spec.modules[i].bytes;
+      offloaded_bytes += sizes[i];
+      if (sizes[i] > largest) {
+        largest = sizes[i];
         largest_module = i;
       }
     }

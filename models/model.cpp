@@ -159,8 +159,12 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
   const std::string params_what = named ? fmt::format("{}{}params", path, path.empty() ? "" : ".") : std::string();
   const std::string bytes_what = named ? fmt::format("{}{}bytes", path, path.empty() ? "" : ".") : std::string();
   mark_containers(m.modules);
+  m.module_sizes.assign(m.modules.size(), 0);
+  m.tensor_first.assign(m.modules.size() + 1, 0);
+  m.tensor_sizes.clear();
   for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
     Module& mod = m.modules[mi];
+    m.tensor_first[mi] = static_cast<std::uint32_t>(m.tensor_sizes.size());
     const std::string module_path = named ? child_path(path, "modules", mi) : std::string();
     if (mod.container && mod.cast_hook) {
       // ComfyUI's castable ops (Linear, Conv, Norm, Embedding) are leaves: a module with
@@ -185,13 +189,40 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
     }
     mod.bytes = module_bytes;
     mod.weight_numel = weight_numel;
+    m.module_sizes[mi] = module_bytes;
+    for (const Tensor& t : mod.tensors) m.tensor_sizes.push_back(t.bytes);
     model_bytes = checked_add(model_bytes, module_bytes, bytes_what);
   }
+  m.tensor_first[m.modules.size()] = static_cast<std::uint32_t>(m.tensor_sizes.size());
   m.params = params;
   m.bytes = model_bytes;
 }
 
 }  // namespace
+
+namespace {
+
+// The flat arrays against the modules: their lengths always (cheap), every entry in builds with
+// assertions (the sanitized suites, which shrink and edit models the most).
+void check_flat(const ModelSpec& m) {
+  bool ok = m.module_sizes.size() == m.modules.size() && m.tensor_first.size() == m.modules.size() + 1 &&
+            m.tensor_first.back() == m.tensor_sizes.size();
+#ifndef NDEBUG
+  for (std::size_t i = 0; ok && i < m.modules.size(); ++i) {
+    const Module& mod = m.modules[i];
+    ok = m.module_sizes[i] == mod.bytes && m.tensor_first[i + 1] - m.tensor_first[i] == mod.tensors.size();
+    for (std::size_t t = 0; ok && t < mod.tensors.size(); ++t) ok = m.tensor_sizes[m.tensor_first[i] + t] == mod.tensors[t].bytes;
+  }
+#endif
+  if (!ok) throw InfraError(fmt::format("model \"{}\": its modules changed after finalize_model", m.name));
+}
+
+}  // namespace
+
+const std::vector<Bytes>& module_sizes(const ModelSpec& m) {
+  check_flat(m);
+  return m.module_sizes;
+}
 
 void finalize_model(ModelSpec& m, std::string_view path) {
   try {

@@ -108,7 +108,18 @@ struct ModelSpec {
   std::vector<Module> modules;  // forward order
   std::uint64_t params = 0;     // derived
   Bytes bytes = 0;              // derived: total storage bytes
+  // Derived too, for the loops that visit every module of a large model (the planner's walk, the
+  // lowering's loads): each module's bytes (modules[i].bytes) and each tensor's, in flat arrays,
+  // eight to a cache line where a Module is 96 bytes and a Tensor 80 read for one field each.
+  // Whoever edits `modules` finalizes again, as for every derived field.
+  std::vector<Bytes> module_sizes;          // modules[i].bytes
+  std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensor_sizes[tensor_first[i], tensor_first[i + 1])
+  std::vector<Bytes> tensor_sizes;          // modules[i].tensors[t].bytes, module after module
 };
+
+// m.module_sizes, checked against the modules (tensor_first and tensor_sizes with them): a model
+// edited after finalize_model is our bug, and an InfraError, never a plan from stale sizes.
+const std::vector<Bytes>& module_sizes(const ModelSpec& m);
 
 // Fills the derived fields (numel, bytes per tensor and module, containers, params and bytes of
 // the model). `path` prefixes error messages ("models[0]"); throws InputError on overflow and on

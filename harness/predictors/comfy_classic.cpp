@@ -363,13 +363,14 @@ class ComfyPlanner {
     lp.sorted = memo.order;
 
     lp.lowvram.assign(model.modules.size(), 0);
+    const std::vector<Bytes>& sizes = module_sizes(model);  // modules[i].bytes, flat
     if (budget_total > as_signed(model.bytes)) {
       // Step 5, full load: the walk places every listed module and reserves no buffer, then
       // model.to(device) moves the rest, and ComfyUI counts the whole model as loaded. Its log
       // line, printed in between, counts what the walk placed.
       lp.full_load = true;
       lp.resident.assign(model.modules.size(), 1);
-      for (std::uint32_t i : lp.sorted) lp.loaded += model.modules[i].bytes;
+      for (std::uint32_t i : lp.sorted) lp.loaded += sizes[i];
       st.loaded = model.bytes;
     } else {
       // Whatever the walk does not place stays where it was.
@@ -380,13 +381,13 @@ class ComfyPlanner {
     std::uint32_t lowvram_modules = 0;
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       if (!lp.lowvram[i]) continue;
-      lp.offloaded += model.modules[i].bytes;
+      lp.offloaded += sizes[i];
       ++lowvram_modules;
     }
     lp.uncounted = model.bytes - lp.loaded - lp.offloaded;
     st.resident = lp.resident;
     st.on_device = 0;
-    for (std::uint32_t i = 0; i < model.modules.size(); ++i) st.on_device += lp.resident[i] ? model.modules[i].bytes : 0;
+    for (std::uint32_t i = 0; i < model.modules.size(); ++i) st.on_device += lp.resident[i] ? sizes[i] : 0;
     st.offload_buffer = lp.offload_buffer;
     transient_window(ref, lp);
     // "loaded partially" when a module is cast on the fly, else "loaded completely", a walk
@@ -406,30 +407,31 @@ class ComfyPlanner {
   // its potential and marks a cast-hook module for casting on the fly. A raw module that misses
   // is not moved: it stays where it was (lp.resident holds that on entry).
   void walk(const ModelSpec& model, LoadPlan& lp, i64 budget) {
+    const std::vector<Bytes>& sizes = module_sizes(model);  // modules[i].bytes, flat
     Bytes largest = 0;
-    for (std::uint32_t i : lp.sorted) largest = std::max(largest, model.modules[i].bytes);
+    for (std::uint32_t i : lp.sorted) largest = std::max(largest, sizes[i]);
     Bytes loaded = 0;
     Bytes buffer = 0;
     const bool lora = s_.models[lp.model].lora;
     for (std::size_t k = 0; k < lp.sorted.size(); ++k) {
       const std::uint32_t i = lp.sorted[k];
-      const Module& mod = model.modules[i];
+      const Bytes bytes = sizes[i];
       Bytes potential = 0;
       switch (c_.account) {
         case AccountMode::none: break;
         case AccountMode::largest: potential = lp.offload_cost[i] + ns_ * largest; break;
         case AccountMode::lookahead:
           potential = lp.offload_cost[i];
-          for (std::size_t n = 1; n <= ns_ && k + n < lp.sorted.size(); ++n) potential += model.modules[lp.sorted[k + n]].bytes;
+          for (std::size_t n = 1; n <= ns_ && k + n < lp.sorted.size(); ++n) potential += sizes[lp.sorted[k + n]];
           break;
       }
       potential = std::max(buffer, potential);
-      if (as_signed(loaded + mod.bytes + potential) < budget) {
+      if (as_signed(loaded + bytes + potential) < budget) {
         lp.resident[i] = 1;
-        loaded += mod.bytes;
+        loaded += bytes;
       } else {
         buffer = potential;
-        if (mod.cast_hook) {
+        if (model.modules[i].cast_hook) {
           lp.resident[i] = 0;
           lp.lowvram[i] = 1;
           if (lora) ++lp.lowvram_patches;
@@ -447,13 +449,14 @@ class ComfyPlanner {
   // Only modules cast on the fly are transferred; a raw module left in host memory is not.
   void transient_window(const ModelRef& ref, LoadPlan& lp) const {
     const ModelSpec& model = *ref.spec;
+    const std::vector<Bytes>& sizes = module_sizes(model);  // modules[i].bytes, flat
     std::vector<std::uint32_t> off;
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       if (lp.lowvram[i]) off.push_back(i);
     }
     for (std::size_t j = 0; j < off.size(); ++j) {
       Bytes w = 0;
-      for (std::size_t n = 0; n <= ns_ && j + n < off.size(); ++n) w += model.modules[off[j + n]].bytes;
+      for (std::size_t n = 0; n <= ns_ && j + n < off.size(); ++n) w += sizes[off[j + n]];
       for (const Tensor& t : model.modules[off[j]].tensors) {
         if (!is_parameter(t)) continue;
         if (ref.lora && t.role == TensorRole::weight) {
