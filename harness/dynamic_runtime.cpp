@@ -17,7 +17,9 @@ std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, 
     case OpKind::vbar_fault: us = copy_us(moved); break;
     case OpKind::compute: {
       if (op.phase != Phase::forward || op.module == kNone) break;  // LoRA merges at load: no model time
-      const std::uint64_t elements = s.models[op.model].spec->modules[op.module].weight_numel;
+      // From the flat array (checked against the modules when the program was lowered): the
+      // Module itself is a cache miss per op in a large model.
+      const std::uint64_t elements = s.models[op.model].spec->module_weight_numels[op.module];
       const double flops = 2.0 * static_cast<double>(elements) * static_cast<double>(p.stage_rows[op.stage]);
       us = flops / (s.device.tflops * 1e6);
       break;

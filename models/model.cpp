@@ -160,6 +160,7 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
   const std::string bytes_what = named ? fmt::format("{}{}bytes", path, path.empty() ? "" : ".") : std::string();
   mark_containers(m.modules);
   m.module_sizes.assign(m.modules.size(), 0);
+  m.module_weight_numels.assign(m.modules.size(), 0);
   m.tensor_first.assign(m.modules.size() + 1, 0);
   m.tensor_sizes.clear();
   for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
@@ -190,6 +191,7 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
     mod.bytes = module_bytes;
     mod.weight_numel = weight_numel;
     m.module_sizes[mi] = module_bytes;
+    m.module_weight_numels[mi] = weight_numel;
     for (const Tensor& t : mod.tensors) m.tensor_sizes.push_back(t.bytes);
     model_bytes = checked_add(model_bytes, module_bytes, bytes_what);
   }
@@ -205,12 +207,14 @@ namespace {
 // The flat arrays against the modules: their lengths always (cheap), every entry in builds with
 // assertions (the sanitized suites, which shrink and edit models the most).
 void check_flat(const ModelSpec& m) {
-  bool ok = m.module_sizes.size() == m.modules.size() && m.tensor_first.size() == m.modules.size() + 1 &&
+  bool ok = m.module_sizes.size() == m.modules.size() && m.module_weight_numels.size() == m.modules.size() &&
+            m.tensor_first.size() == m.modules.size() + 1 &&
             m.tensor_first.back() == m.tensor_sizes.size();
 #ifndef NDEBUG
   for (std::size_t i = 0; ok && i < m.modules.size(); ++i) {
     const Module& mod = m.modules[i];
-    ok = m.module_sizes[i] == mod.bytes && m.tensor_first[i + 1] - m.tensor_first[i] == mod.tensors.size();
+    ok = m.module_sizes[i] == mod.bytes && m.module_weight_numels[i] == mod.weight_numel &&
+         m.tensor_first[i + 1] - m.tensor_first[i] == mod.tensors.size();
     for (std::size_t t = 0; ok && t < mod.tensors.size(); ++t) ok = m.tensor_sizes[m.tensor_first[i] + t] == mod.tensors[t].bytes;
   }
 #endif

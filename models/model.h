@@ -113,6 +113,7 @@ struct ModelSpec {
   // eight to a cache line where a Module is 96 bytes and a Tensor 80 read for one field each.
   // Whoever edits `modules` finalizes again, as for every derived field.
   std::vector<Bytes> module_sizes;          // modules[i].bytes
+  std::vector<std::uint64_t> module_weight_numels;  // modules[i].weight_numel (the modelled compute time)
   std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensor_sizes[tensor_first[i], tensor_first[i + 1])
   std::vector<Bytes> tensor_sizes;          // modules[i].tensors[t].bytes, module after module
 };
