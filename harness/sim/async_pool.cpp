@@ -292,12 +292,15 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     take_with_internal_dependency(stream, at, rounded);
     found = true;
   }
+  // The failed growth's pieces name unmapped ranges of this moment only: used here, then dropped.
   if (!found) {  // PyTorch raises at once: no synchronize, trim or retry
     keep_failed_growth(stream);
+    failed_pieces_.clear();
     record_oom(size, rounded, stream, false);
     last_failed_ = true;
     return false;
   }
+  failed_pieces_.clear();
   const DeviceAddr addr = nodes_[at].start;
   const std::uint32_t node = carve(at, rounded, fit);
   last_placed_ = addr;
