@@ -5,6 +5,7 @@
 // sums over size windows; and copies and moves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <set>
@@ -125,6 +126,106 @@ TEST(FreeIndex, AgreesWithAnOrderedSetOnRandomUpdatesOverEveryKindOfStreamId) {
   }
   EXPECT_EQ(index.total_bytes(), total);
   EXPECT_GT(ref.size(), 1000u);  // the updates left a populated index to compare
+}
+
+// Thousands of entries in a handful of bins (a large model's same-shaped weights, freed): the
+// bins split into chunks. Inserts, erases and replaces by key and at cursors (the async pool's
+// and caching allocator's paths), moves within a bin and out of it, against the ordered set,
+// with the whole order walked every 500 steps so chunk boundaries are crossed both ways.
+TEST(FreeIndex, BinsOfThousandsOfEntriesStayInOrderAcrossTheirChunks) {
+  const std::uint32_t streams[] = {0, 0xffffffffu};
+  SplitMix64 rng{0xc4a7};
+  FreeIndex index;
+  std::set<Key> ref;
+  std::vector<Key> present;
+  std::uint32_t block = 0;
+  // Sizes in [1 MiB, 1 MiB + 64 KiB): one bin; a few exact sizes, so most ties go by address.
+  const auto draw_size = [&]() -> Bytes { return MiB + 4096 * rng.below(16); };
+  const auto draw_addr = [&]() -> std::uint64_t { return 0x100000 + 0x1000 * rng.below(1u << 20); };
+  const auto walk = [&](int step) {
+    for (const std::uint32_t s : streams) {
+      std::vector<Key> walked, expected;
+      for (FreeIndex::Cursor c = index.lower_bound(s, 0); c.valid; c = index.next(c)) {
+        walked.emplace_back(s, index.at(c).size, index.at(c).addr);
+      }
+      for (const Key& k : ref) {
+        if (std::get<0>(k) == s) expected.push_back(k);
+      }
+      ASSERT_EQ(walked, expected) << "step " << step << " stream " << s;
+      if (!expected.empty()) {
+        ASSERT_EQ(index.at(index.last(s)).addr, std::get<2>(expected.back())) << "step " << step;
+      }
+    }
+  };
+  for (int step = 0; step < 30000; ++step) {
+    const std::uint32_t stream = streams[rng.below(2)];
+    // Grow to about 4,000 entries, then hover there.
+    const std::uint64_t op = present.empty() ? 0 : rng.below(present.size() < 4000 ? 8 : 12);
+    if (op < 5) {
+      Key k{stream, draw_size(), draw_addr()};
+      if (ref.count(k) != 0) continue;
+      index.insert(std::get<0>(k), std::get<1>(k), std::get<2>(k), block++);
+      ref.insert(k);
+      present.push_back(k);
+    } else if (op < 8) {
+      const std::size_t i = rng.below(present.size());
+      const Key k = present[i];
+      if (op == 5) {
+        index.erase(std::get<0>(k), std::get<1>(k), std::get<2>(k));
+        ref.erase(k);
+        present[i] = present.back();
+        present.pop_back();
+      } else {  // the entry a best-fit query finds, erased at its cursor (the allocators' path)
+        const FreeIndex::Cursor c = index.lower_bound(std::get<0>(k), std::get<1>(k));
+        ASSERT_TRUE(c.valid);
+        const Key found{std::get<0>(k), index.at(c).size, index.at(c).addr};
+        index.erase_at(c);
+        ASSERT_EQ(ref.erase(found), 1u) << "step " << step;
+        present.erase(std::find(present.begin(), present.end(), found));
+      }
+    } else {
+      // Replace: the front taken off (down within the bin, or out of it), or a new address.
+      const std::size_t i = rng.below(present.size());
+      const Key k = present[i];
+      Bytes size = std::get<1>(k);
+      std::uint64_t addr = std::get<2>(k);
+      switch (op % 4) {
+        case 0: size = draw_size(); addr = draw_addr(); break;
+        case 1:  // may leave the bin at its bottom
+          if (size > 8192) {
+            size -= 4096;
+            addr += 4096;
+          }
+          break;
+        case 2: size = 512 * (1 + rng.below(64)); break;  // out of the bin
+        default: addr = draw_addr(); break;  // same size, anywhere in the bin's order
+      }
+      const Key moved{std::get<0>(k), size, addr};
+      if (moved != k && ref.count(moved) != 0) continue;
+      if (rng.below(2) == 0) {
+        index.replace(std::get<0>(k), std::get<1>(k), std::get<2>(k), size, addr);
+      } else {
+        FreeIndex::Cursor c = index.lower_bound(std::get<0>(k), std::get<1>(k));
+        while (c.valid && index.at(c).addr != std::get<2>(k)) c = index.next(c);
+        ASSERT_TRUE(c.valid) << "step " << step;
+        index.replace_at(c, size, addr);
+      }
+      ref.erase(k);
+      ref.insert(moved);
+      present[i] = moved;
+    }
+    ASSERT_EQ(index.size(), ref.size()) << "step " << step;
+    const Bytes want = draw_size();
+    const FreeIndex::Cursor c = index.lower_bound(stream, want);
+    const Key* r = reference_fit(ref, stream, want);
+    ASSERT_EQ(c.valid != 0, r != nullptr) << "step " << step;
+    if (r != nullptr) {
+      ASSERT_EQ(index.at(c).addr, std::get<2>(*r)) << "step " << step;
+    }
+    if (step % 500 == 0) walk(step);
+  }
+  walk(-1);
+  EXPECT_GT(ref.size(), 3000u);  // well past one chunk per bin
 }
 
 TEST(FreeIndex, ACopyIsIndependentAndAMovedFromIndexIsEmpty) {

@@ -6,12 +6,19 @@
 // (TLSF-style), a bitmap marks the non-empty bins, and each bin is a small vector sorted by
 // (size, address). Finding the best fit is a binary search in one bin or a bit scan to the next
 // non-empty bin; bins keep their capacity, so steady-state inserts do not allocate.
+//
+// A bin that outgrows kChunk entries is split into sorted chunks of at most kChunk, the first
+// held in the bin itself: a million free blocks of a few hundred sizes (a 1,000,000-module
+// model's weights) put 100,000 entries in one bin, and shifting them on every insert and erase
+// made a 1,000,000-module run spend half its time in memmove. Chunks bound that shift; a search
+// is a binary search over the chunks' last entries, then in one chunk.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -49,21 +56,21 @@ class FreeIndex {
     return *this;
   }
 
-  // A position in one stream's order; invalidated by any insert or erase.
+  // A position in one stream's order; invalidated by any insert or erase. 16 bytes: one of 13
+  // was copied in overlapping moves that stalled store-to-load forwarding in the async pool's
+  // best fit, so `valid` is a word, not a bool.
   struct Cursor {
-    std::uint32_t lane = 0;
-    std::uint32_t bin = 0;
+    std::uint16_t lane = 0;
+    std::uint16_t bin = 0;
+    std::uint32_t chunk = 0;
     std::uint32_t pos = 0;
-    // A word, not a bool: a 16-byte cursor copies in two aligned moves (a 13-byte one was copied in
-    // overlapping pieces that stalled store-to-load forwarding in the async pool's best fit).
     std::uint32_t valid = 0;
   };
 
   void insert(StreamId stream, Bytes size, DeviceAddr addr, std::uint32_t block) {
     Lane& lane = lane_for(stream);
     const std::uint32_t b = bin_of(size);
-    std::vector<Entry>& bin = lane.bins[b];
-    bin.insert(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before), Entry{size, addr, block});
+    put(lane.bins[b], Entry{size, addr, block});
     mark(lane, b);
     lane.bytes += size;
     ++lane.count;
@@ -72,25 +79,15 @@ class FreeIndex {
   }
 
   // Erases the entry (stream, size, addr), which must be present.
-  void erase(StreamId stream, Bytes size, DeviceAddr addr) {
-    Lane& lane = lanes_[find_lane(stream)];
-    const std::uint32_t b = bin_of(size);
-    std::vector<Entry>& bin = lane.bins[b];
-    bin.erase(std::lower_bound(bin.begin(), bin.end(), Entry{size, addr, 0}, before));
-    if (bin.empty()) unmark(lane, b);
-    lane.bytes -= size;
-    --lane.count;
-    total_bytes_ -= size;
-    --count_;
-  }
+  void erase(StreamId stream, Bytes size, DeviceAddr addr) { erase_at(find(stream, size, addr)); }
 
   // Erases the entry a cursor points at (no search).
   void erase_at(Cursor c) {
     Lane& lane = lanes_[c.lane];
-    std::vector<Entry>& bin = lane.bins[c.bin];
-    const Bytes size = bin[c.pos].size;
-    bin.erase(bin.begin() + c.pos);
-    if (bin.empty()) unmark(lane, c.bin);
+    Bin& bin = lane.bins[c.bin];
+    const Bytes size = bin.chunk(c.chunk)[c.pos].size;
+    take(bin, c.chunk, c.pos);
+    if (bin.first.empty()) unmark(lane, c.bin);
     lane.bytes -= size;
     --lane.count;
     total_bytes_ -= size;
@@ -98,43 +95,40 @@ class FreeIndex {
   }
 
   // Replaces the entry (stream, old_size, old_addr), which must be present, by (size, addr) of
-  // the same block (kept): in place when both fall in one bin (the usual case when a free range loses
-  // its front to a tensor), else an erase and an insert.
+  // the same block (kept): in place when both fall in one chunk (the usual case when a free range
+  // loses its front to a tensor), else an erase and an insert.
   void replace(StreamId stream, Bytes old_size, DeviceAddr old_addr, Bytes size, DeviceAddr addr) {
-    const std::uint32_t l = find_lane(stream);
-    const std::uint32_t ob = bin_of(old_size);
-    std::vector<Entry>& old_bin = lanes_[l].bins[ob];
-    const auto at = std::lower_bound(old_bin.begin(), old_bin.end(), Entry{old_size, old_addr, 0}, before);
-    replace_at(Cursor{l, ob, static_cast<std::uint32_t>(at - old_bin.begin()), true}, size, addr);
+    replace_at(find(stream, old_size, old_addr), size, addr);
   }
 
   // The same for the entry a cursor points at (no search for it).
   void replace_at(Cursor c, Bytes size, DeviceAddr addr) {
     Lane& lane = lanes_[c.lane];
-    std::vector<Entry>& old_bin = lane.bins[c.bin];
-    const auto at = old_bin.begin() + c.pos;
+    Bin& old_bin = lane.bins[c.bin];
+    std::vector<Entry>& chunk = old_bin.chunk(c.chunk);
+    const auto at = chunk.begin() + c.pos;
     const Entry e{size, addr, at->block};
     lane.bytes = lane.bytes - at->size + size;
     total_bytes_ = total_bytes_ - at->size + size;
     const std::uint32_t b = bin_of(size);
-    if (c.bin != b) {  // the usual case (a range losing a tensor's bytes moves bins): one search in the new one
-      old_bin.erase(at);
-      if (old_bin.empty()) unmark(lane, c.bin);
-      std::vector<Entry>& bin = lane.bins[b];
-      bin.insert(std::lower_bound(bin.begin(), bin.end(), e, before), e);
-      mark(lane, b);
+    // Within one chunk, when the new key still sorts inside it: the entry moves down when it
+    // sorts before its old place, else up.
+    if (c.bin == b && (old_bin.rest.empty() || (!before(e, chunk.front()) && !before(chunk.back(), e)))) {
+      if (before(e, *at)) {
+        const auto pos = std::lower_bound(chunk.begin(), at, e, before);
+        std::move_backward(pos, at, at + 1);
+        *pos = e;
+      } else {
+        const auto pos = std::lower_bound(at + 1, chunk.end(), e, before);
+        std::move(at + 1, pos, at);
+        *(pos - 1) = e;
+      }
       return;
     }
-    // Within the bin: the entry moves down when it sorts before its old place, else up.
-    if (before(e, *at)) {
-      const auto pos = std::lower_bound(old_bin.begin(), at, e, before);
-      std::move_backward(pos, at, at + 1);
-      *pos = e;
-    } else {
-      const auto pos = std::lower_bound(at + 1, old_bin.end(), e, before);
-      std::move(at + 1, pos, at);
-      *(pos - 1) = e;
-    }
+    take(old_bin, c.chunk, c.pos);
+    if (old_bin.first.empty()) unmark(lane, c.bin);
+    put(lane.bins[b], e);
+    mark(lane, b);
   }
 
   // The smallest entry of `stream` with size >= `size` (lowest address among equals).
@@ -144,9 +138,14 @@ class FreeIndex {
     const Lane& lane = lanes_[l];
     if (lane.count == 0) return {};
     const std::uint32_t b = bin_of(size);
-    const std::vector<Entry>& bin = lane.bins[b];
-    const auto it = std::lower_bound(bin.begin(), bin.end(), Entry{size, 0, 0}, before);
-    if (it != bin.end()) return Cursor{l, b, static_cast<std::uint32_t>(it - bin.begin()), true};
+    const Bin& bin = lane.bins[b];
+    const Entry key{size, 0, 0};
+    const std::uint32_t k = bin.chunk_for(key);
+    if (k < bin.chunks()) {
+      const std::vector<Entry>& chunk = bin.chunk(k);
+      const auto it = std::lower_bound(chunk.begin(), chunk.end(), key, before);
+      return cursor(l, b, k, static_cast<std::uint32_t>(it - chunk.begin()));
+    }
     return first_from(l, b + 1);
   }
 
@@ -158,11 +157,13 @@ class FreeIndex {
   }
 
   Cursor next(Cursor c) const {
-    if (c.pos + 1 < lanes_[c.lane].bins[c.bin].size()) return Cursor{c.lane, c.bin, c.pos + 1, true};
-    return first_from(c.lane, c.bin + 1);
+    const Bin& bin = lanes_[c.lane].bins[c.bin];
+    if (c.pos + 1 < bin.chunk(c.chunk).size()) return cursor(c.lane, c.bin, c.chunk, c.pos + 1);
+    if (c.chunk + 1 < bin.chunks()) return cursor(c.lane, c.bin, c.chunk + 1, 0);
+    return first_from(c.lane, c.bin + 1u);
   }
 
-  const Entry& at(Cursor c) const { return lanes_[c.lane].bins[c.bin][c.pos]; }
+  const Entry& at(Cursor c) const { return lanes_[c.lane].bins[c.bin].chunk(c.chunk)[c.pos]; }
 
   std::size_t size() const { return count_; }
   // The bytes of every entry, and of one stream's.
@@ -199,13 +200,14 @@ class FreeIndex {
     const std::uint32_t first = bin_of(lo);
     const std::uint32_t last = bin_of(hi - 1);
     Bytes sum = 0;
+    auto add = [&](const Entry& e) {
+      if (e.size >= lo && e.size < hi) sum += e.size;
+    };
     for (const Lane& lane : lanes_) {
       if (lane.stream == skip || lane.count == 0) continue;
       for (std::uint32_t b = first; b <= last; ++b) {
         if (((lane.nonempty[b / 64] >> (b % 64)) & 1) == 0) continue;
-        for (const Entry& e : lane.bins[b]) {
-          if (e.size >= lo && e.size < hi) sum += e.size;
-        }
+        lane.bins[b].each(add);
       }
     }
     return sum;
@@ -222,7 +224,10 @@ class FreeIndex {
   static constexpr std::uint32_t kBins = 61 * 8;
   static constexpr std::uint32_t kWords = (kBins + 63) / 64;
   static_assert(kWords <= 32, "Lane::words has a bit per word");
+  static_assert(kBins <= 0xffff, "Cursor::bin is 16 bits");
   static constexpr std::uint32_t kNoLane = 0xffffffffu;
+  // A chunk of a bin holds at most this many entries (3 KiB shifted at most per update).
+  static constexpr std::size_t kChunk = 128;
 
   static std::uint32_t bin_of(Bytes size) {
     if (size < 16) return 0;
@@ -232,9 +237,81 @@ class FreeIndex {
 
   static bool before(const Entry& a, const Entry& b) { return a.size != b.size ? a.size < b.size : a.addr < b.addr; }
 
+  // One bin: sorted chunks, each non-empty, every entry of one before every entry of the next;
+  // the first chunk is held here (a bin of kChunk or fewer is that vector alone). Empty: `first`
+  // is empty and so is `rest`.
+  struct Bin {
+    std::vector<Entry> first;
+    std::vector<std::vector<Entry>> rest;
+    std::uint32_t chunks() const { return first.empty() ? 0 : 1 + static_cast<std::uint32_t>(rest.size()); }
+    std::vector<Entry>& chunk(std::uint32_t k) { return k == 0 ? first : rest[k - 1]; }
+    const std::vector<Entry>& chunk(std::uint32_t k) const { return k == 0 ? first : rest[k - 1]; }
+    // The first chunk whose last entry is not before `key` (chunks() if none).
+    std::uint32_t chunk_for(const Entry& key) const {
+      if (rest.empty()) return first.empty() || before(first.back(), key) ? chunks() : 0;
+      std::uint32_t lo = 0, hi = chunks();
+      while (lo < hi) {
+        const std::uint32_t mid = lo + (hi - lo) / 2;
+        if (before(chunk(mid).back(), key)) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      return lo;
+    }
+    template <class F>
+    void each(F& f) const {
+      for (const Entry& e : first) f(e);
+      for (const std::vector<Entry>& c : rest) {
+        for (const Entry& e : c) f(e);
+      }
+    }
+  };
+
+  // Inserts `e` in order, splitting a chunk that outgrows kChunk.
+  static void put(Bin& bin, const Entry& e) {
+    std::uint32_t k = bin.chunk_for(e);
+    if (k == bin.chunks()) k = k == 0 ? 0 : k - 1;  // after every entry: the last chunk
+    std::vector<Entry>& chunk = bin.chunk(k);
+    chunk.insert(std::lower_bound(chunk.begin(), chunk.end(), e, before), e);
+    if (chunk.size() <= kChunk) return;
+    std::vector<Entry> upper(chunk.begin() + static_cast<std::ptrdiff_t>(chunk.size() / 2), chunk.end());
+    chunk.resize(chunk.size() / 2);
+    bin.rest.insert(bin.rest.begin() + k, std::move(upper));  // chunk k + 1
+  }
+
+  // Erases entry `pos` of chunk `k`; a chunk left empty goes (the next becomes the first).
+  static void take(Bin& bin, std::uint32_t k, std::uint32_t pos) {
+    std::vector<Entry>& chunk = bin.chunk(k);
+    chunk.erase(chunk.begin() + pos);
+    if (!chunk.empty() || bin.rest.empty()) return;
+    if (k == 0) {
+      bin.first.swap(bin.rest.front());
+      bin.rest.erase(bin.rest.begin());
+    } else {
+      bin.rest.erase(bin.rest.begin() + (k - 1));
+    }
+  }
+
+  static Cursor cursor(std::uint32_t l, std::uint32_t b, std::uint32_t k, std::uint32_t pos) {
+    return Cursor{static_cast<std::uint16_t>(l), static_cast<std::uint16_t>(b), k, pos, 1};
+  }
+
+  // The entry (stream, size, addr), which must be present.
+  Cursor find(StreamId stream, Bytes size, DeviceAddr addr) const {
+    const std::uint32_t l = find_lane(stream);
+    const std::uint32_t b = bin_of(size);
+    const Bin& bin = lanes_[l].bins[b];
+    const Entry key{size, addr, 0};
+    const std::uint32_t k = bin.chunk_for(key);
+    const std::vector<Entry>& chunk = bin.chunk(k);
+    return cursor(l, b, k, static_cast<std::uint32_t>(std::lower_bound(chunk.begin(), chunk.end(), key, before) - chunk.begin()));
+  }
+
   struct Lane {
     StreamId stream = 0;
-    std::vector<std::vector<Entry>> bins = std::vector<std::vector<Entry>>(kBins);
+    std::vector<Bin> bins = std::vector<Bin>(kBins);
     std::array<std::uint64_t, kWords> nonempty{};
     std::uint32_t words = 0;  // bit w: nonempty[w] != 0 (a search past a bin jumps to the next word)
     Bytes bytes = 0;
@@ -254,7 +331,7 @@ class FreeIndex {
   static void for_each_in(const Lane& lane, F& f) {
     for (std::uint32_t w = 0; w < kWords; ++w) {
       for (std::uint64_t bits = lane.nonempty[w]; bits != 0; bits &= bits - 1) {
-        for (const Entry& e : lane.bins[w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits))]) f(e);
+        lane.bins[w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits))].each(f);
       }
     }
   }
@@ -281,6 +358,7 @@ class FreeIndex {
   Lane& lane_for(StreamId stream) {
     const std::uint32_t i = find_lane(stream);
     if (i != kNoLane) return lanes_[i];
+    if (lanes_.size() > 0xffff) throw std::length_error("FreeIndex: more than 65,536 streams");
     lanes_.emplace_back();
     lanes_.back().stream = stream;
     const std::uint32_t d = direct_slot(stream);
@@ -301,7 +379,7 @@ class FreeIndex {
       w = static_cast<std::uint32_t>(std::countr_zero(later));
       bits = lane.nonempty[w];
     }
-    return Cursor{l, w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits)), 0, true};
+    return cursor(l, w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits)), 0, 0);
   }
 
   // Last entry in bins <= `upto` of lane `l`.
@@ -312,7 +390,9 @@ class FreeIndex {
       if (w == upto / 64 && upto % 64 != 63) bits &= (std::uint64_t{1} << (upto % 64 + 1)) - 1;
       if (bits != 0) {
         const std::uint32_t b = w * 64 + 63 - static_cast<std::uint32_t>(std::countl_zero(bits));
-        return Cursor{l, b, static_cast<std::uint32_t>(lane.bins[b].size() - 1), true};
+        const Bin& bin = lane.bins[b];
+        const std::uint32_t k = bin.chunks() - 1;
+        return cursor(l, b, k, static_cast<std::uint32_t>(bin.chunk(k).size() - 1));
       }
     }
     return {};
