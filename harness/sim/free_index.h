@@ -18,6 +18,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -113,7 +114,7 @@ class FreeIndex {
     const std::uint32_t b = bin_of(size);
     // Within one chunk, when the new key still sorts inside it: the entry moves down when it
     // sorts before its old place, else up.
-    if (c.bin == b && (old_bin.rest.empty() || (!before(e, chunk.front()) && !before(chunk.back(), e)))) {
+    if (c.bin == b && (!old_bin.split() || (!before(e, chunk.front()) && !before(chunk.back(), e)))) {
       if (before(e, *at)) {
         const auto pos = std::lower_bound(chunk.begin(), at, e, before);
         std::move_backward(pos, at, at + 1);
@@ -238,17 +239,30 @@ class FreeIndex {
   static bool before(const Entry& a, const Entry& b) { return a.size != b.size ? a.size < b.size : a.addr < b.addr; }
 
   // One bin: sorted chunks, each non-empty, every entry of one before every entry of the next;
-  // the first chunk is held here (a bin of kChunk or fewer is that vector alone). Empty: `first`
-  // is empty and so is `rest`.
+  // the first chunk is held here, the others behind a pointer that only a split bin allocates
+  // (a lane has 488 bins, built and freed with every allocator: they stay 32 bytes). Empty:
+  // `first` is empty and there are no other chunks.
   struct Bin {
     std::vector<Entry> first;
-    std::vector<std::vector<Entry>> rest;
-    std::uint32_t chunks() const { return first.empty() ? 0 : 1 + static_cast<std::uint32_t>(rest.size()); }
-    std::vector<Entry>& chunk(std::uint32_t k) { return k == 0 ? first : rest[k - 1]; }
-    const std::vector<Entry>& chunk(std::uint32_t k) const { return k == 0 ? first : rest[k - 1]; }
+    std::unique_ptr<std::vector<std::vector<Entry>>> rest;  // chunks 1.., once the bin split
+
+    Bin() = default;
+    Bin(Bin&&) noexcept = default;
+    Bin& operator=(Bin&&) noexcept = default;
+    Bin(const Bin& o) : first(o.first), rest(o.rest ? std::make_unique<std::vector<std::vector<Entry>>>(*o.rest) : nullptr) {}
+    Bin& operator=(const Bin& o) {
+      if (this != &o) *this = Bin(o);
+      return *this;
+    }
+    ~Bin() = default;
+
+    bool split() const { return rest && !rest->empty(); }
+    std::uint32_t chunks() const { return first.empty() ? 0 : 1 + (rest ? static_cast<std::uint32_t>(rest->size()) : 0); }
+    std::vector<Entry>& chunk(std::uint32_t k) { return k == 0 ? first : (*rest)[k - 1]; }
+    const std::vector<Entry>& chunk(std::uint32_t k) const { return k == 0 ? first : (*rest)[k - 1]; }
     // The first chunk whose last entry is not before `key` (chunks() if none).
     std::uint32_t chunk_for(const Entry& key) const {
-      if (rest.empty()) return first.empty() || before(first.back(), key) ? chunks() : 0;
+      if (!split()) return first.empty() || before(first.back(), key) ? chunks() : 0;
       std::uint32_t lo = 0, hi = chunks();
       while (lo < hi) {
         const std::uint32_t mid = lo + (hi - lo) / 2;
@@ -263,7 +277,8 @@ class FreeIndex {
     template <class F>
     void each(F& f) const {
       for (const Entry& e : first) f(e);
-      for (const std::vector<Entry>& c : rest) {
+      if (!rest) return;
+      for (const std::vector<Entry>& c : *rest) {
         for (const Entry& e : c) f(e);
       }
     }
@@ -278,19 +293,21 @@ class FreeIndex {
     if (chunk.size() <= kChunk) return;
     std::vector<Entry> upper(chunk.begin() + static_cast<std::ptrdiff_t>(chunk.size() / 2), chunk.end());
     chunk.resize(chunk.size() / 2);
-    bin.rest.insert(bin.rest.begin() + k, std::move(upper));  // chunk k + 1
+    if (!bin.rest) bin.rest = std::make_unique<std::vector<std::vector<Entry>>>();
+    bin.rest->insert(bin.rest->begin() + k, std::move(upper));  // chunk k + 1
   }
 
   // Erases entry `pos` of chunk `k`; a chunk left empty goes (the next becomes the first).
   static void take(Bin& bin, std::uint32_t k, std::uint32_t pos) {
     std::vector<Entry>& chunk = bin.chunk(k);
     chunk.erase(chunk.begin() + pos);
-    if (!chunk.empty() || bin.rest.empty()) return;
+    if (!chunk.empty() || !bin.split()) return;
+    std::vector<std::vector<Entry>>& rest = *bin.rest;
     if (k == 0) {
-      bin.first.swap(bin.rest.front());
-      bin.rest.erase(bin.rest.begin());
+      bin.first.swap(rest.front());
+      rest.erase(rest.begin());
     } else {
-      bin.rest.erase(bin.rest.begin() + (k - 1));
+      rest.erase(rest.begin() + (k - 1));
     }
   }
 
