@@ -40,23 +40,26 @@ class ProgramSink {
                               std::vector<std::uint32_t>& temps) = 0;
 };
 
-// One buffer id per tensor of a model, flat: the tensors of module i are [first[i], first[i + 1]).
+// One buffer id per tensor of a model, flat: the tensors of module i are the model's
+// [tensor_first[i], tensor_first[i + 1]) (the spec outlives the lowering that holds this).
 // (A vector per module made lowering allocate once per module and case.)
 class TensorSlots {
  public:
   void init(const ModelSpec& model) {
     (void)module_sizes(model);  // checks tensor_first against the modules
-    first_ = model.tensor_first;
-    slot_.assign(first_.back(), kNone);
+    first_ = &model.tensor_first;
+    slot_.assign(first_->back(), kNone);
   }
-  std::span<std::uint32_t> of(std::uint32_t module) { return {slot_.data() + first_[module], slot_.data() + first_[module + 1]}; }
+  std::span<std::uint32_t> of(std::uint32_t module) {
+    return {slot_.data() + (*first_)[module], slot_.data() + (*first_)[module + 1]};
+  }
   std::span<const std::uint32_t> of(std::uint32_t module) const {
-    return {slot_.data() + first_[module], slot_.data() + first_[module + 1]};
+    return {slot_.data() + (*first_)[module], slot_.data() + (*first_)[module + 1]};
   }
   std::span<std::uint32_t> all() { return slot_; }
 
  private:
-  std::vector<std::uint32_t> first_;
+  const std::vector<std::uint32_t>* first_ = nullptr;
   std::vector<std::uint32_t> slot_;
 };
 
