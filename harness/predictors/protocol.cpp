@@ -21,6 +21,19 @@ std::string_view allocator_backend(AllocatorMode m) {
   return m == AllocatorMode::async ? "cudaMallocAsync" : m == AllocatorMode::raw ? "raw" : "native";
 }
 
+// A request's view: the scenario's device and allocator as the runtime's accounting sees them at
+// the start of a case (a fresh process). Written by request_text, checked by check_view.
+ojson view_json(const Scenario& s) {
+  ojson view;
+  view["total"] = s.device.total;
+  view["free"] = s.device.available();
+  view["torch_reserved"] = 0;
+  view["torch_active"] = 0;
+  view["allocator_backend"] = allocator_backend(s.allocator.mode);
+  view["expandable_segments"] = s.allocator.mode == AllocatorMode::caching_expandable;
+  return view;
+}
+
 // Modules by name, per model, built once per reply.
 class ModuleNames {
  public:
@@ -319,15 +332,7 @@ std::string request_text(const Scenario& s, std::uint64_t id, const std::vector<
     x.catalog_source.clear();
     r.models.push_back(std::move(x));
   }
-  const Bytes free = s.device.available();
-  ojson view;
-  view["total"] = s.device.total;
-  view["free"] = free;
-  view["torch_reserved"] = 0;
-  view["torch_active"] = 0;
-  view["allocator_backend"] = allocator_backend(s.allocator.mode);
-  view["expandable_segments"] = s.allocator.mode == AllocatorMode::caching_expandable;
-  std::string out = fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},", id, view.dump());
+  std::string out = fmt::format("{{\"type\":\"predict\",\"id\":{},\"view\":{},", id, view_json(s).dump());
   if (!forget.empty()) out += fmt::format("\"forget\":{},", ojson(forget).dump());
   out += "\"scenario\":";
   out += refs ? scenario_json_compact(r,
@@ -346,24 +351,26 @@ std::string request_line(const Scenario& s, std::uint64_t id) { return request_t
 void check_view(const JsonIn& view, const Scenario& s) {
   if (!view.is_object()) view.fail("expected an object");
   view.expect_object({"total", "free", "torch_reserved", "torch_active", "allocator_backend", "expandable_segments"});
-  auto same = [&](std::string_view key, Bytes want, std::string_view what) {
+  const ojson want = view_json(s);
+  auto same = [&](std::string_view key, std::string_view what) {
     const JsonIn v = view.at(key);
     const Bytes got = v.u64();
-    if (got != want) v.fail(fmt::format("{} but the scenario says {} ({})", got, want, what));
+    const Bytes expected = want[std::string(key)].get<Bytes>();
+    if (got != expected) v.fail(fmt::format("{} but the scenario says {} ({})", got, expected, what));
   };
-  same("total", s.device.total, "device.total");
-  same("free", s.device.available(), "device.total less the context and other processes");
-  same("torch_reserved", 0, "each case runs in a fresh process");
-  same("torch_active", 0, "each case runs in a fresh process");
+  same("total", "device.total");
+  same("free", "device.total less the context and other processes");
+  same("torch_reserved", "each case runs in a fresh process");
+  same("torch_active", "each case runs in a fresh process");
   const JsonIn backend = view.at("allocator_backend");
+  const std::string want_backend = want["allocator_backend"].get<std::string>();
   if (const std::string_view b = backend.str_view(); b != "native" && b != "cudaMallocAsync" && b != "raw") {
     backend.fail(fmt::format("\"{}\" is not a backend: native, cudaMallocAsync or raw", b));
-  } else if (b != allocator_backend(s.allocator.mode)) {
-    backend.fail(fmt::format("\"{}\" but the scenario's allocator is {} (\"{}\")", b, allocator_mode_name(s.allocator.mode),
-                             allocator_backend(s.allocator.mode)));
+  } else if (b != want_backend) {
+    backend.fail(fmt::format("\"{}\" but the scenario's allocator is {} (\"{}\")", b, allocator_mode_name(s.allocator.mode), want_backend));
   }
   const JsonIn expandable = view.at("expandable_segments");
-  if (expandable.boolean() != (s.allocator.mode == AllocatorMode::caching_expandable)) {
+  if (expandable.boolean() != want["expandable_segments"].get<bool>()) {
     expandable.fail(fmt::format("{} but the scenario's allocator is {}", expandable.boolean(), allocator_mode_name(s.allocator.mode)));
   }
 }
