@@ -37,7 +37,6 @@ class FlatNameIndex {
     slots_[probe(name, h)] = Slot{i + 1, static_cast<std::uint32_t>(h)};
     ++count_;
   }
-  std::size_t size() const { return count_; }
 
  private:
   struct Slot {
