@@ -604,13 +604,6 @@ std::optional<std::pair<std::size_t, std::size_t>> first_repeated_name(const std
   return best;
 }
 
-// The module names of a model read so far, as indices into its module list (which may grow and
-// move: the names are read through the vector each time).
-struct ModuleNameOf {
-  const std::vector<Module>* modules;
-  std::string_view operator()(std::uint32_t i) const { return (*modules)[i].name; }
-};
-using ModuleNames = FlatNameIndex<ModuleNameOf>;
 
 // A name a report, a log line or a terminal shows (a model id, a module or tensor name): no control
 // bytes. A name with \u0000 or an escape sequence in it is a damaged or hostile file, and would cut
@@ -652,7 +645,7 @@ std::vector<Module> parse_modules(const JsonIn& j) {
     const std::string at = fmt::format("{}[{}].tensors[{}]", j.path(), g.entry, g.tensor);
     return g.repeated ? fmt::format("{} (copy {})", at, g.copy) : at;
   };
-  ModuleNames module_at(ModuleNameOf{&modules}, n);  // the names so far (where each was given: given_at)
+  ModuleNameIndex module_at(ModuleNameOf{&modules}, n);  // the names so far (where each was given: given_at)
   std::uint64_t tensor_count = 0, tensor_count_step = 0;
   std::vector<std::size_t> entry_of;                  // per module: the entry that gave it (repeat expands one entry)
   // Full tensor names ("a.b.weight") -> where each was given. While no tensor name has a dot,

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "harness/core/flat_name_index.h"
+
 #include "harness/core/bytes.h"
 #include "harness/core/dtype.h"
 
@@ -117,6 +119,14 @@ struct ModelSpec {
   std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensor_sizes[tensor_first[i], tensor_first[i + 1])
   std::vector<Bytes> tensor_sizes;          // modules[i].tensors[t].bytes, module after module
 };
+
+// Modules by name in one flat table (harness/core/flat_name_index.h), the names read through the
+// vector (which may grow while a reader adds to it).
+struct ModuleNameOf {
+  const std::vector<Module>* modules;
+  std::string_view operator()(std::uint32_t i) const { return (*modules)[i].name; }
+};
+using ModuleNameIndex = FlatNameIndex<ModuleNameOf>;
 
 // m.module_sizes, checked against the modules (tensor_first and tensor_sizes with them): a model
 // edited after finalize_model is our bug, and an InfraError, never a plan from stale sizes.

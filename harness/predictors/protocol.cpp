@@ -1,7 +1,7 @@
 #include "harness/predictors/protocol.h"
 
 #include <algorithm>
-#include <unordered_map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -49,18 +49,20 @@ class ModuleNames {
       }
       return static_cast<std::uint32_t>(i);
     }
-    auto& m = maps_[model];
-    if (m.empty() && !mods.empty()) {
-      m.reserve(mods.size());
-      for (std::uint32_t i = 0; i < mods.size(); ++i) m.emplace(mods[i].name, i);
+    std::optional<ModuleNameIndex>& m = maps_[model];
+    if (!m) {
+      m.emplace(ModuleNameOf{&mods}, mods.size());
+      for (std::uint32_t i = 0; i < mods.size(); ++i) {
+        if (!m->find(mods[i].name)) m->add(i);  // the first of a name, as a map's emplace kept
+      }
     }
     const std::string name = j.str();
-    const auto it = m.find(name);
-    if (it == m.end()) {
+    const std::optional<std::uint32_t> at = m->find(name);
+    if (!at) {
       j.fail(fmt::format("unknown module \"{}\" of model \"{}\" (the request's models[{}].modules name every module)",
                          name.size() > 80 ? name.substr(0, 80) + "..." : name, s_.models[model].id, model));
     }
-    return it->second;
+    return *at;
   }
   const ModelSpec& spec(std::uint32_t model) const { return *s_.models[model].spec; }
   std::uint32_t model(const JsonIn& j) const {
@@ -73,7 +75,7 @@ class ModuleNames {
 
  private:
   const Scenario& s_;
-  std::vector<std::unordered_map<std::string, std::uint32_t>> maps_;
+  std::vector<std::optional<ModuleNameIndex>> maps_;  // built on first use
 };
 
 // The name of the module a JSON entry gives (a name or an index), for messages.
