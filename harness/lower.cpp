@@ -56,20 +56,11 @@ std::string_view buffer_kind_name(BufferKind k) {
 
 namespace {
 
-// ComfyUI's scaled-fp8 layers upcast the stored weight to the compute dtype and then multiply by
-// the scale out of place, so for a moment the plain upcast copy and the scaled result are both
-// alive: two compute-size buffers per scaled weight, where an unscaled upcast or a GGUF
-// dequantize (which writes the compute dtype directly) needs one.
-bool scaled_module(const Module& m) {
-  return std::any_of(m.tensors.begin(), m.tensors.end(), [](const Tensor& t) { return t.role == TensorRole::scale; });
-}
-
 // Tensors the forward converts to the compute dtype. Embedding tables are gathered, not
 // converted whole (only the looked-up rows are cast: negligible); fp8 scales and buffers are read
 // as they are.
-bool converted(const Tensor& t, Dtype compute) {
-  return (t.role == TensorRole::weight || t.role == TensorRole::bias || t.role == TensorRole::norm) &&
-         needs_conversion(t.dtype, compute);
+bool converted(TensorRole role, Dtype dtype, Dtype compute) {
+  return (role == TensorRole::weight || role == TensorRole::bias || role == TensorRole::norm) && needs_conversion(dtype, compute);
 }
 
 OpKind conversion_kind(Dtype storage) {
@@ -142,8 +133,7 @@ class Lowerer final : public lowering::ProgramSink {
     std::size_t ops = 64, buffers = 64;
     for (std::uint32_t i = 0; i < s_.stages.size(); ++i) {
       const ModelSpec& m = *s_.models[s_.stages[i].model].spec;
-      std::size_t tensors = 0;
-      for (const Module& mod : m.modules) tensors += mod.tensors.size();
+      const std::size_t tensors = m.tensor_first.empty() ? 0 : m.tensor_first.back();
       const std::size_t mods = m.modules.size();
       switch (s_.stages[i].op) {
         case StageOp::load:
@@ -242,7 +232,7 @@ class Lowerer final : public lowering::ProgramSink {
       b = kNone;
     }
     resident_[m][mod] = 0;
-    lowvram_[m][mod] = s_.models[m].spec->modules[mod].cast_hook ? 1 : 0;
+    lowvram_[m][mod] = (s_.models[m].spec->module_flags[mod] & kModuleCastHook) != 0 ? 1 : 0;
   }
 
   void move_to_device(std::uint32_t m, std::uint32_t i) {
@@ -251,7 +241,7 @@ class Lowerer final : public lowering::ProgramSink {
     const std::uint32_t first = spec.tensor_first[i], count = spec.tensor_first[i + 1] - first;
     const std::span<std::uint32_t> slots = weights_[m].of(i);
     for (std::uint32_t t = 0; t < count; ++t) {
-      const std::uint32_t b = alloc(Phase::load, spec.tensor_sizes[first + t], 0, BufferKind::weight, m, i, t);
+      const std::uint32_t b = alloc(Phase::load, spec.tensors_flat[first + t].bytes, 0, BufferKind::weight, m, i, t);
       emit(OpKind::h2d, Phase::load, 0, b);
       slots[t] = b;
     }
@@ -319,18 +309,23 @@ class Lowerer final : public lowering::ProgramSink {
     }
   }
 
-  // Allocates and converts the parameters of `mod` that differ from the compute dtype, reading
-  // from `src[t]` (resident weight or transfer buffer); returns the buffers to free after compute.
-  // With `patched` (a LoRA applied at forward time) every weight gets a private compute-dtype
-  // copy even when no conversion is needed: the patch is added to it in place.
+  // Allocates and converts the parameters of module `i` that differ from the compute dtype,
+  // reading from `src[t]` (resident weight or transfer buffer); returns the buffers to free after
+  // compute. With `patched` (a LoRA applied at forward time) every weight gets a private
+  // compute-dtype copy even when no conversion is needed: the patch is added to it in place.
+  // ComfyUI's scaled-fp8 layers upcast the stored weight to the compute dtype and then multiply by
+  // the scale out of place, so for a moment the plain upcast copy and the scaled result are both
+  // alive: two compute-size buffers per scaled weight, where an unscaled upcast or a GGUF
+  // dequantize (which writes the compute dtype directly) needs one.
   void convert(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src, std::vector<std::uint32_t>& temps,
                bool patched = false) {
     const ModelRef& ref = s_.models[m];
-    const Module& mod = ref.spec->modules[i];
-    const bool scaled = scaled_module(mod);
-    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-      const Tensor& tensor = mod.tensors[t];
-      if (!converted(tensor, ref.compute) && !(patched && tensor.role == TensorRole::weight)) continue;
+    const ModelSpec& spec = *ref.spec;
+    const bool scaled = (spec.module_flags[i] & kModuleScaled) != 0;
+    const std::uint32_t first = spec.tensor_first[i], count = spec.tensor_first[i + 1] - first;
+    for (std::uint32_t t = 0; t < count; ++t) {
+      const FlatTensor& tensor = spec.tensors_flat[first + t];
+      if (!converted(tensor.role, tensor.dtype, ref.compute) && !(patched && tensor.role == TensorRole::weight)) continue;
       const Bytes bytes = tensor.numel * compute_elem_bytes(ref.compute);
       const std::uint32_t copy = alloc(Phase::forward, bytes, 0, BufferKind::convert, m, i, t);
       emit(conversion_kind(tensor.dtype), Phase::forward, 0, copy, src[t]);
@@ -350,11 +345,12 @@ class Lowerer final : public lowering::ProgramSink {
   // offload stream (the compute stream when there are none).
   // Into `bufs` (its capacity kept from earlier passes).
   void issue_transfer(std::uint32_t m, std::uint32_t i, std::size_t k, std::vector<std::uint32_t>& bufs) {
-    const Module& mod = s_.models[m].spec->modules[i];
+    const ModelSpec& spec = *s_.models[m].spec;
+    const std::uint32_t first = spec.tensor_first[i], count = spec.tensor_first[i + 1] - first;
     const std::uint8_t stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + k % ns_);
-    bufs.resize(mod.tensors.size());
-    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-      bufs[t] = alloc(Phase::forward, mod.tensors[t].bytes, stream, BufferKind::transfer, m, i, t);
+    bufs.resize(count);
+    for (std::uint32_t t = 0; t < count; ++t) {
+      bufs[t] = alloc(Phase::forward, spec.tensors_flat[first + t].bytes, stream, BufferKind::transfer, m, i, t);
       emit(OpKind::h2d, Phase::forward, stream, bufs[t]);
     }
   }

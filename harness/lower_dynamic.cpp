@@ -174,12 +174,11 @@ void DynamicLowering::forward(const StagePlan& sp) {
     std::size_t faulted = ~std::size_t{0};  // the block last faulted
     pinned.clear();
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-      const Module& mod = model.modules[i];
       temps.clear();
       if (!staged(i)) {
         // Force-loaded: an ordinary resident torch tensor, converted like a classic resident
         // module (modules without the cast hook use their raw parameters as they are).
-        if (mod.cast_hook) out_.convert_module(m, i, forced_[m].of(i), temps);
+        if ((model.module_flags[i] & kModuleCastHook) != 0) out_.convert_module(m, i, forced_[m].of(i), temps);
         out_.emit(module_op(OpKind::compute, Phase::forward, act, m, i));
         for (std::uint32_t b : temps) out_.free(Phase::forward, b);
         continue;
@@ -232,12 +231,13 @@ void DynamicLowering::forward(const StagePlan& sp) {
           out_.emit(wait);
         }
       }
-      src.assign(mod.tensors.size(), kNone);
+      src.assign(model.tensor_first[i + 1] - model.tensor_first[i], kNone);
       out_.convert_module(m, i, src, temps);
       lora_temps.clear();
       if (ref.lora) {
         // LowVramPatch on a copy that is not resident: the delta, added to the converted weight
         // (or to a private compute copy when the weight needed no conversion).
+        const Module& mod = model.modules[i];
         for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
           const Tensor& tensor = mod.tensors[t];
           if (tensor.role != TensorRole::weight) continue;

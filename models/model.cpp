@@ -161,11 +161,12 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
   mark_containers(m.modules);
   m.module_sizes.assign(m.modules.size(), 0);
   m.module_weight_numels.assign(m.modules.size(), 0);
+  m.module_flags.assign(m.modules.size(), 0);
   m.tensor_first.assign(m.modules.size() + 1, 0);
-  m.tensor_sizes.clear();
+  m.tensors_flat.clear();
   for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
     Module& mod = m.modules[mi];
-    m.tensor_first[mi] = static_cast<std::uint32_t>(m.tensor_sizes.size());
+    m.tensor_first[mi] = static_cast<std::uint32_t>(m.tensors_flat.size());
     const std::string module_path = named ? child_path(path, "modules", mi) : std::string();
     if (mod.container && mod.cast_hook) {
       // ComfyUI's castable ops (Linear, Conv, Norm, Embedding) are leaves: a module with
@@ -192,10 +193,15 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
     mod.weight_numel = weight_numel;
     m.module_sizes[mi] = module_bytes;
     m.module_weight_numels[mi] = weight_numel;
-    for (const Tensor& t : mod.tensors) m.tensor_sizes.push_back(t.bytes);
+    std::uint8_t flags = mod.cast_hook ? kModuleCastHook : 0;
+    for (const Tensor& t : mod.tensors) {
+      m.tensors_flat.push_back(FlatTensor{t.bytes, t.numel, t.dtype, t.role});
+      if (t.role == TensorRole::scale) flags |= kModuleScaled;
+    }
+    m.module_flags[mi] = flags;
     model_bytes = checked_add(model_bytes, module_bytes, bytes_what);
   }
-  m.tensor_first[m.modules.size()] = static_cast<std::uint32_t>(m.tensor_sizes.size());
+  m.tensor_first[m.modules.size()] = static_cast<std::uint32_t>(m.tensors_flat.size());
   m.params = params;
   m.bytes = model_bytes;
 }
@@ -208,14 +214,22 @@ namespace {
 // assertions (the sanitized suites, which shrink and edit models the most).
 void check_flat(const ModelSpec& m) {
   bool ok = m.module_sizes.size() == m.modules.size() && m.module_weight_numels.size() == m.modules.size() &&
-            m.tensor_first.size() == m.modules.size() + 1 &&
-            m.tensor_first.back() == m.tensor_sizes.size();
+            m.module_flags.size() == m.modules.size() && m.tensor_first.size() == m.modules.size() + 1 &&
+            m.tensor_first.back() == m.tensors_flat.size();
 #ifndef NDEBUG
   for (std::size_t i = 0; ok && i < m.modules.size(); ++i) {
     const Module& mod = m.modules[i];
     ok = m.module_sizes[i] == mod.bytes && m.module_weight_numels[i] == mod.weight_numel &&
+         ((m.module_flags[i] & kModuleCastHook) != 0) == mod.cast_hook &&
          m.tensor_first[i + 1] - m.tensor_first[i] == mod.tensors.size();
-    for (std::size_t t = 0; ok && t < mod.tensors.size(); ++t) ok = m.tensor_sizes[m.tensor_first[i] + t] == mod.tensors[t].bytes;
+    bool scaled = false;
+    for (std::size_t t = 0; ok && t < mod.tensors.size(); ++t) {
+      const Tensor& tensor = mod.tensors[t];
+      const FlatTensor& f = m.tensors_flat[m.tensor_first[i] + t];
+      ok = f.bytes == tensor.bytes && f.numel == tensor.numel && f.dtype == tensor.dtype && f.role == tensor.role;
+      scaled = scaled || tensor.role == TensorRole::scale;
+    }
+    ok = ok && ((m.module_flags[i] & kModuleScaled) != 0) == scaled;
   }
 #endif
   if (!ok) throw InfraError(fmt::format("model \"{}\": its modules changed after finalize_model", m.name));

@@ -100,6 +100,17 @@ struct ArchShape {
   std::uint32_t kept_hidden_states = 0;  // text encoders that return several layers' states
 };
 
+// What the per-case loops read of a tensor (ModelSpec::tensors_flat).
+struct FlatTensor {
+  Bytes bytes = 0;
+  std::uint64_t numel = 0;
+  Dtype dtype = Dtype::bf16;
+  TensorRole role = TensorRole::weight;
+};
+// ModelSpec::module_flags bits.
+inline constexpr std::uint8_t kModuleCastHook = 1;  // Module::cast_hook
+inline constexpr std::uint8_t kModuleScaled = 2;    // a tensor of role `scale` (a scaled-fp8 layer)
+
 struct ModelSpec {
   std::string name;    // catalog name or user-given name
   std::string source;  // "catalog:flux1-dev", "inline", "file:PATH"
@@ -110,14 +121,16 @@ struct ModelSpec {
   std::vector<Module> modules;  // forward order
   std::uint64_t params = 0;     // derived
   Bytes bytes = 0;              // derived: total storage bytes
-  // Derived too, for the loops that visit every module of a large model (the planner's walk, the
-  // lowering's loads): each module's bytes (modules[i].bytes) and each tensor's, in flat arrays,
-  // eight to a cache line where a Module is 96 bytes and a Tensor 80 read for one field each.
-  // Whoever edits `modules` finalizes again, as for every derived field.
+  // Derived too, for the loops that visit every module of a large model (the planner's walk and
+  // transient window, the lowering's loads, casts and transfers): what they read of each module
+  // and tensor, in flat arrays, where a Module is 96 bytes and a Tensor 80 (its shape and name on
+  // the heap besides) read for a field or two each. Whoever edits `modules` finalizes again, as for
+  // every derived field.
   std::vector<Bytes> module_sizes;          // modules[i].bytes
   std::vector<std::uint64_t> module_weight_numels;  // modules[i].weight_numel (the modelled compute time)
-  std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensor_sizes[tensor_first[i], tensor_first[i + 1])
-  std::vector<Bytes> tensor_sizes;          // modules[i].tensors[t].bytes, module after module
+  std::vector<std::uint8_t> module_flags;   // modules[i]: kModuleCastHook, kModuleScaled
+  std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensors_flat[tensor_first[i], tensor_first[i + 1])
+  std::vector<FlatTensor> tensors_flat;     // modules[i].tensors[t], module after module
 };
 
 // Modules by name in one flat table (harness/core/flat_name_index.h), the names read through the
@@ -128,7 +141,7 @@ struct ModuleNameOf {
 };
 using ModuleNameIndex = FlatNameIndex<ModuleNameOf>;
 
-// m.module_sizes, checked against the modules (tensor_first and tensor_sizes with them): a model
+// m.module_sizes, checked against the modules (the other flat arrays with them): a model
 // edited after finalize_model is our bug, and an InfraError, never a plan from stale sizes.
 const std::vector<Bytes>& module_sizes(const ModelSpec& m);
 

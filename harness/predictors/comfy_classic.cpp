@@ -20,7 +20,8 @@ using i64 = std::int64_t;
 i64 as_signed(Bytes b) { return static_cast<i64>(b); }  // inputs are capped far below 2^63
 
 // Bytes of a buffer of `numel` elements in the compute dtype.
-Bytes compute_copy(const Tensor& t, Dtype compute) { return t.numel * compute_elem_bytes(compute); }
+template <class T>  // Tensor, FlatTensor
+Bytes compute_copy(const T& t, Dtype compute) { return t.numel * compute_elem_bytes(compute); }
 
 // What ComfyUI's offload-cost terms count: `weight.numel() * manual_cast_dtype.itemsize`. A GGUF
 // weight is ComfyUI-GGUF's GGMLTensor, a torch tensor over the packed bytes (uint8) whose `shape`
@@ -34,7 +35,8 @@ Bytes counted_copy(const Tensor& t, Dtype compute) {
 
 // Tensors ComfyUI counts in the offload cost and converts at forward time: the module's
 // parameters (weight, bias, norm scale, embedding table), not the fp8 scales or buffers.
-bool is_parameter(const Tensor& t) {
+template <class T>  // Tensor, FlatTensor
+bool is_parameter(const T& t) {
   return t.role == TensorRole::weight || t.role == TensorRole::bias || t.role == TensorRole::norm ||
          t.role == TensorRole::embedding;
 }
@@ -431,7 +433,7 @@ class ComfyPlanner {
         loaded += bytes;
       } else {
         buffer = potential;
-        if (model.modules[i].cast_hook) {
+        if ((model.module_flags[i] & kModuleCastHook) != 0) {
           lp.resident[i] = 0;
           lp.lowvram[i] = 1;
           if (lora) ++lp.lowvram_patches;
@@ -457,7 +459,9 @@ class ComfyPlanner {
     for (std::size_t j = 0; j < off.size(); ++j) {
       Bytes w = 0;
       for (std::size_t n = 0; n <= ns_ && j + n < off.size(); ++n) w += sizes[off[j + n]];
-      for (const Tensor& t : model.modules[off[j]].tensors) {
+      const std::uint32_t first = model.tensor_first[off[j]], last = model.tensor_first[off[j] + 1];
+      for (std::uint32_t ti = first; ti < last; ++ti) {
+        const FlatTensor& t = model.tensors_flat[ti];
         if (!is_parameter(t)) continue;
         if (ref.lora && t.role == TensorRole::weight) {
           w += 2 * compute_copy(t, ref.compute);  // the private cast copy and the LoRA delta
