@@ -63,6 +63,9 @@ bool converted(TensorRole role, Dtype dtype, Dtype compute) {
   return (role == TensorRole::weight || role == TensorRole::bias || role == TensorRole::norm) && needs_conversion(dtype, compute);
 }
 
+// How far ahead a loop over a scattered order (the load walk's) starts its reads.
+constexpr std::size_t kPrefetch = 8;
+
 OpKind conversion_kind(Dtype storage) {
   const DtypeInfo& i = dtype_info(storage);
   return i.gguf_quantized || storage == Dtype::int8 ? OpKind::dequant : OpKind::upcast;
@@ -282,7 +285,23 @@ class Lowerer final : public lowering::ProgramSink {
     // Resident modules are moved in the walk's order; LoRA is merged right after each module
     // arrives: a compute copy of the weight and the patched result in the patch dtype, then the
     // result is rounded back into the stored weight (the backup lives on the host).
-    for (std::uint32_t i : lp.sorted) {
+    const std::size_t n = lp.sorted.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t i = lp.sorted[k];
+      // The walk's order is scattered over the model: in a large one every module's fields are a
+      // cache miss, so the reads of the modules kPrefetch and 2 x kPrefetch places ahead are
+      // started now (the nearer one's tensors through its tensor_first, read by then).
+      if (k + 2 * kPrefetch < n) {
+        const std::uint32_t far = lp.sorted[k + 2 * kPrefetch];
+        __builtin_prefetch(&model.tensor_first[far]);
+        __builtin_prefetch(&lp.resident[far]);
+        __builtin_prefetch(&resident_[m][far]);
+      }
+      if (k + kPrefetch < n) {
+        const std::uint32_t first = model.tensor_first[lp.sorted[k + kPrefetch]];
+        __builtin_prefetch(&model.tensors_flat[first]);
+        __builtin_prefetch(weights_[m].all().data() + first, 1);
+      }
       if (!lp.resident[i] || resident_[m][i]) continue;
       const Module& mod = model.modules[i];
       move_to_device(m, i);

@@ -120,8 +120,10 @@ bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const Ex
     if (offloaded == 0 || largest == 0) continue;
     // The transients of this model live during the stage: exact bytes of the program's buffers.
     Bytes live = 0, peak = 0;
-    for (const Op& op : p.ops) {
-      if (op.stage != sp.stage || op.buffer == kNone || (op.kind != OpKind::alloc && op.kind != OpKind::free)) continue;
+    const std::uint32_t end = sp.stage < p.stage_begin.size() ? p.stage_end(sp.stage) : 0;
+    for (std::uint32_t k = sp.stage < p.stage_begin.size() ? p.stage_begin[sp.stage] : 0; k < end; ++k) {
+      const Op& op = p.ops[k];
+      if (op.buffer == kNone || (op.kind != OpKind::alloc && op.kind != OpKind::free)) continue;
       const Buffer& b = p.buffers[op.buffer];
       if (b.model != sp.model || b.kind == BufferKind::weight || b.kind == BufferKind::activation) continue;
       if (op.kind == OpKind::alloc) {
