@@ -47,10 +47,10 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
     const auto h = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
     if (h->size > r) {  // the rest stays a hole, a new one
       const Hole rest{off + r, h->size - r, hole_seq_++};
-      holes_.replace(0, h->size, e.addr, rest.size, hole_key(rest));
+      holes_.replace_at(c, rest.size, hole_key(rest));  // the hole found, no search again
       *h = rest;
     } else {
-      holes_.erase(0, h->size, e.addr);
+      holes_.erase_at(c);
       p.holes.erase(h);
     }
     ++p.live;

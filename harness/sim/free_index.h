@@ -124,6 +124,7 @@ class FreeIndex {
         std::move(at + 1, pos, at);
         *(pos - 1) = e;
       }
+      old_bin.refresh(c.chunk);
       return;
     }
     take(old_bin, c.chunk, c.pos);
@@ -241,44 +242,45 @@ class FreeIndex {
   // One bin: sorted chunks, each non-empty, every entry of one before every entry of the next;
   // the first chunk is held here, the others behind a pointer that only a split bin allocates
   // (a lane has 488 bins, built and freed with every allocator: they stay 32 bytes). Empty:
-  // `first` is empty and there are no other chunks.
+  // `first` is empty and there are no other chunks. A split bin keeps each chunk's last entry in
+  // one array, so finding a chunk is a binary search in it: one of 800 chunks was ten probes,
+  // each through a chunk's vector to its last entry, two cache misses apiece in a large model.
+  struct Split {
+    std::vector<std::vector<Entry>> chunks;  // chunks 1..
+    std::vector<Entry> lasts;                // while split: lasts[k] is chunk k's last entry (k from 0)
+  };
   struct Bin {
     std::vector<Entry> first;
-    std::unique_ptr<std::vector<std::vector<Entry>>> rest;  // chunks 1.., once the bin split
+    std::unique_ptr<Split> rest;  // chunks 1.., once the bin split
 
     Bin() = default;
     Bin(Bin&&) noexcept = default;
     Bin& operator=(Bin&&) noexcept = default;
-    Bin(const Bin& o) : first(o.first), rest(o.rest ? std::make_unique<std::vector<std::vector<Entry>>>(*o.rest) : nullptr) {}
+    Bin(const Bin& o) : first(o.first), rest(o.rest ? std::make_unique<Split>(*o.rest) : nullptr) {}
     Bin& operator=(const Bin& o) {
       if (this != &o) *this = Bin(o);
       return *this;
     }
     ~Bin() = default;
 
-    bool split() const { return rest && !rest->empty(); }
-    std::uint32_t chunks() const { return first.empty() ? 0 : 1 + (rest ? static_cast<std::uint32_t>(rest->size()) : 0); }
-    std::vector<Entry>& chunk(std::uint32_t k) { return k == 0 ? first : (*rest)[k - 1]; }
-    const std::vector<Entry>& chunk(std::uint32_t k) const { return k == 0 ? first : (*rest)[k - 1]; }
+    bool split() const { return rest && !rest->chunks.empty(); }
+    std::uint32_t chunks() const { return first.empty() ? 0 : 1 + (rest ? static_cast<std::uint32_t>(rest->chunks.size()) : 0); }
+    std::vector<Entry>& chunk(std::uint32_t k) { return k == 0 ? first : rest->chunks[k - 1]; }
+    const std::vector<Entry>& chunk(std::uint32_t k) const { return k == 0 ? first : rest->chunks[k - 1]; }
+    // After chunk k (non-empty) changed: its last entry, where the bin is split.
+    void refresh(std::uint32_t k) {
+      if (split()) rest->lasts[k] = chunk(k).back();
+    }
     // The first chunk whose last entry is not before `key` (chunks() if none).
     std::uint32_t chunk_for(const Entry& key) const {
       if (!split()) return first.empty() || before(first.back(), key) ? chunks() : 0;
-      std::uint32_t lo = 0, hi = chunks();
-      while (lo < hi) {
-        const std::uint32_t mid = lo + (hi - lo) / 2;
-        if (before(chunk(mid).back(), key)) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      return lo;
+      return static_cast<std::uint32_t>(std::lower_bound(rest->lasts.begin(), rest->lasts.end(), key, before) - rest->lasts.begin());
     }
     template <class F>
     void each(F& f) const {
       for (const Entry& e : first) f(e);
       if (!rest) return;
-      for (const std::vector<Entry>& c : *rest) {
+      for (const std::vector<Entry>& c : rest->chunks) {
         for (const Entry& e : c) f(e);
       }
     }
@@ -290,25 +292,42 @@ class FreeIndex {
     if (k == bin.chunks()) k = k == 0 ? 0 : k - 1;  // after every entry: the last chunk
     std::vector<Entry>& chunk = bin.chunk(k);
     chunk.insert(std::lower_bound(chunk.begin(), chunk.end(), e, before), e);
-    if (chunk.size() <= kChunk) return;
+    if (chunk.size() <= kChunk) {
+      bin.refresh(k);
+      return;
+    }
     std::vector<Entry> upper(chunk.begin() + static_cast<std::ptrdiff_t>(chunk.size() / 2), chunk.end());
     chunk.resize(chunk.size() / 2);
-    if (!bin.rest) bin.rest = std::make_unique<std::vector<std::vector<Entry>>>();
-    bin.rest->insert(bin.rest->begin() + k, std::move(upper));  // chunk k + 1
+    if (!bin.rest) bin.rest = std::make_unique<Split>();
+    const bool was_split = bin.split();
+    bin.rest->chunks.insert(bin.rest->chunks.begin() + k, std::move(upper));  // chunk k + 1
+    std::vector<Entry>& lasts = bin.rest->lasts;
+    if (!was_split) {
+      lasts.assign({bin.chunk(0).back(), bin.chunk(1).back()});
+    } else {
+      lasts[k] = bin.chunk(k).back();
+      lasts.insert(lasts.begin() + k + 1, bin.chunk(k + 1).back());
+    }
   }
 
   // Erases entry `pos` of chunk `k`; a chunk left empty goes (the next becomes the first).
   static void take(Bin& bin, std::uint32_t k, std::uint32_t pos) {
     std::vector<Entry>& chunk = bin.chunk(k);
     chunk.erase(chunk.begin() + pos);
-    if (!chunk.empty() || !bin.split()) return;
-    std::vector<std::vector<Entry>>& rest = *bin.rest;
-    if (k == 0) {
-      bin.first.swap(rest.front());
-      rest.erase(rest.begin());
-    } else {
-      rest.erase(rest.begin() + (k - 1));
+    if (!chunk.empty()) {
+      bin.refresh(k);
+      return;
     }
+    if (!bin.split()) return;
+    Split& rest = *bin.rest;
+    if (k == 0) {
+      bin.first.swap(rest.chunks.front());
+      rest.chunks.erase(rest.chunks.begin());
+    } else {
+      rest.chunks.erase(rest.chunks.begin() + (k - 1));
+    }
+    rest.lasts.erase(rest.lasts.begin() + k);
+    if (rest.chunks.empty()) rest.lasts.clear();
   }
 
   static Cursor cursor(std::uint32_t l, std::uint32_t b, std::uint32_t k, std::uint32_t pos) {
