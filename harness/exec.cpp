@@ -82,6 +82,9 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   }
   alloc = alloc_owner.get();
   alloc->reserve_keys(p.buffers.size());
+  // The allocator's statistics, read after every op: every model keeps them in a member (a hooked
+  // allocator its inner one's), so the reference holds for the run (one virtual call, not one per op).
+  const sim::AllocStats& st = alloc->stats();
   SimTorch torch(alloc, device);
   std::optional<DynamicRuntime> dyn;
   LiveTensors live_tensors(s.models.size());
@@ -123,7 +126,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     }
     if (!is_transition(op) && !entered[op.stage]) {
       entered[op.stage] = 1;
-      r.stage_entry_reserved[op.stage] = alloc->stats().reserved.current;
+      r.stage_entry_reserved[op.stage] = st.reserved.current;
     }
     const bool runs = !dyn || dyn->runs(op);
     Bytes moved = 0;
@@ -161,7 +164,6 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           break;
         case OpKind::empty_cache: alloc->empty_cache(); break;
         case OpKind::flush_if_cached: {
-          const auto& st = alloc->stats();
           const Bytes cached = sat_sub(st.reserved.current, st.active.current);
           if (static_cast<double>(cached) > kCacheFlushShare * static_cast<double>(device.free() + cached)) {
             alloc->empty_cache();
@@ -201,7 +203,6 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       poll_seen = aimdo->stats().polls;
       others_at_poll = device.spec().used_by_others;
     }
-    const sim::AllocStats& st = alloc->stats();
     if (!is_transition(op) && (st.reserved.current > r.stage_reserved_peak[op.stage] || r.stage_reserved_peak[op.stage] == 0)) {
       r.stage_reserved_peak[op.stage] = st.reserved.current;
       r.stage_reserved_peak_op[op.stage] = i;
