@@ -102,9 +102,8 @@ class NameSet {
   explicit NameSet(std::size_t expected) : index_(ViewAt{&names_}, expected) { names_.reserve(expected); }
   // Inserts `name`; false if it was there already.
   bool insert(std::string_view name) {
-    if (index_.find(name)) return false;
+    if (!index_.add_if_absent(static_cast<std::uint32_t>(names_.size()), name)) return false;
     names_.push_back(name);
-    index_.add(static_cast<std::uint32_t>(names_.size() - 1));
     return true;
   }
   bool contains(std::string_view name) const { return index_.find(name).has_value(); }
@@ -124,10 +123,15 @@ void mark_containers(std::vector<Module>& modules) {
   // Every module above one that owns parameters. A path already in the set has its own
   // ancestors in it too, so each chain stops at the first one it meets.
   // The paths are views into the modules' names, which this function does not change.
+  // Siblings usually come one after another: a module whose parent is the last one inserted from
+  // has its chain in the set already.
   NameSet parents(modules.size());
+  std::optional<std::string_view> last;
   for (const Module& m : modules) {
     if (!owns_parameters(m)) continue;
     auto p = parent_of(m.name);
+    if (p && last && *p == *last) continue;
+    last = p;
     while (p && parents.insert(*p)) p = parent_of(*p);
   }
   for (Module& m : modules) m.container = parents.contains(m.name);

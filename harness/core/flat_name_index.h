@@ -29,6 +29,17 @@ class FlatNameIndex {
     if (s.index == 0) return std::nullopt;
     return s.index - 1;
   }
+  // Adds index i, whose name is `name`, unless an equal name was added before (one probe for
+  // both): true if it was added. name_of(i) is not read, so i may be added to the names after.
+  bool add_if_absent(std::uint32_t i, std::string_view name) {
+    if (2 * (count_ + 1) > slots_.size()) grow();
+    const std::uint64_t h = hash(name);
+    Slot& s = slots_[probe(name, h)];
+    if (s.index != 0) return false;
+    s = Slot{i + 1, static_cast<std::uint32_t>(h)};
+    ++count_;
+    return true;
+  }
   // Adds index i, whose name is not in the table yet.
   void add(std::uint32_t i) {
     if (2 * (count_ + 1) > slots_.size()) grow();
