@@ -299,7 +299,7 @@ class Lowerer final : public lowering::ProgramSink {
       }
       if (k + kPrefetch < n) {
         const std::uint32_t first = model.tensor_first[lp.sorted[k + kPrefetch]];
-        __builtin_prefetch(&model.tensors_flat[first]);
+        __builtin_prefetch(model.tensors_flat.data() + first);  // may be one past the end: a prefetch never faults
         __builtin_prefetch(weights_[m].all().data() + first, 1);
       }
       if (!lp.resident[i] || resident_[m][i]) continue;
