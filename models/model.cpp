@@ -123,8 +123,8 @@ void mark_containers(std::vector<Module>& modules) {
   // Every module above one that owns parameters. A path already in the set has its own
   // ancestors in it too, so each chain stops at the first one it meets.
   // The paths are views into the modules' names, which this function does not change.
-  // Siblings usually come one after another: a module whose parent is the last one inserted from
-  // has its chain in the set already.
+  // Siblings usually come one after another: a module whose parent is the previous chain's start
+  // (inserted then, or found there already) has its chain in the set.
   NameSet parents(modules.size());
   std::optional<std::string_view> last;
   for (const Module& m : modules) {
