@@ -56,13 +56,6 @@ std::string_view buffer_kind_name(BufferKind k) {
 
 namespace {
 
-// Tensors the forward converts to the compute dtype. Embedding tables are gathered, not
-// converted whole (only the looked-up rows are cast: negligible); fp8 scales and buffers are read
-// as they are.
-bool converted(TensorRole role, Dtype dtype, Dtype compute) {
-  return (role == TensorRole::weight || role == TensorRole::bias || role == TensorRole::norm) && needs_conversion(dtype, compute);
-}
-
 // How far ahead a loop over a scattered order (the load walk's) starts its reads.
 constexpr std::size_t kPrefetch = 8;
 
@@ -344,7 +337,7 @@ class Lowerer final : public lowering::ProgramSink {
     const std::uint32_t first = spec.tensor_first[i], count = spec.tensor_first[i + 1] - first;
     for (std::uint32_t t = 0; t < count; ++t) {
       const FlatTensor& tensor = spec.tensors_flat[first + t];
-      if (!converted(tensor.role, tensor.dtype, ref.compute) && !(patched && tensor.role == TensorRole::weight)) continue;
+      if (!lowering::converted(tensor.role, tensor.dtype, ref.compute) && !(patched && tensor.role == TensorRole::weight)) continue;
       const Bytes bytes = tensor.numel * compute_elem_bytes(ref.compute);
       const std::uint32_t copy = alloc(Phase::forward, bytes, 0, BufferKind::convert, m, i, t);
       emit(conversion_kind(tensor.dtype), Phase::forward, 0, copy, src[t]);

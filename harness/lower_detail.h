@@ -11,6 +11,14 @@
 
 namespace vf::lowering {
 
+// Tensors the forward converts to the compute dtype (both lowerers: a resident or staged weight's
+// upcast or dequantize, a LoRA's private copy where none is needed). Embedding tables are gathered,
+// not converted whole (only the looked-up rows are cast: negligible); fp8 scales and buffers are
+// read as they are.
+inline bool converted(TensorRole role, Dtype dtype, Dtype compute) {
+  return (role == TensorRole::weight || role == TensorRole::bias || role == TensorRole::norm) && needs_conversion(dtype, compute);
+}
+
 // An op on module `i` of model `m` (a compute op, a forced weight's h2d): both lowerers name the
 // module, for the modelled time and the dynamic runtime.
 inline Op module_op(OpKind kind, Phase phase, std::uint32_t buffer, std::uint32_t m, std::uint32_t i) {

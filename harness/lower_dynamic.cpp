@@ -43,10 +43,6 @@ std::string_view block_key(std::string_view name) {
   return {};
 }
 
-bool converted(const Tensor& t, Dtype compute) {
-  return (t.role == TensorRole::weight || t.role == TensorRole::bias || t.role == TensorRole::norm) && needs_conversion(t.dtype, compute);
-}
-
 }  // namespace
 
 DynamicLowering::DynamicLowering(const Scenario& s, ProgramSink& out)
@@ -242,7 +238,7 @@ void DynamicLowering::forward(const StagePlan& sp) {
           const Tensor& tensor = mod.tensors[t];
           if (tensor.role != TensorRole::weight) continue;
           const Bytes bytes = tensor.numel * compute_elem_bytes(ref.compute);
-          if (!converted(tensor, ref.compute)) {
+          if (!converted(tensor.role, tensor.dtype, ref.compute)) {
             lora_temps.push_back(out_.alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t, When::not_resident));
           }
           lora_temps.push_back(out_.alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t, When::not_resident));
