@@ -42,6 +42,9 @@ class TorchView {
 // (`moved` bytes: an h2d's buffer, a fault's copy), compute at device.tflops over 2 x weight
 // elements x the stage's rows; allocations, frees, conversions and syncs take none.
 std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, Bytes moved);
+// Whether op_duration_us can be above 0 for an op of this kind (a backend skips the call for the
+// others: most ops are allocations and frees).
+constexpr bool op_takes_time(OpKind k) { return k == OpKind::h2d || k == OpKind::vbar_fault || k == OpKind::compute; }
 
 // The live torch tensors of a run by what they are, for the account of a dynamic OOM.
 struct LiveTensors {

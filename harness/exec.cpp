@@ -128,7 +128,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       entered[op.stage] = 1;
       r.stage_entry_reserved[op.stage] = st.reserved.current;
     }
-    const bool runs = !dyn || dyn->runs(op);
+    const bool runs = !dyn || op.when == When::always || dyn->runs(op);
     Bytes moved = 0;
     try {
       switch (runs ? op.kind : OpKind::sync) {
@@ -198,7 +198,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     }
     // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
     // t column; a classic case without events that keeps no trace has no use for it.
-    if (runs && timed) now_us += op_duration_us(s, p, op, moved);
+    if (runs && timed && op_takes_time(op.kind)) now_us += op_duration_us(s, p, op, moved);
     if (aimdo && aimdo->stats().polls != poll_seen) {
       poll_seen = aimdo->stats().polls;
       others_at_poll = device.spec().used_by_others;
@@ -231,8 +231,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.ops_executed = i + 1;
       break;
     }
-    r.ops_executed = i + 1;
   }
+  if (!r.oom) r.ops_executed = static_cast<std::uint32_t>(p.ops.size());
   r.allocated_peak = alloc->stats().allocated.peak;
   r.final_stats = alloc->stats();
   if (r.dynamic) fill_dynamic_report(*r.dynamic, *aimdo, *dyn, now_us);
