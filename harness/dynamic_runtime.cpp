@@ -76,7 +76,7 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
   Result out;
   if (r == sim::FaultResult::error) {
     ms.last = Last::refused;
-    ms.serials.clear();
+    ms.has_serials = false;
     out.ok = false;
     out.failure = "VBAR fault";
     out.request = sim::kVbarPage;
@@ -85,17 +85,22 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     return out;
   }
   if (r != sim::FaultResult::refused) {
-    // Compared in place, and rewritten into the same vector when they differ (no vector per fault).
+    // Compared in place, and rewritten in place when they differ. A module's slice, so its page
+    // count, is fixed for the run: its place in serials_ is taken at its first copy.
     const std::uint64_t first = first_page(m, i), end = end_page(m, i);
-    bool same = !ms.serials.empty() && ms.serials.size() == end - first;
-    for (std::uint64_t pg = first; same && pg < end; ++pg) same = ms.serials[pg - first] == aimdo_.serial(v, pg);
+    bool same = ms.has_serials;
+    for (std::uint64_t pg = first; same && pg < end; ++pg) same = serials_[ms.serial_at + (pg - first)] == aimdo_.serial(v, pg);
     if (same) {
       ms.last = Last::resident;
       ++hits_;
       return out;
     }
-    ms.serials.clear();
-    for (std::uint64_t pg = first; pg < end; ++pg) ms.serials.push_back(aimdo_.serial(v, pg));
+    if (ms.serial_at == kNone) {
+      ms.serial_at = static_cast<std::uint32_t>(serials_.size());
+      serials_.resize(serials_.size() + (end - first));
+    }
+    for (std::uint64_t pg = first; pg < end; ++pg) serials_[ms.serial_at + (pg - first)] = aimdo_.serial(v, pg);
+    ms.has_serials = end > first;  // a slice of no pages keeps none: never resident by its serials
     ms.last = Last::copied;
     ++copies_;
     if (ns_ > 0 && call_stream_ == 0) call_stream_ = next_offload_stream();
@@ -104,7 +109,7 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     out.stream = call_stream_;
     return out;
   }
-  ms.serials.clear();
+  ms.has_serials = false;
   ms.last = Last::refused;
   ++refused_;
   out.moved = size;

@@ -104,7 +104,8 @@ class DynamicRuntime {
   enum class Last : std::uint8_t { none, resident, copied, refused };
   struct ModuleState {
     Last last = Last::none;
-    std::vector<std::uint32_t> serials;  // of its pages when last copied (empty: no copy)
+    bool has_serials = false;            // its pages' serials from its last copy are kept (none: no copy)
+    std::uint32_t serial_at = kNone;     // where they are in serials_ (its page count, from its first copy on)
     std::uint32_t cast_stream = 0;       // where a refused module went, and at what offset
     Bytes cast_offset = 0;
   };
@@ -121,6 +122,9 @@ class DynamicRuntime {
   std::uint32_t ns_;
   std::vector<std::uint32_t> vbar_;                 // per model: aimdo's VBAR id (kNone: not yet)
   std::vector<std::vector<ModuleState>> modules_;   // [model][module]
+  // The page serials of every module's last copy, each module's at its serial_at (one vector for
+  // the run: a vector per module was a heap allocation per first fault).
+  std::vector<std::uint32_t> serials_;
   // The current cast_modules_with_vbar call: its offload stream (0: none chosen yet) and offset.
   std::uint32_t call_stream_ = 0;
   Bytes call_offset_ = 0;
