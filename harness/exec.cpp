@@ -109,11 +109,29 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     r.dynamic->oom = account_oom(s, op, live_tensors, alloc->stats(), device.free(), device.charged(), *aimdo, *dyn, std::move(what), request);
   };
 
-  for (std::uint32_t i = 0; i < p.ops.size(); ++i) {
-    const Op& op = p.ops[i];
+  // The loop's running figures in locals and its arrays through pointers: `r` is reachable from
+  // the allocator calls (the OOM account), so the compiler reloaded every field after each one.
+  const Op* const ops = p.ops.data();
+  const auto n_ops = static_cast<std::uint32_t>(p.ops.size());
+  const std::vector<OthersEvent>& events = s.device.events;
+  const std::size_t n_events = events.size();
+  std::uint8_t* const stage_entered = entered.data();
+  Bytes* const stage_peak = r.stage_reserved_peak.data();
+  Bytes reserved_peak = r.reserved_peak, live_peak = r.live_peak, device_peak = r.device_peak;
+  std::uint32_t reserved_peak_op = r.reserved_peak_op;
+  auto store_peaks = [&] {
+    r.reserved_peak = reserved_peak;
+    r.reserved_peak_op = reserved_peak_op;
+    r.live_peak = live_peak;
+    r.device_peak = device_peak;
+  };
+
+  for (std::uint32_t i = 0; i < n_ops; ++i) {
+    const Op& op = ops[i];
+    const bool judged = !is_transition(op);
     // Other processes take and give back memory at their time.
-    for (; next_event < s.device.events.size() && s.device.events[next_event].at_us <= now_us; ++next_event) {
-      const OthersEvent& ev = s.device.events[next_event];
+    for (; next_event < n_events && events[next_event].at_us <= now_us; ++next_event) {
+      const OthersEvent& ev = events[next_event];
       if (!ev.take) {
         device.others_release(ev.bytes);
         continue;
@@ -124,8 +142,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
             others_failure(i, now_us, ev.bytes, free_then, *aimdo, device.spec().used_by_others != others_at_poll));
       }
     }
-    if (!is_transition(op) && !entered[op.stage]) {
-      entered[op.stage] = 1;
+    if (judged && !stage_entered[op.stage]) {
+      stage_entered[op.stage] = 1;
       r.stage_entry_reserved[op.stage] = st.reserved.current;
     }
     const bool runs = !dyn || op.when == When::always || dyn->runs(op);
@@ -194,6 +212,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       r.error = fmt::format("op {}: {}", i, e.what());
       r.ops_executed = i;
       r.final_stats = alloc->stats();
+      store_peaks();
       return r;
     }
     // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
@@ -203,18 +222,19 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       poll_seen = aimdo->stats().polls;
       others_at_poll = device.spec().used_by_others;
     }
-    if (!is_transition(op) && (st.reserved.current > r.stage_reserved_peak[op.stage] || r.stage_reserved_peak[op.stage] == 0)) {
-      r.stage_reserved_peak[op.stage] = st.reserved.current;
+    const Bytes reserved = st.reserved.current;
+    if (judged && (reserved > stage_peak[op.stage] || stage_peak[op.stage] == 0)) {
+      stage_peak[op.stage] = reserved;
       r.stage_reserved_peak_op[op.stage] = i;
       r.stage_allocated_at_peak[op.stage] = st.allocated.current;
       r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream, runs ? op_request(p, op) : 0);
     }
-    if (st.reserved.current > r.reserved_peak) {
-      r.reserved_peak = st.reserved.current;
-      r.reserved_peak_op = i;
+    if (reserved > reserved_peak) {
+      reserved_peak = reserved;
+      reserved_peak_op = i;
     }
-    if (live > r.live_peak) r.live_peak = live;
-    if (device.device_used() > r.device_peak) r.device_peak = device.device_used();
+    if (live > live_peak) live_peak = live;
+    if (device.device_used() > device_peak) device_peak = device.device_used();
     if (opt.record_trace) {
       TraceRow row{i, live, st.allocated.current, st.reserved.current, device.device_used()};
       if (aimdo) {
@@ -232,7 +252,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       break;
     }
   }
-  if (!r.oom) r.ops_executed = static_cast<std::uint32_t>(p.ops.size());
+  if (!r.oom) r.ops_executed = n_ops;
+  store_peaks();
   r.allocated_peak = alloc->stats().allocated.peak;
   r.final_stats = alloc->stats();
   if (r.dynamic) fill_dynamic_report(*r.dynamic, *aimdo, *dyn, now_us);
