@@ -149,7 +149,8 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   const Bytes alloc_size = allocation_size(rounded, options_.large_segment_size);
 
   // §1.6: cache lookup, then a new segment, then the failure ladder.
-  Index b = get_free_block(pool, stream, rounded);
+  FreeIndex::Cursor cached;
+  Index b = get_free_block(pool, stream, rounded, cached);
   if (b == kNone) {
     if (gc_enabled()) garbage_collect_cached_blocks();
     b = alloc_block(pool, stream, rounded, alloc_size);
@@ -169,12 +170,12 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     record_oom(size, rounded, alloc_size, stream);
     return false;
   }
-  keys_[key] = hand_out(b, rounded, size, key);
+  keys_[key] = hand_out(b, rounded, size, key, cached);
   return true;
 }
 
 // Best fit: the smallest cached block on the same stream that holds `size`.
-CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId stream, Bytes size) {
+CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at) {
   if (gc_enabled()) ++pool.lookups;  // GC ages blocks by the lookups made since they were cached
   FreeIndex::Cursor it = pool.blocks.lower_bound(stream, size);
   if (!it.valid) return kNone;
@@ -197,9 +198,8 @@ CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId st
   if (size < options_.max_split_size && e.size >= options_.max_split_size) return kNone;
   if (size >= options_.max_split_size && e.size >= size + options_.max_non_split_rounding) return kNone;
 
-  const Index b = e.block;
-  pool.blocks.erase_at(it);  // erase_free(b) without searching for it again
-  return b;
+  at = it;  // hand_out erases it, or keeps a split's remainder in its place, without a search
+  return e.block;
 }
 
 CachingAllocator::Index CachingAllocator::alloc_block(Pool& pool, StreamId stream, Bytes rounded,
@@ -223,7 +223,8 @@ bool CachingAllocator::should_split(const Block& b, Bytes size) const {
   return size < options_.max_split_size && remaining > kSmallSize;
 }
 
-CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key) {
+CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key,
+                                                   FreeIndex::Cursor cached) {
   const bool tracks_split = !options_.expandable_segments;  // PyTorch excludes expandable here
   const bool already_split = is_split(blocks_[found]);
   Index out = found;
@@ -243,7 +244,16 @@ CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes rounded, B
     rest.prev = out;
     rest.addr += rounded;
     rest.size -= rounded;
-    insert_free(found);
+    if (cached.valid) {
+      // The remainder takes the found block's entry: moved within its chunk when it stays in one
+      // (a run of small requests carving one segment), not erased and inserted again.
+      Pool& pool = pool_of(rest);
+      pool.blocks.replace_at(cached, rest.size, rest.addr);
+      rest.state = State::free;
+      rest.gc_base = pool.lookups;
+    } else {
+      insert_free(found);
+    }
     if (tracks_split) {
       if (already_split) {
         stats_.inactive_split.sub(rounded);  // a free piece of a split segment shrank
@@ -251,8 +261,9 @@ CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes rounded, B
         stats_.inactive_split.add(rest.size);  // an unsplit block just became split
       }
     }
-  } else if (already_split && tracks_split) {
-    stats_.inactive_split.sub(blocks_[found].size);  // a free piece became active whole
+  } else {
+    if (cached.valid) pool_of(blocks_[found]).blocks.erase_at(cached);
+    if (already_split && tracks_split) stats_.inactive_split.sub(blocks_[found].size);  // a free piece became active whole
   }
 
   Block& a = blocks_[out];

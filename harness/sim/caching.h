@@ -184,13 +184,17 @@ class CachingAllocator final : public Allocator {
   enum class Failure : std::uint8_t { none, fraction, device };
 
   // -- the malloc path (caching.cpp) --
-  Index get_free_block(Pool& pool, StreamId stream, Bytes size);
+  // The best fit, left in the index: `at` is its place there (hand_out takes it out, or keeps
+  // the split's remainder at that place).
+  Index get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at);
   Index alloc_block(Pool& pool, StreamId stream, Bytes rounded, Bytes alloc_size);
   bool release_available_cached_blocks(Pool& pool, StreamId stream, Bytes rounded);
   void release_cached_blocks();
   void garbage_collect_cached_blocks();
   bool should_split(const Block& b, Bytes size) const;
-  Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key);
+  // `cached` (valid): `found` is still in its pool's free index there; else it is in no index (a
+  // new segment's block).
+  Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key, FreeIndex::Cursor cached);
   void free_block(Index b);
   void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
