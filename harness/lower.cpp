@@ -155,12 +155,7 @@ class Lowerer final : public lowering::ProgramSink {
   // ProgramSink (the dynamic lowering builds into this program).
   Program& program() override { return prog_; }
   std::uint16_t stage() const override { return stage_; }
-  void emit(Op op) override {
-    op.stage = stage_;
-    prog_.ops.push_back(op);
-  }
-  // A new op at the end of the program, of this stage, built in place.
-  Op& push_op() {
+  Op& push_op() override {
     Op& op = prog_.ops.emplace_back();
     op.stage = stage_;
     return op;
@@ -253,13 +248,12 @@ class Lowerer final : public lowering::ProgramSink {
     else emit(OpKind::flush_if_cached, Phase::load, 0);
     // Next to dynamic models, free_memory also has them give up VBAR pages until the target is free.
     if (lp.free_target != 0) {
-      Op op;
+      Op& op = push_op();
       op.kind = OpKind::vbar_free;
       op.phase = Phase::evict;
       op.flags = kVbarFreeToTarget;
       op.src = static_cast<std::uint32_t>(prog_.amounts.size());
       prog_.amounts.push_back(lp.free_target);
-      emit(op);
     }
   }
 
@@ -296,12 +290,12 @@ class Lowerer final : public lowering::ProgramSink {
         __builtin_prefetch(weights_[m].all().data() + first, 1);
       }
       if (!lp.resident[i] || resident_[m][i]) continue;
-      const Module& mod = model.modules[i];
       move_to_device(m, i);
       if (!ref.lora) continue;
       bool patched = false;
-      for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-        const Tensor& tensor = mod.tensors[t];
+      const std::uint32_t first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;
+      for (std::uint32_t t = 0; t < count; ++t) {
+        const FlatTensor& tensor = model.tensors_flat[first + t];
         if (tensor.role != TensorRole::weight) continue;
         const Bytes bytes = tensor.numel * compute_elem_bytes(c.lora_patch_dtype);
         const std::uint32_t copy = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
@@ -436,7 +430,7 @@ class Lowerer final : public lowering::ProgramSink {
   }
 
   // The module's kernels (the compute op names its module for the modelled time).
-  void emit_compute(std::uint32_t m, std::uint32_t i, std::uint32_t act) { emit(lowering::module_op(OpKind::compute, Phase::forward, act, m, i)); }
+  void emit_compute(std::uint32_t m, std::uint32_t i, std::uint32_t act) { lowering::module_op(push_op(), OpKind::compute, Phase::forward, act, m, i); }
 
   const Scenario& s_;
   const Plan& plan_;

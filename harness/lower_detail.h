@@ -20,15 +20,14 @@ inline bool converted(TensorRole role, Dtype dtype, Dtype compute) {
 }
 
 // An op on module `i` of model `m` (a compute op, a forced weight's h2d): both lowerers name the
-// module, for the modelled time and the dynamic runtime.
-inline Op module_op(OpKind kind, Phase phase, std::uint32_t buffer, std::uint32_t m, std::uint32_t i) {
-  Op op;
+// module, for the modelled time and the dynamic runtime. Filled in place in the program (see
+// ProgramSink::push_op).
+inline void module_op(Op& op, OpKind kind, Phase phase, std::uint32_t buffer, std::uint32_t m, std::uint32_t i) {
   op.kind = kind;
   op.phase = phase;
   op.buffer = buffer;
   op.model = static_cast<std::uint16_t>(m);
   op.module = i;
-  return op;
 }
 
 // What the dynamic lowering asks of the program being built.
@@ -37,7 +36,11 @@ class ProgramSink {
   virtual ~ProgramSink() = default;
   virtual Program& program() = 0;
   virtual std::uint16_t stage() const = 0;
-  virtual void emit(Op op) = 0;  // op.stage is set by the sink
+  // A new op at the end of the program, default but for its stage (the sink's), to be filled in
+  // place before the next is pushed. Not an Op built on the stack and passed by value: its fields'
+  // narrow stores, read back as whole words by the copy, stalled store forwarding on every op (a
+  // third of the dynamic forward's time).
+  virtual Op& push_op() = 0;
   virtual std::uint32_t alloc(Phase ph, Bytes bytes, std::uint8_t stream, BufferKind kind, std::uint32_t model,
                               std::uint32_t module, std::uint32_t tensor, When when = When::always) = 0;
   virtual void free(Phase ph, std::uint32_t buffer, When when = When::always) = 0;

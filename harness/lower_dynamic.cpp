@@ -70,11 +70,10 @@ void DynamicLowering::load(const LoadPlan& lp) {
   layout.request = st.vbar_request;
   layout.offset = st.slice_offset;
   layout.size = st.slice_size;
-  Op prio;
+  Op& prio = out_.push_op();
   prio.kind = OpKind::vbar_prioritize;
   prio.phase = Phase::load;
   prio.model = static_cast<std::uint16_t>(m);
-  out_.emit(prio);
   // The walk's modules in its order, then those outside it (containers' own parameters, modules of
   // buffers only), all moved now.
   std::vector<std::uint32_t> moved = st.order;
@@ -90,7 +89,7 @@ void DynamicLowering::load(const LoadPlan& lp) {
       const Tensor& tensor = mod.tensors[t];
       if (!st.forced_module[i] && staged_tensor(tensor)) continue;  // lives in the VBAR slice
       const std::uint32_t b = out_.alloc(Phase::load, tensor.bytes, 0, BufferKind::weight, m, i, t);
-      out_.emit(module_op(OpKind::h2d, Phase::load, b, m, i));
+      module_op(out_.push_op(), OpKind::h2d, Phase::load, b, m, i);
       forced_[m].of(i)[t] = b;
       // patch_weight_to_device: a force-loaded weight with a LoRA is patched now, through a copy
       // and a result in the LoRA dtype, rounded back into the stored weight.
@@ -104,31 +103,28 @@ void DynamicLowering::load(const LoadPlan& lp) {
       }
     }
     if (patched && c.patch_sync) {
-      Op sync;
+      Op& sync = out_.push_op();
       sync.kind = OpKind::sync;
       sync.phase = Phase::patch;
-      out_.emit(sync);
     }
   }
 }
 
 void DynamicLowering::fault(std::uint32_t m, std::uint32_t i, std::uint8_t flags) {
-  Op op;
+  Op& op = out_.push_op();
   op.kind = OpKind::vbar_fault;
   op.phase = Phase::forward;
   op.flags = flags;
   op.model = static_cast<std::uint16_t>(m);
   op.module = i;
-  out_.emit(op);
 }
 
 void DynamicLowering::unpin(std::uint32_t m, std::uint32_t i) {
-  Op op;
+  Op& op = out_.push_op();
   op.kind = OpKind::vbar_unpin;
   op.phase = Phase::forward;
   op.model = static_cast<std::uint16_t>(m);
   op.module = i;
-  out_.emit(op);
 }
 
 std::vector<DynamicLowering::Block> DynamicLowering::blocks(std::uint32_t m) const {
@@ -175,7 +171,7 @@ void DynamicLowering::forward(const StagePlan& sp) {
         // Force-loaded: an ordinary resident torch tensor, converted like a classic resident
         // module (modules without the cast hook use their raw parameters as they are).
         if ((model.module_flags[i] & kModuleCastHook) != 0) out_.convert_module(m, i, forced_[m].of(i), temps);
-        out_.emit(module_op(OpKind::compute, Phase::forward, act, m, i));
+        module_op(out_.push_op(), OpKind::compute, Phase::forward, act, m, i);
         for (std::uint32_t b : temps) out_.free(Phase::forward, b);
         continue;
       }
@@ -210,7 +206,7 @@ void DynamicLowering::forward(const StagePlan& sp) {
       if (torch_cast) {
         cast_stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + torch_cast_k_++ % ns_);
         cast_buf = out_.alloc(Phase::forward, st.slice_size[i], cast_stream, BufferKind::transfer, m, i, kNone, When::refused);
-        Op h2d;
+        Op& h2d = out_.push_op();
         h2d.kind = OpKind::h2d;
         h2d.phase = Phase::forward;
         h2d.stream = cast_stream;
@@ -218,13 +214,11 @@ void DynamicLowering::forward(const StagePlan& sp) {
         h2d.when = When::refused;
         h2d.model = static_cast<std::uint16_t>(m);
         h2d.module = i;
-        out_.emit(h2d);
         if (cast_stream != 0) {
-          Op wait;
+          Op& wait = out_.push_op();
           wait.kind = OpKind::wait;
           wait.phase = Phase::forward;
           wait.target = cast_stream;
-          out_.emit(wait);
         }
       }
       src.assign(model.tensor_first[i + 1] - model.tensor_first[i], kNone);
@@ -233,9 +227,9 @@ void DynamicLowering::forward(const StagePlan& sp) {
       if (ref.lora) {
         // LowVramPatch on a copy that is not resident: the delta, added to the converted weight
         // (or to a private compute copy when the weight needed no conversion).
-        const Module& mod = model.modules[i];
-        for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-          const Tensor& tensor = mod.tensors[t];
+        const std::uint32_t first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;
+        for (std::uint32_t t = 0; t < count; ++t) {
+          const FlatTensor& tensor = model.tensors_flat[first + t];
           if (tensor.role != TensorRole::weight) continue;
           const Bytes bytes = tensor.numel * compute_elem_bytes(ref.compute);
           if (!converted(tensor.role, tensor.dtype, ref.compute)) {
@@ -244,17 +238,16 @@ void DynamicLowering::forward(const StagePlan& sp) {
           lora_temps.push_back(out_.alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t, When::not_resident));
         }
       }
-      out_.emit(module_op(OpKind::compute, Phase::forward, act, m, i));
+      module_op(out_.push_op(), OpKind::compute, Phase::forward, act, m, i);
       for (std::uint32_t b : temps) out_.free(Phase::forward, b);
       for (std::uint32_t b : lora_temps) out_.free(Phase::forward, b, When::not_resident);
       if (cast_buf != kNone) {
         if (cast_stream != 0) {
-          Op wait;
+          Op& wait = out_.push_op();
           wait.kind = OpKind::wait;
           wait.phase = Phase::forward;
           wait.stream = cast_stream;
           wait.target = 0;
-          out_.emit(wait);
         }
         out_.free(Phase::forward, cast_buf, When::refused);
       }
@@ -267,25 +260,22 @@ void DynamicLowering::forward(const StagePlan& sp) {
 
 void DynamicLowering::unload(std::uint32_t m) {
   // partially_unload(everything): the VBAR's pages from its top, then the force-loaded copies.
-  Op op;
+  Op& op = out_.push_op();
   op.kind = OpKind::vbar_free;
   op.phase = Phase::unload;
   op.model = static_cast<std::uint16_t>(m);
   op.src = static_cast<std::uint32_t>(out_.program().amounts.size());
   out_.program().amounts.push_back(~Bytes{0} >> 1);
-  out_.emit(op);
   free_forced(m);
-  Op flush;
+  Op& flush = out_.push_op();
   flush.kind = OpKind::empty_cache;
   flush.phase = Phase::unload;
-  out_.emit(flush);
 }
 
 void DynamicLowering::node_end() {
-  Op op;
+  Op& op = out_.push_op();
   op.kind = OpKind::node_end;
   op.phase = Phase::forward;
-  out_.emit(op);
 }
 
 }  // namespace vf::lowering
