@@ -1,6 +1,8 @@
 #include "harness/sim/aimdo.h"
 
 #include <algorithm>
+#include <bit>
+#include <cassert>
 
 #include <unordered_map>
 
@@ -97,6 +99,7 @@ bool Aimdo::map_page(Vbar& mv, std::uint64_t page) {
   if (!device_.map_pages(mv.base + page * kVbarPage, kVbarPage, kVbarPage)) return false;
   Page& p = mv.pages[page];
   p.mapped = true;
+  mv.mapped_bits[page / 64] |= std::uint64_t{1} << (page % 64);
   ++p.serial;
   ++mv.resident;
   ++resident_pages_;
@@ -110,6 +113,7 @@ bool Aimdo::release_page(Vbar& mv, std::uint64_t page) {
   if (!p.mapped || p.pins != 0) return false;
   device_.unmap_pages(mv.base + page * kVbarPage, kVbarPage, kVbarPage);
   p.mapped = false;
+  mv.mapped_bits[page / 64] &= ~(std::uint64_t{1} << (page % 64));
   mv.mapped_below = std::min(mv.mapped_below, page);
   --mv.resident;
   --resident_pages_;
@@ -139,23 +143,70 @@ std::uint64_t Aimdo::vbars_free(std::int64_t bytes) {
 }
 
 std::uint64_t Aimdo::absent_from(const Vbar& mv, std::uint64_t cursor) const {
-  if (cursor <= mv.mapped_below && cursor < mv.watermark) {
-    // Every page below mapped_below is mapped: the scan would step over them all.
-    cursor = std::min(mv.mapped_below, mv.watermark);
-    while (cursor < mv.watermark && mv.pages[cursor].mapped) ++cursor;
-    mv.mapped_below = std::max(mv.mapped_below, cursor);
-    return cursor;
+  // The first page at or after `cursor` that is not mapped, or the watermark (`cursor` itself
+  // when it is at or above the watermark).
+  if (cursor >= mv.watermark) return cursor;
+  const bool from_prefix = cursor <= mv.mapped_below;
+  if (from_prefix) cursor = std::min(mv.mapped_below, mv.watermark);
+  std::uint64_t found = mv.watermark;
+  for (std::uint64_t w = cursor / 64; w * 64 < mv.watermark; ++w) {
+    std::uint64_t absent = ~mv.mapped_bits[w];
+    if (w == cursor / 64) absent &= ~std::uint64_t{0} << (cursor % 64);
+    if (absent != 0) {
+      found = std::min(w * 64 + static_cast<std::uint64_t>(std::countr_zero(absent)), mv.watermark);
+      break;
+    }
   }
-  while (cursor < mv.watermark && mv.pages[cursor].mapped) ++cursor;
-  return cursor;
+  if (from_prefix) mv.mapped_below = std::max(mv.mapped_below, found);
+  return found;
 }
 
+// Each 32 MiB of surplus moves the cursor to the next absent page (absent_from(cursor + 1)) while
+// it is below `target` and the watermark. Taken a word of 64 pages at a time: the absent pages
+// between the cursor and that limit each take a page of surplus, counted with popcount, and the
+// step that leaves the range is taken alone.
 std::uint64_t Aimdo::spend_surplus(const Vbar& mv, std::uint64_t target, std::uint64_t cursor, std::int64_t& surplus) const {
-  while (surplus >= static_cast<std::int64_t>(kVbarPage) && cursor < target && cursor < mv.watermark) {
-    surplus -= static_cast<std::int64_t>(kVbarPage);
-    cursor = absent_from(mv, cursor + 1);
+  constexpr auto kPage = static_cast<std::int64_t>(kVbarPage);
+#ifndef NDEBUG
+  // The page-at-a-time walk this replaces, checked against it in builds with assertions.
+  std::int64_t naive_surplus = surplus;
+  std::uint64_t naive = cursor;
+  while (naive_surplus >= kPage && naive < target && naive < mv.watermark) {
+    naive_surplus -= kPage;
+    naive = absent_from(mv, naive + 1);
   }
-  return cursor;
+  const auto checked = [&](std::uint64_t c) {
+    assert(c == naive && surplus == naive_surplus);
+    return c;
+  };
+#else
+  const auto checked = [](std::uint64_t c) { return c; };
+#endif
+  const std::uint64_t limit = std::min(target, mv.watermark);
+  while (surplus >= kPage && cursor < limit) {
+    const std::uint64_t from = cursor + 1;
+    const std::uint64_t word_end = (from / 64 + 1) * 64;
+    std::uint64_t absent = 0;  // the absent pages in [from, min(limit, word_end))
+    if (from < limit) {
+      absent = ~mv.mapped_bits[from / 64] & (~std::uint64_t{0} << (from % 64));
+      if (limit < word_end) absent &= (std::uint64_t{1} << (limit % 64)) - 1;  // limit % 64 > 0 here
+    }
+    if (absent == 0) {
+      if (from >= limit || limit <= word_end) {  // the next absent page is at or past the limit
+        surplus -= kPage;
+        return checked(absent_from(mv, from));
+      }
+      cursor = word_end - 1;  // every page up to the word's end is mapped: scan on
+      continue;
+    }
+    const auto steps = static_cast<std::uint64_t>(surplus / kPage);
+    const auto k = static_cast<std::uint64_t>(std::popcount(absent));
+    const std::uint64_t take = std::min(steps, k);
+    for (std::uint64_t j = 1; j < take; ++j) absent &= absent - 1;  // drop the take - 1 lowest
+    cursor = (from / 64) * 64 + static_cast<std::uint64_t>(std::countr_zero(absent));
+    surplus -= static_cast<std::int64_t>(take) * kPage;
+  }
+  return checked(cursor);
 }
 
 // The miss-allocation check of vbar_fault (aimdo 2026-06-05): a cursor walks this VBAR's absent
@@ -204,6 +255,7 @@ std::uint32_t Aimdo::vbar_allocate(Bytes request) {
   Vbar mv;
   const std::uint64_t pages = vbar_pages_for(request, capacity_);
   mv.pages.resize(pages);
+  mv.mapped_bits.assign((pages + 63) / 64, 0);
   mv.watermark = pages;
   mv.base = device_.reserve_va(std::max<Bytes>(pages, 1) * kVbarPage, kVbarPage);
   vbars_.push_back(std::move(mv));
