@@ -95,10 +95,14 @@ CachingAllocator::Index CachingAllocator::new_segment_slot() {
   return static_cast<Index>(segments_.size() - 1);
 }
 
-void CachingAllocator::insert_free(Index bi) {
+void CachingAllocator::insert_free(Index bi, FreeIndex::Cursor replacing) {
   Block& b = blocks_[bi];
   Pool& pool = pool_of(b);
-  pool.blocks.insert(b.stream, b.size, b.addr, bi);
+  if (replacing.valid) {
+    pool.blocks.replace_at(replacing, b.size, b.addr);
+  } else {
+    pool.blocks.insert(b.stream, b.size, b.addr, bi);
+  }
   b.state = State::free;
   b.gc_base = pool.lookups;
 }
@@ -244,16 +248,7 @@ CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes rounded, B
     rest.prev = out;
     rest.addr += rounded;
     rest.size -= rounded;
-    if (cached.valid) {
-      // The remainder takes the found block's entry: moved within its chunk when it stays in one
-      // (a run of small requests carving one segment), not erased and inserted again.
-      Pool& pool = pool_of(rest);
-      pool.blocks.replace_at(cached, rest.size, rest.addr);
-      rest.state = State::free;
-      rest.gc_base = pool.lookups;
-    } else {
-      insert_free(found);
-    }
+    insert_free(found, cached);  // the remainder keeps the found block's entry, if it had one
     if (tracks_split) {
       if (already_split) {
         stats_.inactive_split.sub(rounded);  // a free piece of a split segment shrank

@@ -223,7 +223,10 @@ class CachingAllocator final : public Allocator {
   Index new_block();
   void recycle_block(Index b);
   Index new_segment_slot();
-  void insert_free(Index b);
+  // Into its pool's free index. With `replacing` (valid: an entry of b's own, e.g. the found
+  // block whose front a split handed out), b takes that entry's place: moved within its chunk
+  // when it stays in one, not erased and inserted again.
+  void insert_free(Index b, FreeIndex::Cursor replacing = {});
   void erase_free(Index b);
   void insert_unmapped(Index b);
   void erase_unmapped(Index b);
