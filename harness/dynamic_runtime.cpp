@@ -76,7 +76,6 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
   Result out;
   if (r == sim::FaultResult::error) {
     ms.last = Last::refused;
-    ms.has_serials = false;
     out.ok = false;
     out.failure = "VBAR fault";
     out.request = sim::kVbarPage;
@@ -88,7 +87,9 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     // Compared in place, and rewritten in place when they differ. A module's slice, so its page
     // count, is fixed for the run: its place in serials_ is taken at its first copy.
     const std::uint64_t first = first_page(m, i), end = end_page(m, i);
-    bool same = ms.has_serials;
+    // Its serials are kept from its last copy while that copy stands (copied, or resident since);
+    // a slice of no pages keeps none and is never resident by them.
+    bool same = (ms.last == Last::copied || ms.last == Last::resident) && end > first;
     for (std::uint64_t pg = first; same && pg < end; ++pg) same = serials_[ms.serial_at + (pg - first)] == aimdo_.serial(v, pg);
     if (same) {
       ms.last = Last::resident;
@@ -100,7 +101,6 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
       serials_.resize(serials_.size() + (end - first));
     }
     for (std::uint64_t pg = first; pg < end; ++pg) serials_[ms.serial_at + (pg - first)] = aimdo_.serial(v, pg);
-    ms.has_serials = end > first;  // a slice of no pages keeps none: never resident by its serials
     ms.last = Last::copied;
     ++copies_;
     if (ns_ > 0 && call_stream_ == 0) call_stream_ = next_offload_stream();
@@ -109,7 +109,6 @@ DynamicRuntime::Result DynamicRuntime::fault(const Op& op) {
     out.stream = call_stream_;
     return out;
   }
-  ms.has_serials = false;
   ms.last = Last::refused;
   ++refused_;
   out.moved = size;

@@ -104,8 +104,8 @@ class DynamicRuntime {
   enum class Last : std::uint8_t { none, resident, copied, refused };
   struct ModuleState {
     Last last = Last::none;
-    bool has_serials = false;            // its pages' serials from its last copy are kept (none: no copy)
-    std::uint32_t serial_at = kNone;     // where they are in serials_ (its page count, from its first copy on)
+    std::uint32_t serial_at = kNone;     // where its pages' serials from its last copy are in serials_
+                                         // (its page count, from its first copy on)
     std::uint32_t cast_stream = 0;       // where a refused module went, and at what offset
     Bytes cast_offset = 0;
   };
