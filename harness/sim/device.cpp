@@ -40,21 +40,21 @@ void SimDevice::cuda_free(const DeviceAlloc& a) {
 
 std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   const std::uint32_t r = static_cast<std::uint32_t>(rounded);  // < 2 MiB here
-  if (const FreeIndex::Cursor c = holes_.lower_bound(0, rounded); c.valid) {
-    const FreeIndex::Entry e = holes_.at(c);
-    SmallPage& p = small_pages_[e.block];
-    const std::uint32_t off = static_cast<std::uint32_t>(e.addr % kUnits) * static_cast<std::uint32_t>(kCudaMallocAlign);
-    const auto h = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
-    if (h->size > r) {  // the rest stays a hole, a new one
-      const Hole rest{off + r, h->size - r, hole_seq_++};
-      holes_.replace_at(c, rest.size, hole_key(rest));  // the hole found, no search again
-      *h = rest;
+  if (!holes_) holes_ = std::make_unique<HoleIndex>();
+  HoleIndex& index = *holes_;
+  if (const HoleIndex::Id id = index.best_fit(r); id != HoleIndex::kNone) {
+    const HoleIndex::Hole found = index[id];
+    SmallPage& p = small_pages_[found.page];
+    const auto h = std::lower_bound(p.holes.begin(), p.holes.end(), found.off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
+    index.remove(id);
+    if (h->size > r) {  // the rest stays a hole, a new one (the youngest)
+      const std::uint32_t off = found.off + r, size = found.size - r;
+      *h = Hole{off, size, index.add(found.page, off, size)};
     } else {
-      holes_.erase_at(c);
       p.holes.erase(h);
     }
     ++p.live;
-    return DeviceAlloc{p.base + off, rounded, 0, e.block};
+    return DeviceAlloc{p.base + found.off, rounded, 0, found.page};
   }
   if (!charge(kDevicePage)) return std::nullopt;
   std::uint32_t slot;
@@ -70,27 +70,27 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   p.live = 1;
   p.holes.clear();
   next_addr_ += kDevicePage;
-  const Hole rest{r, static_cast<std::uint32_t>(kDevicePage) - r, hole_seq_++};
-  p.holes.push_back(rest);
-  holes_.insert(0, rest.size, hole_key(rest), slot);
+  const std::uint32_t size = static_cast<std::uint32_t>(kDevicePage) - r;
+  p.holes.push_back(Hole{r, size, index.add(slot, r, size)});
   return DeviceAlloc{p.base, rounded, 0, slot};
 }
 
 void SimDevice::small_free(const DeviceAlloc& a) {
   SmallPage& p = small_pages_[a.page];
+  HoleIndex& index = *holes_;  // made by the small_malloc that returned `a`
   std::uint32_t off = static_cast<std::uint32_t>(a.addr - p.base);
   std::uint32_t size = static_cast<std::uint32_t>(a.size);
   // Merge with the hole just below and the one just above.
   auto next = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
   if (next != p.holes.end() && next->off == off + size) {
-    holes_.erase(0, next->size, hole_key(*next));
+    index.remove(next->id);
     size += next->size;
     next = p.holes.erase(next);
   }
   if (next != p.holes.begin()) {
     const auto prev = std::prev(next);
     if (prev->off + prev->size == off) {
-      holes_.erase(0, prev->size, hole_key(*prev));
+      index.remove(prev->id);
       off = prev->off;
       size += prev->size;
       next = p.holes.erase(prev);
@@ -102,9 +102,7 @@ void SimDevice::small_free(const DeviceAlloc& a) {
     free_slots_.push_back(a.page);
     return;
   }
-  const Hole merged{off, size, hole_seq_++};
-  p.holes.insert(next, merged);
-  holes_.insert(0, merged.size, hole_key(merged), a.page);
+  p.holes.insert(next, Hole{off, size, index.add(a.page, off, size)});
 }
 
 DeviceAddr SimDevice::reserve_address_range(Bytes size) {

@@ -9,13 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "harness/core/bytes.h"
 #include "harness/scenario.h"
 #include "harness/sim/device_layer.h"
-#include "harness/sim/free_index.h"
+#include "harness/sim/hole_index.h"
 
 namespace vf::sim {
 
@@ -73,24 +74,18 @@ class SimDevice final : public DeviceLayer {
   bool charge(Bytes b);
   void release(Bytes b);
 
-  // A free hole of a small page: its offset and size in the page, and its age (`seq`, from a
-  // counter bumped whenever a hole is made: a new page's rest, a split hole's rest, a free merged
-  // with its neighbours).
+  // A free hole of a small page: its offset and size in the page, and its entry in the index.
   struct Hole {
     std::uint32_t off = 0;
     std::uint32_t size = 0;
-    std::uint64_t seq = 0;
+    HoleIndex::Id id = HoleIndex::kNone;
   };
   struct SmallPage {
     DeviceAddr base = 0;
     std::uint32_t live = 0;   // live allocations in it; the page is released at 0
     std::vector<Hole> holes;  // by offset (few: they are separated by live buffers)
   };
-  // The best-fit order is (size, age): FreeIndex keeps (size, key) with key = seq * kUnits + the
-  // hole's offset in 512 B units, so the oldest of equal holes comes first and the key names the
-  // hole; the entry's block is the page.
-  static constexpr std::uint64_t kUnits = kDevicePage / kCudaMallocAlign;
-  static std::uint64_t hole_key(const Hole& h) { return h.seq * kUnits + h.off / kCudaMallocAlign; }
+  static_assert(HoleIndex::kUnit == kCudaMallocAlign && HoleIndex::kSizes * HoleIndex::kUnit == kDevicePage);
   std::optional<DeviceAlloc> small_malloc(Bytes rounded);
   void small_free(const DeviceAlloc& a);
 
@@ -102,8 +97,9 @@ class SimDevice final : public DeviceLayer {
   DeviceAddr next_addr_ = 0x7f0000000000ull;
   std::vector<SmallPage> small_pages_;   // slots are reused once a page is released
   std::vector<std::uint32_t> free_slots_;  // released page slots
-  FreeIndex holes_;                        // every page's holes, stream 0
-  std::uint64_t hole_seq_ = 0;
+  // Every page's holes in best-fit order; made by the first small buffer (64 KiB of list heads
+  // that a run of large buffers, or of the caching model's 2 MiB segments, never needs).
+  std::unique_ptr<HoleIndex> holes_;
 };
 
 }  // namespace vf::sim
