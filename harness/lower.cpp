@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/core/recycle.h"
 #include "harness/lower_detail.h"
 #include "models/activation.h"
 
@@ -55,30 +56,6 @@ std::string_view buffer_kind_name(BufferKind k) {
 }
 
 namespace {
-
-// The storage of the largest program this thread destroyed (lower.h, Program).
-struct SpareStorage {
-  std::vector<Op> ops;
-  std::vector<Buffer> buffers;
-};
-thread_local SpareStorage t_spare;
-constexpr std::size_t kRecycleMin = std::size_t{1} << 16;  // elements: 1.5 MiB of ops or buffers
-
-template <class T>
-void keep_if_larger(std::vector<T>& v, std::vector<T>& spare) {
-  if (v.capacity() < kRecycleMin || v.capacity() <= spare.capacity()) return;
-  v.clear();
-  spare.swap(v);  // the smaller spare is freed with `v`
-}
-
-// `v` gets the spare's storage when it holds `want` elements (the spare is left empty).
-template <class T>
-void take_if_large_enough(std::vector<T>& v, std::vector<T>& spare, std::size_t want) {
-  if (want < kRecycleMin || spare.capacity() < want || v.capacity() >= want) return;
-  v.swap(spare);
-  v.clear();
-  spare = std::vector<T>();
-}
 
 // How far ahead a loop over a scattered order (the load walk's) starts its reads.
 constexpr std::size_t kPrefetch = 8;
@@ -172,10 +149,8 @@ class Lowerer final : public lowering::ProgramSink {
     // At most 16 M ops (384 MiB of address space; only the pages the ops fill are touched): a
     // 1,000,000-module text encoder lowers to 10 M, and growing past a smaller cap copied them all.
     constexpr std::size_t kCap = std::size_t{1} << 24;
-    take_if_large_enough(prog_.ops, t_spare.ops, std::min(ops, kCap));
-    take_if_large_enough(prog_.buffers, t_spare.buffers, std::min(buffers, kCap));
-    prog_.ops.reserve(std::min(ops, kCap));
-    prog_.buffers.reserve(std::min(buffers, kCap));
+    recycle_reserve(prog_.ops, std::min(ops, kCap));
+    recycle_reserve(prog_.buffers, std::min(buffers, kCap));
   }
 
   // ProgramSink (the dynamic lowering builds into this program).
@@ -472,8 +447,8 @@ class Lowerer final : public lowering::ProgramSink {
 }  // namespace
 
 Program::~Program() {
-  keep_if_larger(ops, t_spare.ops);
-  keep_if_larger(buffers, t_spare.buffers);
+  recycle_keep(ops);
+  recycle_keep(buffers);
 }
 
 Program lower(const Scenario& s, const Plan& plan) { return Lowerer(s, plan).run(); }

@@ -93,13 +93,8 @@ struct VbarLayout {
   std::vector<Bytes> size;         // per module: its slice's size (0: not staged)
 };
 
-// A program's op and buffer storage is recycled: when a large program is destroyed its two
-// vectors are kept (emptied) for the next `lower` on the same thread, which takes them when they
-// hold what it reserves. A 1,000,000-module text encoder lowers to 10 M ops (240 MiB) and 3 M
-// buffers; glibc maps allocations that large afresh every time, and faulting their pages in again
-// made lowering cost three times as much per module as at 10,000 modules. Programs under 64 Ki
-// ops are left to the heap, which reuses their memory anyway. Each thread keeps at most its
-// largest program's storage.
+// A large program's op and buffer storage is recycled (core/recycle.h): its destructor keeps the
+// emptied vectors for the next `lower` on the same thread.
 struct Program {
   Program() = default;
   Program(const Program&) = default;

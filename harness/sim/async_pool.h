@@ -21,6 +21,7 @@
 #include <optional>
 #include <vector>
 
+#include "harness/core/recycle.h"
 #include "harness/sim/allocator.h"
 #include "harness/sim/free_index.h"
 
@@ -66,6 +67,9 @@ class AsyncPoolAllocator final : public Allocator {
  public:
   // `seed` drives the opportunistic-reuse coin: the same seed gives the same trace.
   AsyncPoolAllocator(SimDevice& device, const AsyncOptions& options, std::uint64_t seed);
+  AsyncPoolAllocator(const AsyncPoolAllocator&) = delete;
+  AsyncPoolAllocator& operator=(const AsyncPoolAllocator&) = delete;
+  ~AsyncPoolAllocator() override { recycle_keep(keys_); }  // core/recycle.h
 
   AllocatorMode mode() const override { return AllocatorMode::async; }
   bool malloc(BlockKey key, Bytes size, StreamId stream) override;
@@ -82,7 +86,7 @@ class AsyncPoolAllocator final : public Allocator {
   Bytes held_at_oom(StreamId stream, Bytes request) const override {
     return options_.reuse_allow_internal_dependencies ? 0 : held_for_other_streams(stream, request);
   }
-  void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
+  void reserve_keys(std::size_t keys) override { recycle_reserve(keys_, keys); }
 
   // cudaMemPoolTrimTo: releases whole free chunks that every stream may use (synchronized
   // frees), highest address first, until reserved <= keep. empty_cache() is synchronize + trim_to(0).

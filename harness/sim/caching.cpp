@@ -69,6 +69,16 @@ CachingAllocator::CachingAllocator(DeviceLayer& device, const CachingOptions& op
   }
 }
 
+CachingAllocator::~CachingAllocator() {
+  recycle_keep(keys_);
+  recycle_keep(blocks_);
+}
+
+void CachingAllocator::reserve_keys(std::size_t keys) {
+  recycle_reserve(keys_, keys);
+  recycle_reserve(blocks_, keys);
+}
+
 CachingAllocator::Index CachingAllocator::new_block() {
   Index i;
   if (!spare_blocks_.empty()) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/recycle.h"
 #include "harness/sim/allocator.h"
 #include "harness/sim/free_index.h"
 #include "harness/sim/node_stash.h"
@@ -93,6 +94,9 @@ Bytes allocation_size(Bytes rounded, Bytes large_segment_size);
 class CachingAllocator final : public Allocator {
  public:
   CachingAllocator(DeviceLayer& device, const CachingOptions& options);
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+  ~CachingAllocator() override;
 
   AllocatorMode mode() const override {
     return options_.expandable_segments ? AllocatorMode::caching_expandable : AllocatorMode::caching;
@@ -109,7 +113,9 @@ class CachingAllocator final : public Allocator {
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
   Bytes held_for_other_streams(StreamId stream, Bytes request) const override;
-  void reserve_keys(std::size_t keys) override { keys_.reserve(keys); }
+  // Blocks are at most about one per key (live blocks have one each; the free ones between them
+  // are fewer), so the block table is sized with the keys; both are recycled (core/recycle.h).
+  void reserve_keys(std::size_t keys) override;
 
   // Introspection for tests and reports.
   const CachingOptions& options() const { return options_; }

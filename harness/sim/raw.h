@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "harness/core/recycle.h"
 #include "harness/sim/allocator.h"
 
 namespace vf::sim {
@@ -12,6 +13,9 @@ namespace vf::sim {
 class RawAllocator final : public Allocator {
  public:
   explicit RawAllocator(SimDevice& device) : device_(device) {}
+  RawAllocator(const RawAllocator&) = delete;
+  RawAllocator& operator=(const RawAllocator&) = delete;
+  ~RawAllocator() override { recycle_keep(blocks_); }  // core/recycle.h
 
   AllocatorMode mode() const override { return AllocatorMode::raw; }
   bool malloc(BlockKey key, Bytes size, StreamId stream) override;
@@ -24,7 +28,7 @@ class RawAllocator final : public Allocator {
   void reset_peak_stats() override;
   void live_blocks(std::vector<BlockView>& out) const override;
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
-  void reserve_keys(std::size_t keys) override { blocks_.reserve(keys); }
+  void reserve_keys(std::size_t keys) override { recycle_reserve(blocks_, keys); }
 
  private:
   struct Live {

@@ -1,0 +1,90 @@
+// core/recycle.h: a large table's storage goes to the next reservation on the same thread.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "harness/core/recycle.h"
+
+namespace vf {
+namespace {
+
+// Each test uses its own element type: the spare is per type and per thread.
+struct A { std::uint64_t x = 0; };
+struct B { std::uint64_t x = 0; };
+struct C { std::uint64_t x = 0; };
+struct D { std::uint64_t x = 0; };
+
+TEST(Recycle, ALargeTableIsTakenByTheNextReservationThatFits) {
+  std::vector<A> first(100'000);
+  const A* storage = first.data();
+  recycle_keep(first);
+  EXPECT_TRUE(first.empty());
+  EXPECT_EQ(first.capacity(), 0u);
+  std::vector<A> next;
+  recycle_reserve(next, 80'000);
+  EXPECT_EQ(next.data(), storage);
+  EXPECT_GE(next.capacity(), 100'000u);
+  EXPECT_TRUE(next.empty());
+  // The spare was handed over: a second reservation gets fresh storage.
+  std::vector<A> other;
+  recycle_reserve(other, 80'000);
+  EXPECT_NE(other.data(), storage);
+  EXPECT_EQ(other.capacity(), 80'000u);
+}
+
+TEST(Recycle, TablesUnder64KiElementsAreLeftToTheHeap) {
+  std::vector<B> small(kRecycleMin - 1);
+  recycle_keep(small);
+  EXPECT_EQ(small.size(), kRecycleMin - 1);  // untouched
+  std::vector<B> next;
+  recycle_reserve(next, kRecycleMin);
+  EXPECT_NE(next.data(), small.data());
+  EXPECT_EQ(next.capacity(), kRecycleMin);
+}
+
+TEST(Recycle, OnlyTheLargestIsKeptAndATooSmallSpareIsFreedBeforeALargerReservation) {
+  std::vector<C> big(200'000), medium(100'000);
+  const C* big_storage = big.data();
+  recycle_keep(big);
+  recycle_keep(medium);  // smaller than the spare: untouched
+  EXPECT_EQ(medium.size(), 100'000u);
+  std::vector<C> huge;
+  recycle_reserve(huge, 300'000);  // the 200,000 spare cannot hold it: freed, fresh storage
+  EXPECT_EQ(huge.capacity(), 300'000u);
+  std::vector<C> after;
+  recycle_reserve(after, 100'000);
+  EXPECT_NE(after.data(), big_storage);
+  EXPECT_EQ(after.capacity(), 100'000u);
+}
+
+TEST(Recycle, ATableThatAlreadyHoldsItsElementsKeepsThem) {
+  std::vector<D> spare(100'000);
+  recycle_keep(spare);
+  std::vector<D> v(kRecycleMin / 2);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i].x = i;
+  recycle_reserve(v, 90'000);
+  ASSERT_EQ(v.size(), kRecycleMin / 2);
+  EXPECT_GE(v.capacity(), 100'000u);
+  for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i].x, i);
+}
+
+TEST(Recycle, AnotherThreadDoesNotSeeThisThreadsSpare) {
+  std::vector<A> mine(150'000);
+  const A* storage = mine.data();
+  recycle_keep(mine);
+  const A* theirs = nullptr;
+  std::thread([&] {
+    std::vector<A> v;
+    recycle_reserve(v, 150'000);
+    theirs = v.data();
+  }).join();
+  EXPECT_NE(theirs, storage);
+  std::vector<A> back;
+  recycle_reserve(back, 150'000);
+  EXPECT_EQ(back.data(), storage);
+}
+
+}  // namespace
+}  // namespace vf
