@@ -76,7 +76,10 @@ CachingAllocator::~CachingAllocator() {
 
 void CachingAllocator::reserve_keys(std::size_t keys) {
   recycle_reserve(keys_, keys);
-  recycle_reserve(blocks_, keys);
+  // A program's blocks at once are usually far fewer than its buffers: a small program's table
+  // grows as it runs (reserving one per buffer made every flux2-dev case under dynamic VRAM
+  // allocate and free half a megabyte of blocks it never touched).
+  if (keys >= kRecycleMin) recycle_reserve(blocks_, keys);
 }
 
 CachingAllocator::Index CachingAllocator::new_block() {

@@ -114,7 +114,8 @@ class CachingAllocator final : public Allocator {
   const std::optional<OomInfo>& last_oom() const override { return last_oom_; }
   Bytes held_for_other_streams(StreamId stream, Bytes request) const override;
   // Blocks are at most about one per key (live blocks have one each; the free ones between them
-  // are fewer), so the block table is sized with the keys; both are recycled (core/recycle.h).
+  // are fewer), so a large program's block table is sized with its keys; both tables are
+  // recycled (core/recycle.h).
   void reserve_keys(std::size_t keys) override;
 
   // Introspection for tests and reports.
