@@ -36,12 +36,12 @@ test-unit: build
 
 # Under clang's ASan + UBSan: the properties, the fuzz targets (their corpora replayed, then ~30 s
 # of fuzzing each) and the hostile-input suite (every reader and flag on malformed input, report
-# and merge on damaged summaries, SIGKILL then recovery, run through the sanitized CLI); only those
-# binaries are built in this configuration.
+# and merge on damaged summaries, SIGKILL then recovery, run through the sanitized CLI) and the
+# storage recycling's tests (label memory); only those binaries are built in this configuration.
 test-asan: deps
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS) --target vf_sanitized_suite
-	ctest --preset asan -j $(JOBS) -L 'property|fuzz|hostile'
+	ctest --preset asan -j $(JOBS) -L 'property|fuzz|hostile|memory'
 
 test: test-unit test-asan
 

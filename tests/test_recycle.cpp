@@ -15,6 +15,17 @@ struct A { std::uint64_t x = 0; };
 struct B { std::uint64_t x = 0; };
 struct C { std::uint64_t x = 0; };
 struct D { std::uint64_t x = 0; };
+struct E { std::uint64_t x = 0; };
+
+// A thread-local table made before the spare and destroyed after it, at the thread's end.
+struct LateTable {
+  std::vector<E> table = std::vector<E>(120'000);
+  bool* kept_on_exit = nullptr;
+  ~LateTable() {
+    recycle_keep(table);  // the spare is gone by now: left to the heap, no use of a dead vector
+    *kept_on_exit = table.empty();
+  }
+};
 
 TEST(Recycle, ALargeTableIsTakenByTheNextReservationThatFits) {
   std::vector<A> first(100'000);
@@ -84,6 +95,18 @@ TEST(Recycle, AnotherThreadDoesNotSeeThisThreadsSpare) {
   std::vector<A> back;
   recycle_reserve(back, 150'000);
   EXPECT_EQ(back.data(), storage);
+}
+
+TEST(Recycle, ATableDestroyedAfterTheThreadsSpareIsLeftToTheHeap) {
+  bool emptied = true;
+  std::thread([&] {
+    thread_local LateTable late;  // constructed first, so destroyed last
+    late.kept_on_exit = &emptied;
+    std::vector<E> first(100'000);
+    recycle_keep(first);  // makes the spare, destroyed before `late`
+    EXPECT_TRUE(first.empty());
+  }).join();
+  EXPECT_FALSE(emptied);  // its storage stayed with it, freed by its own destructor
 }
 
 }  // namespace

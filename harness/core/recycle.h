@@ -21,10 +21,23 @@ namespace vf {
 inline constexpr std::size_t kRecycleMin = std::size_t{1} << 16;
 
 namespace detail {
+// The spare lives as long as its thread. A table destroyed after it (one held by a static, or by
+// another thread-local object destroyed later) finds `gone` set and is left to the heap: the
+// flag is trivially destructible, so it is readable until the thread ends.
 template <class T>
-std::vector<T>& recycle_spare() {
-  thread_local std::vector<T> spare;
-  return spare;
+struct Spare {
+  std::vector<T> storage;
+  static bool& gone() {
+    thread_local bool flag = false;
+    return flag;
+  }
+  ~Spare() { gone() = true; }
+};
+template <class T>
+std::vector<T>* recycle_spare() {
+  if (Spare<T>::gone()) return nullptr;
+  thread_local Spare<T> spare;
+  return &spare.storage;
 }
 }  // namespace detail
 
@@ -32,26 +45,25 @@ std::vector<T>& recycle_spare() {
 // the spare (`v` is then left empty; otherwise it is untouched).
 template <class T>
 void recycle_keep(std::vector<T>& v) noexcept {
-  std::vector<T>& spare = detail::recycle_spare<T>();
-  if (v.capacity() < kRecycleMin || v.capacity() <= spare.capacity()) return;
+  if (v.capacity() < kRecycleMin) return;
+  std::vector<T>* spare = detail::recycle_spare<T>();
+  if (!spare || v.capacity() <= spare->capacity()) return;
   v.clear();
-  spare.swap(v);  // the smaller spare now in `v` is freed with it
+  spare->swap(v);  // the smaller spare now in `v` is freed with it
 }
 
 // `v.reserve(want)`, with the spare's storage when it holds `want` elements.
 template <class T>
 void recycle_reserve(std::vector<T>& v, std::size_t want) {
-  if (want >= kRecycleMin && v.capacity() < want) {
-    std::vector<T>& spare = detail::recycle_spare<T>();
-    if (spare.capacity() >= want) {
-      std::vector<T> taken;
-      taken.swap(spare);
-      taken.clear();
-      taken.insert(taken.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
-      v.swap(taken);
-    } else {
-      spare = std::vector<T>();  // too small for this table: do not hold it beside a new one
-    }
+  std::vector<T>* spare = want >= kRecycleMin && v.capacity() < want ? detail::recycle_spare<T>() : nullptr;
+  if (spare && spare->capacity() >= want) {
+    std::vector<T> taken;
+    taken.swap(*spare);
+    taken.clear();
+    taken.insert(taken.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+    v.swap(taken);
+  } else if (spare) {
+    *spare = std::vector<T>();  // too small for this table: do not hold it beside a new one
   }
   v.reserve(want);
 }
