@@ -363,6 +363,13 @@ class ComfyPlanner {
       }
       // Descending offload cost, then bytes, then name.
       sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~model.modules[i].bytes, 0}; }, true);
+      const std::vector<Bytes>& bytes = module_sizes(model);
+      w.walk_cost.reserve(w.order.size());
+      w.walk_bytes.reserve(w.order.size());
+      for (const std::uint32_t i : w.order) {
+        w.walk_cost.push_back(w.cost[i]);
+        w.walk_bytes.push_back(bytes[i]);
+      }
     });
     lp.offload_cost = memo.cost;
     lp.sorted = memo.order;
@@ -375,12 +382,12 @@ class ComfyPlanner {
       // line, printed in between, counts what the walk placed.
       lp.full_load = true;
       lp.resident.assign(model.modules.size(), 1);
-      for (std::uint32_t i : lp.sorted) lp.loaded += sizes[i];
+      for (const Bytes bytes : memo.walk_bytes) lp.loaded += bytes;
       st.loaded = model.bytes;
     } else {
       // Whatever the walk does not place stays where it was.
       lp.resident = st.resident;
-      walk(model, lp, budget_total);
+      walk(model, memo, lp, budget_total);
       st.loaded = lp.loaded;
     }
     std::uint32_t lowvram_modules = 0;
@@ -411,11 +418,13 @@ class ComfyPlanner {
   // module is resident if loaded + module_mem + potential < budget; a miss raises the buffer to
   // its potential and marks a cast-hook module for casting on the fly. A raw module that misses
   // is not moved: it stays where it was (lp.resident holds that on entry).
-  void walk(const ModelSpec& model, LoadPlan& lp, i64 budget) {
-    const std::vector<Bytes>& sizes = module_sizes(model);  // modules[i].bytes, flat
+  void walk(const ModelSpec& model, const WalkOrder& order, LoadPlan& lp, i64 budget) {
+    // The listed modules' bytes and costs in walk order (walk_memo.h): read in sequence.
+    const std::vector<Bytes>& sizes = order.walk_bytes;
+    const std::vector<Bytes>& costs = order.walk_cost;
     Bytes largest = 0;  // of the listed modules (only the `largest` accounting reads it)
     if (c_.account == AccountMode::largest) {
-      for (std::uint32_t i : lp.sorted) largest = std::max(largest, sizes[i]);
+      for (const Bytes bytes : sizes) largest = std::max(largest, bytes);
     }
     Bytes loaded = 0;
     Bytes buffer = 0;
@@ -423,24 +432,22 @@ class ComfyPlanner {
     const std::size_t listed = lp.sorted.size();
     for (std::size_t k = 0; k < listed; ++k) {
       const std::uint32_t i = lp.sorted[k];
-      // The walk's order is scattered over the model: in a large one every module's fields are a
-      // cache miss, so the reads of the module kPrefetch places ahead are started now.
+      // The per-module flags the walk reads and writes are scattered over the model: in a large
+      // one each is a cache miss, so the reads of the module kPrefetch places ahead start now.
       if (k + kPrefetch < listed) {
         const std::uint32_t ahead = lp.sorted[k + kPrefetch];
-        __builtin_prefetch(&sizes[ahead]);
-        __builtin_prefetch(&lp.offload_cost[ahead]);
         __builtin_prefetch(&model.module_flags[ahead]);
         __builtin_prefetch(&lp.resident[ahead], 1);
         __builtin_prefetch(&lp.lowvram[ahead], 1);
       }
-      const Bytes bytes = sizes[i];
+      const Bytes bytes = sizes[k];
       Bytes potential = 0;
       switch (c_.account) {
         case AccountMode::none: break;
-        case AccountMode::largest: potential = lp.offload_cost[i] + ns_ * largest; break;
+        case AccountMode::largest: potential = costs[k] + ns_ * largest; break;
         case AccountMode::lookahead:
-          potential = lp.offload_cost[i];
-          for (std::size_t n = 1; n <= ns_ && k + n < listed; ++n) potential += sizes[lp.sorted[k + n]];
+          potential = costs[k];
+          for (std::size_t n = 1; n <= ns_ && k + n < listed; ++n) potential += sizes[k + n];
           break;
       }
       potential = std::max(buffer, potential);

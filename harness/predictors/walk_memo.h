@@ -19,6 +19,11 @@ namespace vf {
 struct WalkOrder {
   std::vector<std::uint32_t> order;  // the modules the walk lists, in its order
   std::vector<Bytes> cost;           // per module: the sort key's cost (0 where not listed, by flavor)
+  // Classic: per walk position k, module order[k]'s cost and bytes. The walk's order is scattered
+  // over the model (equal sizes recur a block apart), so reading cost[order[k]] and the module's
+  // bytes was two cache misses per module in a large model; in walk order they stream.
+  std::vector<Bytes> walk_cost;
+  std::vector<Bytes> walk_bytes;
 };
 
 enum class WalkFlavor : std::uint8_t { classic, dynamic };
