@@ -72,7 +72,7 @@ TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
   std::set<Key> plain;
   std::vector<Key> live;
   HoleIndex index;
-  SplitMix64 rng(0x401e);
+  SplitMix64 rng{0x401e};
   std::uint64_t age = 0;
   for (int step = 0; step < 200'000; ++step) {
     const bool add = live.empty() || (rng.next() % 100) < (live.size() < 3000 ? 60 : 40);
