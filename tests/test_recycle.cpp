@@ -1,4 +1,5 @@
-// core/recycle.h: a large table's storage goes to the next reservation on the same thread.
+// core/recycle.h: a large table's storage goes to the next reservation on the same thread
+// (and harness/lower.h: a program's destructor keeps its ops and buffers).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "harness/core/recycle.h"
+#include "harness/lower.h"
 
 namespace vf {
 namespace {
@@ -16,6 +18,8 @@ struct B { std::uint64_t x = 0; };
 struct C { std::uint64_t x = 0; };
 struct D { std::uint64_t x = 0; };
 struct E { std::uint64_t x = 0; };
+struct F { std::uint64_t x = 0; };
+struct G { std::uint64_t x = 0; };
 
 // A thread-local table made before the spare and destroyed after it, at the thread's end.
 struct LateTable {
@@ -82,19 +86,54 @@ TEST(Recycle, ATableThatAlreadyHoldsItsElementsKeepsThem) {
 }
 
 TEST(Recycle, AnotherThreadDoesNotSeeThisThreadsSpare) {
-  std::vector<A> mine(150'000);
-  const A* storage = mine.data();
+  std::vector<F> mine(150'000);
+  const F* storage = mine.data();
   recycle_keep(mine);
-  const A* theirs = nullptr;
+  const F* theirs = nullptr;
   std::thread([&] {
-    std::vector<A> v;
+    std::vector<F> v;
     recycle_reserve(v, 150'000);
     theirs = v.data();
   }).join();
   EXPECT_NE(theirs, storage);
-  std::vector<A> back;
+  std::vector<F> back;
   recycle_reserve(back, 150'000);
   EXPECT_EQ(back.data(), storage);
+}
+
+TEST(Recycle, ALargerTableReplacesASmallerSpare) {
+  std::vector<G> small(70'000), large(140'000);
+  const G* large_storage = large.data();
+  recycle_keep(small);  // the spare: 70,000
+  EXPECT_TRUE(small.empty());
+  recycle_keep(large);  // larger: it becomes the spare, the 70,000 one goes to `large`, freed with it
+  EXPECT_TRUE(large.empty());
+  EXPECT_EQ(large.capacity(), 70'000u);
+  std::vector<G> next;
+  recycle_reserve(next, 120'000);
+  EXPECT_EQ(next.data(), large_storage);
+}
+
+TEST(Recycle, ADestroyedProgramLeavesItsOpsAndBuffersToTheNextOnItsThread) {
+  const Op* ops = nullptr;
+  const Buffer* buffers = nullptr;
+  {
+    Program p;
+    p.ops.resize(100'000);
+    p.buffers.resize(70'000);
+    ops = p.ops.data();
+    buffers = p.buffers.data();
+  }
+  Program q;
+  recycle_reserve(q.ops, 90'000);
+  recycle_reserve(q.buffers, 70'000);
+  EXPECT_EQ(q.ops.data(), ops);
+  EXPECT_EQ(q.buffers.data(), buffers);
+  EXPECT_TRUE(q.ops.empty());
+  // A moved-from program has no storage left to keep: the one moved into keeps it.
+  Program moved = std::move(q);
+  EXPECT_EQ(q.ops.capacity(), 0u);
+  EXPECT_EQ(moved.ops.data(), ops);
 }
 
 TEST(Recycle, ATableDestroyedAfterTheThreadsSpareIsLeftToTheHeap) {

@@ -43,9 +43,11 @@ struct MemoEntry {
   WalkOrder walk;
 };
 
-// At most this many orders, and this many modules over all of them (12 bytes each), per thread:
-// a default campaign's catalog draws make about 1,500 keys (model x storage x compute dtype x
-// LoRA x flavor) of a few hundred modules each; a 1,000,000-module model is cached alone.
+// At most this many orders, and this many modules over all of them, per thread (12 bytes each,
+// 28 for a classic order, which also keeps its listed modules' bytes and costs in walk order: at
+// most 56 MiB): a default campaign's catalog draws make about 1,500 keys (model x storage x
+// compute dtype x LoRA x flavor) of a few hundred modules each; a 1,000,000-module model is
+// cached alone.
 constexpr std::size_t kMaxEntries = 4096;
 constexpr std::size_t kMaxModules = std::size_t{1} << 21;
 

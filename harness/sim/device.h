@@ -97,8 +97,8 @@ class SimDevice final : public DeviceLayer {
   DeviceAddr next_addr_ = 0x7f0000000000ull;
   std::vector<SmallPage> small_pages_;   // slots are reused once a page is released
   std::vector<std::uint32_t> free_slots_;  // released page slots
-  // Every page's holes in best-fit order; made by the first small buffer (64 KiB of list heads
-  // that a run of large buffers, or of the caching model's 2 MiB segments, never needs).
+  // Every page's holes in best-fit order; made by the first small buffer (32 KiB of list heads
+  // and tails that a run of large buffers, or of the caching model's 2 MiB segments, never needs).
   std::unique_ptr<HoleIndex> holes_;
 };
 

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <bit>
+#include <cassert>
 #include <cstdint>
 #include <vector>
 
@@ -36,6 +37,7 @@ class HoleIndex {
 
   // Adds a hole, the youngest of all; returns its id (valid until it is removed).
   Id add(std::uint32_t page, std::uint32_t off, std::uint32_t size) {
+    assert(size > 0 && size < kSizes * kUnit && size % kUnit == 0);  // class 0 or 4,096 would break the lists
     Id id;
     if (free_ != kNone) {
       id = free_;
