@@ -8,11 +8,11 @@
 // the calling thread; `recycle_reserve(v, n)`, called where the next table is sized, takes the
 // spare when it holds `n` elements. Each thread keeps at most one spare per element type, the
 // largest it has kept, and frees a spare too small for a reservation before making that
-// reservation, so no spare is held beside a new table of its type. What a thread holds between cases is
-// therefore at most its largest table of each recycled type (a program's ops and buffers, each
-// allocator model's per-buffer tables) until the thread ends: after a 1,000,000-module case, a
-// few hundred MiB that the next large case reuses. Tables under kRecycleMin elements are left to
-// the heap, which reuses their memory anyway.
+// reservation, so no spare is held beside a new table of its type. What a thread holds between
+// cases is therefore at most its largest table of each recycled type (a program's ops and
+// buffers, each allocator model's per-buffer tables) until the thread ends: after a
+// 1,000,000-module case, a few hundred MiB that the next large case reuses. Tables under
+// kRecycleMin elements are left to the heap, which reuses their memory anyway.
 #pragma once
 
 #include <cstddef>
