@@ -30,6 +30,36 @@ TEST(RawAllocator, TwoMiBPlusOneReservesFourMiB) {
   EXPECT_EQ(a.stats().allocated.current, 2 * MiB + 512);
   EXPECT_EQ(a.stats().reserved.current, 4 * MiB);
   EXPECT_EQ(a.stats().num_device_alloc, 1u);
+  std::vector<BlockView> live;
+  a.live_blocks(live);
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live[0].size, 2 * MiB + 512);
+  EXPECT_EQ(live[0].requested, 2 * MiB + 1);
+  a.free(0);  // both pages go back
+  EXPECT_EQ(a.stats().allocated.current, 0u);
+  EXPECT_EQ(a.stats().reserved.current, 0u);
+  EXPECT_EQ(d.charged(), 0u);
+}
+
+// A zero-byte request still takes cudaMalloc's 512 B and is a live block until freed.
+TEST(RawAllocator, AZeroByteRequestTakes512Bytes) {
+  SimDevice d(spec_of(1 * GiB));
+  RawAllocator a(d);
+  ASSERT_TRUE(a.malloc(0, 0, 2));
+  ASSERT_TRUE(a.malloc(1, 0, 0));
+  EXPECT_EQ(a.stats().allocated.current, 1024u);
+  EXPECT_EQ(a.stats().requested.current, 0u);
+  std::vector<BlockView> live;
+  a.live_blocks(live);
+  ASSERT_EQ(live.size(), 2u);
+  EXPECT_EQ(live[0].size, 512u);
+  EXPECT_EQ(live[0].stream, 2u);
+  EXPECT_EQ(live[1].addr, live[0].addr + 512);
+  a.free(0);
+  EXPECT_THROW(a.free(0), InfraError);  // freed once
+  a.free(1);
+  EXPECT_EQ(a.stats().allocated.current, 0u);
+  EXPECT_EQ(d.charged(), 0u);
 }
 
 TEST(RawAllocator, SmallTensorsShareAPageUntilTheLastIsFreed) {

@@ -17,8 +17,8 @@ bool SimDevice::charge(Bytes b) {
 void SimDevice::release(Bytes b) { charged_ -= b; }
 
 std::optional<DeviceAlloc> SimDevice::cuda_malloc(Bytes size) {
-  const Bytes rounded = round_up(size == 0 ? 1 : size, kCudaMallocAlign);
-  if (rounded < size) return std::nullopt;  // wrapped: nothing that large exists
+  const Bytes rounded = cuda_rounded(size);
+  if (rounded == 0) return std::nullopt;  // wrapped: nothing that large exists
   if (rounded >= kDevicePage) {
     // A buffer of its own pages: charged in whole 2 MiB pages, 2 MiB-aligned address.
     const Bytes pages = round_up(rounded, kDevicePage);

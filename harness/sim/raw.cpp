@@ -19,7 +19,7 @@ void RawAllocator::sync_reserved() {
 
 bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (key >= blocks_.size()) blocks_.resize(static_cast<size_t>(key) + 1);
-  if (blocks_[key].live) throw InfraError(fmt::format("raw allocator: block {} allocated twice", key));
+  if (blocks_[key].live()) throw InfraError(fmt::format("raw allocator: block {} allocated twice", key));
   const auto a = device_.cuda_malloc(size);
   if (!a) {
     ++stats_.num_ooms;
@@ -27,7 +27,7 @@ bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
                         "cudaMalloc failed: not enough free device pages"};
     return false;
   }
-  blocks_[key] = Live{true, *a, size, stream};
+  blocks_[key] = Live{a->addr, size, a->page, stream};
   ++stats_.num_device_alloc;
   stats_.requested.add(size);
   stats_.allocated.add(a->size);
@@ -37,14 +37,15 @@ bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
 }
 
 void RawAllocator::free(BlockKey key) {
-  if (key >= blocks_.size() || !blocks_[key].live) throw InfraError(fmt::format("raw allocator: free of unknown block {}", key));
+  if (key >= blocks_.size() || !blocks_[key].live()) throw InfraError(fmt::format("raw allocator: free of unknown block {}", key));
   Live& b = blocks_[key];
-  device_.cuda_free(b.alloc);
+  const DeviceAlloc a = SimDevice::allocation(b.addr, b.requested, b.page);
+  device_.cuda_free(a);
   ++stats_.num_device_free;
   stats_.requested.sub(b.requested);
-  stats_.allocated.sub(b.alloc.size);
-  stats_.active.sub(b.alloc.size);
-  b.live = false;
+  stats_.allocated.sub(a.size);
+  stats_.active.sub(a.size);
+  b.addr = 0;
   sync_reserved();
 }
 
@@ -55,7 +56,7 @@ void RawAllocator::reset_peak_stats() {
 void RawAllocator::live_blocks(std::vector<BlockView>& out) const {
   for (BlockKey k = 0; k < blocks_.size(); ++k) {
     const Live& b = blocks_[k];
-    if (b.live) out.push_back(BlockView{k, b.alloc.addr, b.alloc.size, b.requested, b.stream});
+    if (b.live()) out.push_back(BlockView{k, b.addr, SimDevice::cuda_rounded(b.requested), b.requested, b.stream});
   }
 }
 
