@@ -101,6 +101,45 @@ TEST(SimDevice, AFreeMergesWithTheHolesBesideIt) {
   EXPECT_EQ(d.charged(), 2 * MiB);  // no second page
 }
 
+// A page keeps its first three holes in its own cache line and more on the heap: one page cut
+// into 12 holes keeps all of them, in its best-fit order, and merges them back.
+TEST(SimDevice, APageWithManyHolesKeepsEveryOne) {
+  SimDevice d(spec_of(1 * GiB));
+  std::vector<DeviceAlloc> a;
+  for (int i = 0; i < 24; ++i) {
+    const auto x = d.cuda_malloc(4 * KiB);
+    ASSERT_TRUE(x);
+    a.push_back(*x);
+  }
+  ASSERT_EQ(a[23].addr, a[0].addr + 23 * 4 * KiB);
+  // Every other buffer freed, last to first: 12 holes of 4 KiB (the youngest the lowest) and the
+  // page's 1,952 KiB tail.
+  for (int i = 22; i >= 0; i -= 2) d.cuda_free(a[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  // 4 KiB requests take the 4 KiB holes, oldest first: buffer 22's, then 20's, ... then 0's.
+  for (int i = 22; i >= 0; i -= 2) {
+    const auto x = d.cuda_malloc(4 * KiB);
+    ASSERT_TRUE(x);
+    EXPECT_EQ(x->addr, a[static_cast<std::size_t>(i)].addr) << "hole of buffer " << i;
+    a[static_cast<std::size_t>(i)] = *x;
+  }
+  const auto tail = d.cuda_malloc(4 * KiB);  // no 4 KiB hole left: the tail's start
+  ASSERT_TRUE(tail);
+  EXPECT_EQ(tail->addr, a[23].addr + 4 * KiB);
+  // The holes merge back: with the odd buffers and the tail freed, the even ones freed leave one
+  // hole of the whole page, which is given back.
+  d.cuda_free(*tail);
+  for (int i = 1; i < 24; i += 2) d.cuda_free(a[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  for (int i = 0; i < 24; i += 2) d.cuda_free(a[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(d.charged(), 0u);
+  // The slot's next page starts with one hole again: 512 requests of 4 KiB fill exactly one page.
+  for (int i = 0; i < 512; ++i) ASSERT_TRUE(d.cuda_malloc(4 * KiB));
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  ASSERT_TRUE(d.cuda_malloc(512));
+  EXPECT_EQ(d.charged(), 4 * MiB);
+}
+
 TEST(SimDevice, SmallBuffersArePackedIntoSharedPages) {
   SimDevice d(spec_of(1 * GiB));
   const auto a = d.cuda_malloc(1000);

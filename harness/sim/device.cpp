@@ -1,7 +1,6 @@
 #include "harness/sim/device.h"
 
 #include <algorithm>
-#include <iterator>
 
 namespace vf::sim {
 
@@ -45,7 +44,7 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   if (const HoleIndex::Id id = index.best_fit(r); id != HoleIndex::kNone) {
     const HoleIndex::Hole found = index[id];
     SmallPage& p = small_pages_[found.page];
-    const auto h = std::lower_bound(p.holes.begin(), p.holes.end(), found.off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
+    Hole* const h = std::lower_bound(p.holes.begin(), p.holes.end(), found.off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
     index.remove(id);
     if (h->size > r) {  // the rest stays a hole, a new one (the youngest)
       const std::uint32_t off = found.off + r, size = found.size - r;
@@ -81,14 +80,14 @@ void SimDevice::small_free(const DeviceAlloc& a) {
   std::uint32_t off = static_cast<std::uint32_t>(a.addr - p.base);
   std::uint32_t size = static_cast<std::uint32_t>(a.size);
   // Merge with the hole just below and the one just above.
-  auto next = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
+  Hole* next = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
   if (next != p.holes.end() && next->off == off + size) {
     index.remove(next->id);
     size += next->size;
     next = p.holes.erase(next);
   }
   if (next != p.holes.begin()) {
-    const auto prev = std::prev(next);
+    Hole* const prev = next - 1;
     if (prev->off + prev->size == off) {
       index.remove(prev->id);
       off = prev->off;
