@@ -372,9 +372,12 @@ class Lowerer final : public lowering::ProgramSink {
     }
     // Every sampling step repeats the passes (a diffusion model's node runs `steps` of them).
     const std::uint32_t passes = sp.passes * (model.kind == ModelKind::diffusion ? s_.workload.steps : 1);
-    // Per offloaded module, its transfer buffers; with `temps`, reused pass after pass and module
-    // after module (a vector per module and pass was most of the lowering's heap traffic).
-    std::vector<std::vector<std::uint32_t>> transfers(offloaded.size());
+    // The transfer buffers of the offloaded modules in flight (at most ns_ + 1: the one computed
+    // and those issued ahead), in a ring by offloaded index; with `temps`, their storage is reused
+    // pass after pass and module after module (a vector per offloaded module was a heap
+    // allocation per module and pass, and 24 bytes of table per module).
+    std::vector<std::vector<std::uint32_t>> transfers(std::size_t{ns_} + 2);
+    const auto in_flight = [&transfers](std::size_t k) -> std::vector<std::uint32_t>& { return transfers[k % transfers.size()]; };
     std::vector<std::uint32_t> temps;
     for (std::uint32_t pass = 0; pass < passes; ++pass) {
       const std::uint32_t act = alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
@@ -396,17 +399,19 @@ class Lowerer final : public lowering::ProgramSink {
         }
         // The CPU runs up to NS transfers ahead of the module being computed.
         const std::size_t want = std::min(offloaded.size(), k + 1 + ns_);
-        for (; issued < want; ++issued) issue_transfer(m, offloaded[issued], issued, transfers[issued]);
+        for (; issued < want; ++issued) issue_transfer(m, offloaded[issued], issued, in_flight(issued));
         const std::uint8_t stream = ns_ == 0 ? 0 : static_cast<std::uint8_t>(1 + k % ns_);
         if (stream != 0) emit(OpKind::wait, Phase::forward, 0, kNone, kNone, stream);
-        convert(m, i, transfers[k], temps, ref.lora);
+        std::vector<std::uint32_t>& bufs = in_flight(k);
+        convert(m, i, bufs, temps, ref.lora);
         if (ref.lora) {
           // LowVramPatch: the LoRA delta (up x down) is computed in the compute dtype and added
           // in place to the weight's private cast copy.
-          const Module& mod = model.modules[i];
-          for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-            if (mod.tensors[t].role != TensorRole::weight) continue;
-            const Bytes bytes = mod.tensors[t].numel * compute_elem_bytes(ref.compute);
+          const std::uint32_t first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;
+          for (std::uint32_t t = 0; t < count; ++t) {
+            const FlatTensor& tensor = model.tensors_flat[first + t];
+            if (tensor.role != TensorRole::weight) continue;
+            const Bytes bytes = tensor.numel * compute_elem_bytes(ref.compute);
             temps.push_back(alloc(Phase::forward, bytes, 0, BufferKind::lora, m, i, t));
           }
         }
@@ -415,8 +420,8 @@ class Lowerer final : public lowering::ProgramSink {
         // uncast: the offload stream waits for the compute before the transfer buffers are freed
         // on it (ComfyUI PR #10501).
         if (stream != 0) emit(OpKind::wait, Phase::forward, stream, kNone, kNone, 0);
-        for (std::uint32_t b : transfers[k]) free(Phase::forward, b);
-        transfers[k].clear();
+        for (std::uint32_t b : bufs) free(Phase::forward, b);
+        bufs.clear();
         ++k;
       }
       free(Phase::forward, act);
