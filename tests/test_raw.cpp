@@ -112,6 +112,7 @@ TEST(RawAllocator, MisuseIsAnInfrastructureError) {
   ASSERT_TRUE(a.malloc(0, 10, 0));
   EXPECT_THROW(a.malloc(0, 10, 0), InfraError);
   EXPECT_THROW(a.free(7), InfraError);
+  EXPECT_THROW(a.malloc(1, 10, 70000), InfraError);  // no stream that high exists
 }
 
 TEST(RawAllocator, TakesNoOptions) {

@@ -19,7 +19,8 @@ void RawAllocator::sync_reserved() {
 
 bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (key >= blocks_.size()) blocks_.resize(static_cast<size_t>(key) + 1);
-  if (blocks_[key].live()) throw InfraError(fmt::format("raw allocator: block {} allocated twice", key));
+  if (blocks_[key].live) throw InfraError(fmt::format("raw allocator: block {} allocated twice", key));
+  if (stream > 0xffff) throw InfraError(fmt::format("raw allocator: stream {} out of range", stream));
   const auto a = device_.cuda_malloc(size);
   if (!a) {
     ++stats_.num_ooms;
@@ -27,7 +28,7 @@ bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
                         "cudaMalloc failed: not enough free device pages"};
     return false;
   }
-  blocks_[key] = Live{a->addr, size, a->page, stream};
+  blocks_[key] = Live{a->addr, size, a->page, static_cast<std::uint16_t>(stream), true};
   ++stats_.num_device_alloc;
   stats_.requested.add(size);
   stats_.allocated.add(a->size);
@@ -37,7 +38,7 @@ bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
 }
 
 void RawAllocator::free(BlockKey key) {
-  if (key >= blocks_.size() || !blocks_[key].live()) throw InfraError(fmt::format("raw allocator: free of unknown block {}", key));
+  if (key >= blocks_.size() || !blocks_[key].live) throw InfraError(fmt::format("raw allocator: free of unknown block {}", key));
   Live& b = blocks_[key];
   const DeviceAlloc a = SimDevice::allocation(b.addr, b.requested, b.page);
   device_.cuda_free(a);
@@ -45,7 +46,7 @@ void RawAllocator::free(BlockKey key) {
   stats_.requested.sub(b.requested);
   stats_.allocated.sub(a.size);
   stats_.active.sub(a.size);
-  b.addr = 0;
+  b.live = false;
   sync_reserved();
 }
 
@@ -56,7 +57,7 @@ void RawAllocator::reset_peak_stats() {
 void RawAllocator::live_blocks(std::vector<BlockView>& out) const {
   for (BlockKey k = 0; k < blocks_.size(); ++k) {
     const Live& b = blocks_[k];
-    if (b.live()) out.push_back(BlockView{k, b.addr, SimDevice::cuda_rounded(b.requested), b.requested, b.stream});
+    if (b.live) out.push_back(BlockView{k, b.addr, SimDevice::cuda_rounded(b.requested), b.requested, b.stream});
   }
 }
 

@@ -33,12 +33,13 @@ class RawAllocator final : public Allocator {
  private:
   // 24 bytes a key (the table is written once per buffer: 3 M buffers in a 1,000,000-module case):
   // the driver's rounding and charge follow from the request and the page (SimDevice::allocation).
+  // (Streams are below 65,536: a program's fit in a byte, a trace's are at most 63.)
   struct Live {
-    DeviceAddr addr = 0;  // 0: not live (the simulated device never hands out address 0)
+    DeviceAddr addr = 0;
     Bytes requested = 0;
     std::uint32_t page = kNoPage;
-    StreamId stream = 0;
-    bool live() const { return addr != 0; }
+    std::uint16_t stream = 0;
+    bool live = false;
   };
   static_assert(sizeof(Live) == 24);
   void sync_reserved();
