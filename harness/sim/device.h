@@ -99,8 +99,6 @@ class SimDevice final : public DeviceLayer {
    public:
     Hole* begin() { return cap_ != 0 ? heap_.get() : inline_; }
     Hole* end() { return begin() + n_; }
-    bool empty() const { return n_ == 0; }
-    std::uint32_t size() const { return n_; }
     void clear() { n_ = 0; }  // a heap array stays for the slot's next page
     Hole* insert(Hole* pos, const Hole& h) {
       const std::uint32_t at = static_cast<std::uint32_t>(pos - begin());
