@@ -20,10 +20,9 @@ std::optional<DeviceAlloc> SimDevice::cuda_malloc(Bytes size) {
   if (rounded == 0) return std::nullopt;  // wrapped: nothing that large exists
   if (rounded >= kDevicePage) {
     // A buffer of its own pages: charged in whole 2 MiB pages, 2 MiB-aligned address.
-    const Bytes pages = round_up(rounded, kDevicePage);
-    if (pages < rounded || !charge(pages)) return std::nullopt;
-    const DeviceAlloc a{next_addr_, rounded, pages, kNoPage};
-    next_addr_ += pages;
+    const DeviceAlloc a = allocation(next_addr_, size, kNoPage);
+    if (a.charge < rounded || !charge(a.charge)) return std::nullopt;  // the pages wrapped
+    next_addr_ += a.charge;
     return a;
   }
   return small_malloc(rounded);

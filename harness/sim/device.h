@@ -38,13 +38,15 @@ class SimDevice final : public DeviceLayer {
   // cudaMalloc(size): nullopt when the pages it needs are not free (cudaErrorMemoryAllocation).
   std::optional<DeviceAlloc> cuda_malloc(Bytes size);
   // The size cudaMalloc(size) takes (512 B-rounded; 0 when no such size exists), and the
-  // DeviceAlloc it returned at `addr` in `page`, from the request alone (a caller need not keep it).
+  // DeviceAlloc of a request placed at `addr` in `page` (kNoPage: pages of its own, charged
+  // whole), from the request alone: cuda_malloc builds a large buffer's with it, and a caller
+  // need not keep the result to free it.
   static Bytes cuda_rounded(Bytes size) {
     const Bytes rounded = round_up(size == 0 ? 1 : size, kCudaMallocAlign);
     return rounded < size ? 0 : rounded;
   }
-  static DeviceAlloc allocation(DeviceAddr addr, Bytes size, std::uint32_t page) {
-    const Bytes rounded = cuda_rounded(size);
+  static DeviceAlloc allocation(DeviceAddr addr, Bytes request, std::uint32_t page) {
+    const Bytes rounded = cuda_rounded(request);
     return DeviceAlloc{addr, rounded, page == kNoPage ? round_up(rounded, kDevicePage) : 0, page};
   }
   void cuda_free(const DeviceAlloc& a);
