@@ -228,6 +228,69 @@ TEST(FreeIndex, BinsOfThousandsOfEntriesStayInOrderAcrossTheirChunks) {
   EXPECT_GT(ref.size(), 3000u);  // well past one chunk per bin
 }
 
+// One bin filled past a chunk, emptied to a few entries (one chunk again), and filled again:
+// the order, the best fit and the blocks hold through every split and un-split, and a replace
+// that names another block leaves that block in the entry (the caching model's merge).
+TEST(FreeIndex, ABinSplitsEmptiesAndSplitsAgainInOrder) {
+  FreeIndex index;
+  std::set<Key> ref;
+  std::vector<std::pair<Key, std::uint32_t>> blocks;  // entry -> block, in insertion order
+  SplitMix64 rng{0x5b17};
+  const auto check = [&](int step) {
+    ASSERT_EQ(index.size(), ref.size()) << step;
+    std::vector<Key> walked;
+    for (FreeIndex::Cursor c = index.lower_bound(0, 0); c.valid; c = index.next(c)) {
+      walked.emplace_back(0u, index.at(c).size, index.at(c).addr);
+    }
+    ASSERT_EQ(walked, std::vector<Key>(ref.begin(), ref.end())) << step;
+    const Bytes want = 4 * MiB + 4096 * rng.below(300);
+    const FreeIndex::Cursor c = index.lower_bound(0, want);
+    const Key* r = reference_fit(ref, 0, want);
+    ASSERT_EQ(c.valid != 0, r != nullptr) << step;
+    if (r != nullptr) {
+      ASSERT_EQ(index.at(c).addr, std::get<2>(*r)) << step;
+    }
+  };
+  std::uint32_t next_block = 1;
+  const auto add = [&](int step) {
+    // Sizes in [4 MiB, 4.5 MiB): one bin.
+    const Key k{0u, 4 * MiB + 4096 * rng.below(128), 0x10000000 + 0x1000 * rng.below(1u << 16)};
+    if (ref.count(k) != 0) return;
+    index.insert(0, std::get<1>(k), std::get<2>(k), next_block);
+    ref.insert(k);
+    blocks.emplace_back(k, next_block++);
+    check(step);
+  };
+  const auto remove = [&](int step) {
+    const std::size_t i = rng.below(blocks.size());
+    const Key k = blocks[i].first;
+    index.erase(0, std::get<1>(k), std::get<2>(k));
+    ref.erase(k);
+    blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+    check(step);
+  };
+  int step = 0;
+  for (int round = 0; round < 3; ++round) {
+    while (ref.size() < 700) add(step++);     // five or more chunks of at most 128
+    while (ref.size() > 5) remove(step++);    // one chunk again
+  }
+  while (ref.size() < 400) add(step++);
+  // Every entry still names the block it was inserted with.
+  for (const auto& [k, b] : blocks) {
+    const FreeIndex::Cursor c = index.find(0, std::get<1>(k), std::get<2>(k));
+    ASSERT_EQ(index.at(c).addr, std::get<2>(k));
+    EXPECT_EQ(index.at(c).block, b);
+  }
+  // A merge's replace: the entry grows by a neighbour's bytes and names the surviving block.
+  const Key k = blocks.front().first;
+  index.replace_at(index.find(0, std::get<1>(k), std::get<2>(k)), std::get<1>(k) + 64 * MiB, std::get<2>(k), 99999);
+  const FreeIndex::Cursor grown = index.lower_bound(0, std::get<1>(k) + 64 * MiB);
+  ASSERT_TRUE(grown.valid);
+  EXPECT_EQ(index.at(grown).addr, std::get<2>(k));
+  EXPECT_EQ(index.at(grown).block, 99999u);
+  EXPECT_EQ(index.size(), ref.size());
+}
+
 TEST(FreeIndex, ACopyIsIndependentAndAMovedFromIndexIsEmpty) {
   FreeIndex a;
   a.insert(0, 4096, 0x1000, 1);

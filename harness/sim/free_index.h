@@ -103,12 +103,16 @@ class FreeIndex {
   }
 
   // The same for the entry a cursor points at (no search for it).
-  void replace_at(Cursor c, Bytes size, DeviceAddr addr) {
+  void replace_at(Cursor c, Bytes size, DeviceAddr addr) { replace_at(c, size, addr, at(c).block); }
+
+  // The same, and the entry now names `block` (a merge whose survivor is not the block that
+  // held the entry).
+  void replace_at(Cursor c, Bytes size, DeviceAddr addr, std::uint32_t block) {
     Lane& lane = lanes_[c.lane];
     Bin& old_bin = lane.bins[c.bin];
     std::vector<Entry>& chunk = old_bin.chunk(c.chunk);
     const auto at = chunk.begin() + c.pos;
-    const Entry e{size, addr, at->block};
+    const Entry e{size, addr, block};
     lane.bytes = lane.bytes - at->size + size;
     total_bytes_ = total_bytes_ - at->size + size;
     const std::uint32_t b = bin_of(size);
@@ -131,6 +135,17 @@ class FreeIndex {
     if (old_bin.first.empty()) unmark(lane, c.bin);
     put(lane.bins[b], e);
     mark(lane, b);
+  }
+
+  // The entry (stream, size, addr), which must be present.
+  Cursor find(StreamId stream, Bytes size, DeviceAddr addr) const {
+    const std::uint32_t l = find_lane(stream);
+    const std::uint32_t b = bin_of(size);
+    const Bin& bin = lanes_[l].bins[b];
+    const Entry key{size, addr, 0};
+    const std::uint32_t k = bin.chunk_for(key);
+    const std::vector<Entry>& chunk = bin.chunk(k);
+    return cursor(l, b, k, static_cast<std::uint32_t>(std::lower_bound(chunk.begin(), chunk.end(), key, before) - chunk.begin()));
   }
 
   // The smallest entry of `stream` with size >= `size` (lowest address among equals).
@@ -230,6 +245,8 @@ class FreeIndex {
   static constexpr std::uint32_t kNoLane = 0xffffffffu;
   // A chunk of a bin holds at most this many entries (3 KiB shifted at most per update).
   static constexpr std::size_t kChunk = 128;
+  // Below this many entries an unsplit bin inserts by shifting from the back, without a search.
+  static constexpr std::size_t kShort = 16;
 
   static std::uint32_t bin_of(Bytes size) {
     if (size < 16) return 0;
@@ -251,7 +268,7 @@ class FreeIndex {
   };
   struct Bin {
     std::vector<Entry> first;
-    std::unique_ptr<Split> rest;  // chunks 1.., once the bin split
+    std::unique_ptr<Split> rest;  // chunks 1..: present exactly while the bin is split
 
     Bin() = default;
     Bin(Bin&&) noexcept = default;
@@ -263,7 +280,7 @@ class FreeIndex {
     }
     ~Bin() = default;
 
-    bool split() const { return rest && !rest->chunks.empty(); }
+    bool split() const { return rest != nullptr; }
     std::uint32_t chunks() const { return first.empty() ? 0 : 1 + (rest ? static_cast<std::uint32_t>(rest->chunks.size()) : 0); }
     std::vector<Entry>& chunk(std::uint32_t k) { return k == 0 ? first : rest->chunks[k - 1]; }
     const std::vector<Entry>& chunk(std::uint32_t k) const { return k == 0 ? first : rest->chunks[k - 1]; }
@@ -287,7 +304,31 @@ class FreeIndex {
   };
 
   // Inserts `e` in order, splitting a chunk that outgrows kChunk.
+  // Most bins hold a handful of entries and have room for one more: shift from the back in one
+  // pass, inline; the rest (a search, a grown vector, a split) out of line.
   static void put(Bin& bin, const Entry& e) {
+    std::vector<Entry>& v = bin.first;
+    if (bin.rest || v.size() >= kShort || v.size() == v.capacity()) {
+      put_general(bin, e);
+      return;
+    }
+    v.push_back(e);
+    Entry* p = v.data();
+    std::size_t i = v.size() - 1;
+    for (; i > 0 && before(e, p[i - 1]); --i) p[i] = p[i - 1];
+    p[i] = e;
+  }
+
+  [[gnu::noinline]] static void put_general(Bin& bin, const Entry& e) {
+    if (!bin.rest && bin.first.size() < kShort) {
+      std::vector<Entry>& v = bin.first;
+      v.push_back(e);
+      Entry* p = v.data();
+      std::size_t i = v.size() - 1;
+      for (; i > 0 && before(e, p[i - 1]); --i) p[i] = p[i - 1];
+      p[i] = e;
+      return;
+    }
     std::uint32_t k = bin.chunk_for(e);
     if (k == bin.chunks()) k = k == 0 ? 0 : k - 1;  // after every entry: the last chunk
     std::vector<Entry>& chunk = bin.chunk(k);
@@ -298,8 +339,8 @@ class FreeIndex {
     }
     std::vector<Entry> upper(chunk.begin() + static_cast<std::ptrdiff_t>(chunk.size() / 2), chunk.end());
     chunk.resize(chunk.size() / 2);
-    if (!bin.rest) bin.rest = std::make_unique<Split>();
     const bool was_split = bin.split();
+    if (!was_split) bin.rest = std::make_unique<Split>();
     bin.rest->chunks.insert(bin.rest->chunks.begin() + k, std::move(upper));  // chunk k + 1
     std::vector<Entry>& lasts = bin.rest->lasts;
     if (!was_split) {
@@ -312,6 +353,17 @@ class FreeIndex {
 
   // Erases entry `pos` of chunk `k`; a chunk left empty goes (the next becomes the first).
   static void take(Bin& bin, std::uint32_t k, std::uint32_t pos) {
+    if (!bin.rest) {
+      std::vector<Entry>& v = bin.first;
+      Entry* p = v.data();
+      for (std::size_t i = pos + 1; i < v.size(); ++i) p[i - 1] = p[i];
+      v.pop_back();
+      return;
+    }
+    take_split(bin, k, pos);
+  }
+
+  [[gnu::noinline]] static void take_split(Bin& bin, std::uint32_t k, std::uint32_t pos) {
     std::vector<Entry>& chunk = bin.chunk(k);
     chunk.erase(chunk.begin() + pos);
     if (!chunk.empty()) {
@@ -327,22 +379,11 @@ class FreeIndex {
       rest.chunks.erase(rest.chunks.begin() + (k - 1));
     }
     rest.lasts.erase(rest.lasts.begin() + k);
-    if (rest.chunks.empty()) rest.lasts.clear();
+    if (rest.chunks.empty()) bin.rest.reset();  // one chunk again
   }
 
   static Cursor cursor(std::uint32_t l, std::uint32_t b, std::uint32_t k, std::uint32_t pos) {
     return Cursor{static_cast<std::uint16_t>(l), static_cast<std::uint16_t>(b), k, pos, 1};
-  }
-
-  // The entry (stream, size, addr), which must be present.
-  Cursor find(StreamId stream, Bytes size, DeviceAddr addr) const {
-    const std::uint32_t l = find_lane(stream);
-    const std::uint32_t b = bin_of(size);
-    const Bin& bin = lanes_[l].bins[b];
-    const Entry key{size, addr, 0};
-    const std::uint32_t k = bin.chunk_for(key);
-    const std::vector<Entry>& chunk = bin.chunk(k);
-    return cursor(l, b, k, static_cast<std::uint32_t>(std::lower_bound(chunk.begin(), chunk.end(), key, before) - chunk.begin()));
   }
 
   struct Lane {
