@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "harness/core/recycle.h"
@@ -156,22 +157,25 @@ class CachingAllocator final : public Allocator {
     std::uint64_t lookups = 0;  // get_free_block calls; block age for GC = lookups - gc_base
   };
 
+  // One cache line, copied as plain bytes: a split makes one per malloc. What only some blocks
+  // need lives beside the table (the record_stream set in uses_; an unmapped block is found in
+  // its pool's set by its key).
   struct Block {
     DeviceAddr addr = 0;
     Bytes size = 0;
     Bytes requested = 0;
+    std::uint64_t gc_base = 0;
     Index prev = kNone;  // neighbours in the same segment, by address
     Index next = kNone;
     Index segment = kNone;
     StreamId stream = 0;
+    std::uint32_t event_count = 0;
+    BlockKey key = 0;
+    Index uses = kNone;  // its record_stream set in uses_ (never empty there); kNone: none
     State state = State::free;
     bool small = false;
-    std::uint32_t event_count = 0;
-    std::uint64_t gc_base = 0;
-    BlockKey key = 0;
-    UnmappedSet::iterator unmapped_it{};  // valid while state == unmapped
-    std::vector<StreamId> stream_uses;    // record_stream set (rarely non-empty)
   };
+  static_assert(std::is_trivially_copyable_v<Block> && sizeof(Block) <= 64);
 
   struct Segment {
     bool live = false;
@@ -206,7 +210,7 @@ class CachingAllocator final : public Allocator {
   void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
   Bytes absorb(Index dst, Index src);  // the splice both merges share
-  void process_events();
+  void process_events();  // after malloc counted itself (malloc_count_), where events are pending
   void synchronize_and_free_events();
   void record_oom(Bytes size, Bytes rounded, Bytes alloc_size, StreamId stream);
 
@@ -230,9 +234,9 @@ class CachingAllocator final : public Allocator {
   Index new_block();
   void recycle_block(Index b);
   Index new_segment_slot();
-  // Into its pool's free index. With `replacing` (valid: an entry of b's own, e.g. the found
-  // block whose front a split handed out), b takes that entry's place: moved within its chunk
-  // when it stays in one, not erased and inserted again.
+  // Into its pool's free index. With `replacing` (valid: the entry of the found block whose
+  // front a split handed out, or of a free neighbour b absorbed), b takes that entry's place:
+  // moved within its chunk when it stays in one, not erased and inserted again.
   void insert_free(Index b, FreeIndex::Cursor replacing = {});
   void erase_free(Index b);
   void insert_unmapped(Index b);
@@ -251,6 +255,8 @@ class CachingAllocator final : public Allocator {
   std::vector<Segment> segments_;
   std::vector<Index> spare_segments_;
   std::vector<Index> keys_;  // BlockKey -> block (kNone: not live)
+  std::vector<std::vector<StreamId>> uses_;  // record_stream sets, by Block::uses
+  std::vector<Index> spare_uses_;
   std::vector<Index> scratch_;  // block lists for release / GC passes (kept to avoid churn)
   std::vector<std::pair<DeviceAddr, Bytes>> map_pieces_;  // expandable: page runs one miss maps
   std::deque<PendingEvent> pending_;
