@@ -53,6 +53,27 @@ TEST(HoleIndex, AmongEqualHolesTheOldestWinsAndRemovalsKeepTheOrder) {
   EXPECT_EQ(index.best_fit(512), HoleIndex::kNone);  // the bitmap is empty again
 }
 
+TEST(HoleIndex, AMovedHoleLeavesItsClassAndIsTheYoungestOfItsNewOne) {
+  HoleIndex index;
+  const auto a = index.add(1, 0, 4 * KiB);
+  const auto b = index.add(2, 0, 8 * KiB);
+  const auto c = index.add(3, 0, 8 * KiB);
+  index.move(a, 512, 8 * KiB);  // 4 KiB -> 8 KiB: behind b and c
+  EXPECT_EQ(index.size(), 3u);
+  EXPECT_EQ(index.best_fit(4 * KiB), b);  // no 4 KiB hole is left
+  index.remove(b);
+  EXPECT_EQ(index.best_fit(8 * KiB), c);
+  index.remove(c);
+  EXPECT_EQ(index.best_fit(8 * KiB), a);
+  EXPECT_EQ(index[a].page, 1u);
+  EXPECT_EQ(index[a].off, 512u);
+  index.move(a, 0, 1536 * KiB);  // another bitmap word; the 8 KiB class empties
+  EXPECT_EQ(index.best_fit(8 * KiB), a);
+  EXPECT_EQ(index.best_fit(1536 * KiB + 512), HoleIndex::kNone);
+  index.remove(a);
+  EXPECT_EQ(index.best_fit(512), HoleIndex::kNone);
+}
+
 TEST(HoleIndex, EveryClassFromOneUnitToTheLargestIsFound) {
   HoleIndex index;
   // The first and last class of each 64-class word, and the extremes 512 B and 2 MiB - 512 B.
@@ -85,6 +106,17 @@ TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
       const Key k{size, age++, id};
       plain.insert(k);
       live.push_back(k);
+    } else if (rng.next() % 3 == 0) {  // a split's rest or a merge: new bounds, the youngest
+      const std::size_t i = rng.next() % live.size();
+      const HoleIndex::Id id = std::get<2>(live[i]);
+      const std::uint32_t page = index[id].page;
+      const std::uint32_t size = (1 + static_cast<std::uint32_t>(rng.next() % 16)) * HoleIndex::kUnit;
+      index.move(id, 4096, size);
+      ASSERT_EQ(index[id].page, page);
+      ASSERT_EQ(index[id].off, 4096u);
+      plain.erase(live[i]);
+      live[i] = Key{size, age++, id};
+      plain.insert(live[i]);
     } else {
       const std::size_t i = rng.next() % live.size();
       index.remove(std::get<2>(live[i]));

@@ -44,11 +44,12 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
     const HoleIndex::Hole found = index[id];
     SmallPage& p = small_pages_[found.page];
     Hole* const h = std::lower_bound(p.holes.begin(), p.holes.end(), found.off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
-    index.remove(id);
-    if (h->size > r) {  // the rest stays a hole, a new one (the youngest)
-      const std::uint32_t off = found.off + r, size = found.size - r;
-      *h = Hole{off, size, index.add(found.page, off, size)};
+    if (h->size > r) {  // the rest stays a hole, now the youngest
+      h->off = found.off + r;
+      h->size = found.size - r;
+      index.move(id, h->off, h->size);
     } else {
+      index.remove(id);
       p.holes.erase(h);
     }
     ++p.live;
@@ -80,27 +81,32 @@ void SimDevice::small_free(const DeviceAlloc& a) {
   std::uint32_t size = static_cast<std::uint32_t>(a.size);
   // Merge with the hole just below and the one just above.
   Hole* next = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
-  if (next != p.holes.end() && next->off == off + size) {
-    index.remove(next->id);
-    size += next->size;
-    next = p.holes.erase(next);
-  }
-  if (next != p.holes.begin()) {
-    Hole* const prev = next - 1;
-    if (prev->off + prev->size == off) {
-      index.remove(prev->id);
-      off = prev->off;
-      size += prev->size;
-      next = p.holes.erase(prev);
-    }
-  }
+  const bool above = next != p.holes.end() && next->off == off + size;
+  Hole* const below = next != p.holes.begin() && (next - 1)->off + (next - 1)->size == off ? next - 1 : nullptr;
   if (--p.live == 0) {  // the whole page is one hole now: give it back
+    if (above) index.remove(next->id);
+    if (below != nullptr) index.remove(below->id);
     p.holes.clear();
     release(kDevicePage);
     free_slots_.push_back(a.page);
     return;
   }
-  p.holes.insert(next, Hole{off, size, index.add(a.page, off, size)});
+  // The merged hole keeps a neighbour's entry (in the page and in the index), the youngest now.
+  if (below != nullptr) {
+    below->size += size;
+    if (above) {
+      below->size += next->size;
+      index.remove(next->id);
+      p.holes.erase(next);
+    }
+    index.move(below->id, below->off, below->size);
+  } else if (above) {
+    next->off = off;
+    next->size += size;
+    index.move(next->id, next->off, next->size);
+  } else {
+    p.holes.insert(next, Hole{off, size, index.add(a.page, off, size)});
+  }
 }
 
 DeviceAddr SimDevice::reserve_address_range(Bytes size) {

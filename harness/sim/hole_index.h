@@ -46,35 +46,25 @@ class HoleIndex {
       id = static_cast<Id>(nodes_.size());
       nodes_.emplace_back();
     }
-    const std::uint32_t c = size / kUnit;
-    Hole& h = nodes_[id];
-    h = Hole{page, off, size, tail_[c], kNone};
-    if (tail_[c] != kNone) {
-      nodes_[tail_[c]].next = id;
-    } else {
-      head_[c] = id;
-      words_[c / 64] |= std::uint64_t{1} << (c % 64);
-      summary_ |= std::uint64_t{1} << (c / 64);
-    }
-    tail_[c] = id;
+    nodes_[id].page = page;
+    link(id, off, size);
     ++count_;
     return id;
   }
 
   void remove(Id id) {
-    Hole& h = nodes_[id];
-    const std::uint32_t c = h.size / kUnit;
-    if (h.prev != kNone) nodes_[h.prev].next = h.next;
-    else head_[c] = h.next;
-    if (h.next != kNone) nodes_[h.next].prev = h.prev;
-    else tail_[c] = h.prev;
-    if (head_[c] == kNone) {
-      words_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
-      if (words_[c / 64] == 0) summary_ &= ~(std::uint64_t{1} << (c / 64));
-    }
-    h.next = free_;
+    unlink(id);
+    nodes_[id].next = free_;
     free_ = id;
     --count_;
+  }
+
+  // The hole `id` now has these bounds in the same page, and is the youngest of all: what a
+  // remove and an add would do (a split hole's rest, a free merged into a neighbour), in place.
+  void move(Id id, std::uint32_t off, std::uint32_t size) {
+    assert(size > 0 && size < kSizes * kUnit && size % kUnit == 0);
+    unlink(id);
+    link(id, off, size);
   }
 
   // The smallest hole of at least `size` bytes (a multiple of kUnit), the oldest of its size;
@@ -97,6 +87,38 @@ class HoleIndex {
   std::size_t size() const { return count_; }
 
  private:
+  // Appends `id` to its size's list, the youngest.
+  void link(Id id, std::uint32_t off, std::uint32_t size) {
+    const std::uint32_t c = size / kUnit;
+    Hole& h = nodes_[id];
+    h.off = off;
+    h.size = size;
+    h.prev = tail_[c];
+    h.next = kNone;
+    if (tail_[c] != kNone) {
+      nodes_[tail_[c]].next = id;
+    } else {
+      head_[c] = id;
+      words_[c / 64] |= std::uint64_t{1} << (c % 64);
+      summary_ |= std::uint64_t{1} << (c / 64);
+    }
+    tail_[c] = id;
+  }
+
+  // Takes `id` out of its size's list.
+  void unlink(Id id) {
+    const Hole& h = nodes_[id];
+    const std::uint32_t c = h.size / kUnit;
+    if (h.prev != kNone) nodes_[h.prev].next = h.next;
+    else head_[c] = h.next;
+    if (h.next != kNone) nodes_[h.next].prev = h.prev;
+    else tail_[c] = h.prev;
+    if (head_[c] == kNone) {
+      words_[c / 64] &= ~(std::uint64_t{1} << (c % 64));
+      if (words_[c / 64] == 0) summary_ &= ~(std::uint64_t{1} << (c / 64));
+    }
+  }
+
   static_assert(kSizes == 64 * 64, "two levels of 64-bit words");
   std::vector<Hole> nodes_;
   Id free_ = kNone;  // removed nodes, linked through next
