@@ -119,6 +119,15 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   Bytes* const stage_peak = r.stage_reserved_peak.data();
   Bytes reserved_peak = r.reserved_peak, live_peak = r.live_peak, device_peak = r.device_peak;
   std::uint32_t reserved_peak_op = r.reserved_peak_op;
+  // What the loop tests on every op, in locals for the same reason: the optional runtime, the
+  // allocator wrapper and the options are all reachable from the calls.
+  DynamicRuntime* const dynamic = dyn ? &*dyn : nullptr;
+  const sim::Aimdo* const am = aimdo.get();
+  const bool record_trace = opt.record_trace;
+  bool oomed = false;
+  // Stages are contiguous runs of ops, so a stage is entered at most once: at the first judged op
+  // of a stage other than the last one entered.
+  std::uint32_t entered_stage = ~std::uint32_t{0};
   auto store_peaks = [&] {
     r.reserved_peak = reserved_peak;
     r.reserved_peak_op = reserved_peak_op;
@@ -142,11 +151,12 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
             others_failure(i, now_us, ev.bytes, free_then, *aimdo, device.spec().used_by_others != others_at_poll));
       }
     }
-    if (judged && !stage_entered[op.stage]) {
+    if (judged && op.stage != entered_stage && !stage_entered[op.stage]) {
+      entered_stage = op.stage;
       stage_entered[op.stage] = 1;
       r.stage_entry_reserved[op.stage] = st.reserved.current;
     }
-    const bool runs = !dyn || op.when == When::always || dyn->runs(op);
+    const bool runs = dynamic == nullptr || op.when == When::always || dynamic->runs(op);
     Bytes moved = 0;
     try {
       switch (runs ? op.kind : OpKind::sync) {
@@ -157,10 +167,11 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
             // What the request met: the device and the pool before a failed growth's kept chunks.
             r.oom = OomEvent{i, bytes, device.free() + info.retained, alloc->stats().reserved.current - info.retained,
                              alloc->stats().allocated.current, info.detail, alloc->held_at_oom(op.stream, bytes)};
-            if (dyn) account(op, "torch allocation", bytes);
+            oomed = true;
+            if (dynamic != nullptr) account(op, "torch allocation", bytes);
           } else {
             live += bytes;
-            if (dyn) {
+            if (dynamic != nullptr) {
               live_tensors.add(p.buffers[op.buffer]);
               live_buffer[op.buffer] = 1;
             }
@@ -168,10 +179,10 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
           break;
         }
         case OpKind::free:
-          if (dyn && !live_buffer[op.buffer]) break;  // a conditional buffer that was never made
+          if (dynamic != nullptr && !live_buffer[op.buffer]) break;  // a conditional buffer that was never made
           alloc->free(op.buffer);
           live -= p.buffers[op.buffer].bytes;
-          if (dyn) {
+          if (dynamic != nullptr) {
             live_tensors.remove(p.buffers[op.buffer]);
             live_buffer[op.buffer] = 0;
           }
@@ -193,12 +204,13 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
         case OpKind::vbar_unpin:
         case OpKind::vbar_free:
         case OpKind::node_end: {
-          if (!dyn) throw InfraError("a dynamic VRAM op in a classic program");
-          const DynamicRuntime::Result res = dyn->execute(op);
+          if (dynamic == nullptr) throw InfraError("a dynamic VRAM op in a classic program");
+          const DynamicRuntime::Result res = dynamic->execute(op);
           moved = res.moved;
           if (!res.ok) {
             r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
                              res.detail, alloc->held_at_oom(op.stream, res.request)};
+            oomed = true;
             account(op, res.failure, res.request);
           }
           break;
@@ -218,8 +230,8 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
     // t column; a classic case without events that keeps no trace has no use for it.
     if (runs && timed && op_takes_time(op.kind)) now_us += op_duration_us(s, p, op, moved);
-    if (aimdo && aimdo->stats().polls != poll_seen) {
-      poll_seen = aimdo->stats().polls;
+    if (am != nullptr && am->stats().polls != poll_seen) {
+      poll_seen = am->stats().polls;
       others_at_poll = device.spec().used_by_others;
     }
     const Bytes reserved = st.reserved.current;
@@ -235,11 +247,11 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     }
     if (live > live_peak) live_peak = live;
     if (device.device_used() > device_peak) device_peak = device.device_used();
-    if (opt.record_trace) {
+    if (record_trace) {
       TraceRow row{i, live, st.allocated.current, st.reserved.current, device.device_used()};
-      if (aimdo) {
-        row.vbar = aimdo->vbar_resident();
-        row.cast = aimdo->cast_bytes();
+      if (am != nullptr) {
+        row.vbar = am->vbar_resident();
+        row.cast = am->cast_bytes();
       }
       row.time_us = now_us;
       if (runs && op.kind == OpKind::alloc) trace_held = alloc->held_for_other_streams(op.stream, op_request(p, op));
@@ -247,7 +259,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       row.held = std::min(trace_held, sat_sub(st.reserved.current, st.allocated.current));
       r.trace.push_back(row);
     }
-    if (r.oom) {
+    if (oomed) {
       r.ops_executed = i + 1;
       break;
     }
