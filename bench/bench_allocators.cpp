@@ -14,48 +14,16 @@
 
 #include <fmt/format.h>
 
-#include "harness/core/splitmix.h"
+#include "bench/alloc_mix.h"
 #include "harness/sim/allocator.h"
 #include "harness/sim/replay.h"
 
 namespace vf::sim {
 namespace {
 
-constexpr std::size_t kLive = 64;         // blocks alive at a time
-constexpr std::size_t kSteps = 1u << 16;  // the pre-generated op stream, replayed in a loop
-
-struct Step {
-  Bytes size;
-  std::uint32_t slot;  // which live block is freed and replaced (also its key)
-  StreamId stream;
-};
-
-using Rng = SplitMix64;
-
-Bytes draw_size(Rng& rng) {
-  const std::uint64_t bucket = rng.below(100);
-  if (bucket < 60) {  // small: log-uniform 256 B .. 1 MiB
-    const unsigned shift = 8 + static_cast<unsigned>(rng.below(12));
-    return (Bytes{1} << shift) + rng.below(Bytes{1} << shift);
-  }
-  if (bucket < 75) {  // the exact sizes models repeat: 3072-wide bf16 vectors, 4 KiB scales
-    constexpr Bytes kCommon[] = {6144, 4096, 12288, 65536, 262144};
-    return kCommon[rng.below(5)];
-  }
-  if (bucket < 95) return 1 * MiB + rng.below(9 * MiB);  // 1-10 MiB: activations, small linears
-  return 10 * MiB + rng.below(150 * MiB);                // large weights and attention buffers
-}
-
-std::vector<Step> make_steps(unsigned streams) {
-  Rng rng{0x5eed0000u + streams};
-  std::vector<Step> steps(kSteps);
-  for (Step& s : steps) {
-    s.size = draw_size(rng);
-    s.slot = static_cast<std::uint32_t>(rng.below(kLive));
-    s.stream = streams > 1 && rng.below(10) == 0 ? static_cast<StreamId>(1 + rng.below(streams - 1)) : 0;
-  }
-  return steps;
-}
+using bench::kLive;
+using bench::make_steps;
+using bench::Step;
 
 void run(benchmark::State& state, AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options,
          unsigned streams) {
