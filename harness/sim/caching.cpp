@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <algorithm>
+#include <cassert>
 #include <bit>
 
 #include <fmt/format.h>
@@ -134,7 +135,9 @@ void CachingAllocator::insert_unmapped(Index bi) {
 void CachingAllocator::erase_unmapped(Index bi) {
   const Block& b = blocks_[bi];
   UnmappedSet& set = pool_of(b).unmapped;
-  unmapped_nodes_.erase(set, set.find(UnmappedKey{b.stream, b.addr, bi}));
+  const auto it = set.find(UnmappedKey{b.stream, b.addr, bi});
+  assert(it != set.end() && it->block == bi);
+  unmapped_nodes_.erase(set, it);
 }
 
 // ---- malloc ----------------------------------------------------------------------------------

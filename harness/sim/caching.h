@@ -157,9 +157,9 @@ class CachingAllocator final : public Allocator {
     std::uint64_t lookups = 0;  // get_free_block calls; block age for GC = lookups - gc_base
   };
 
-  // One cache line, copied as plain bytes: a split makes one per malloc. What only some blocks
-  // need lives beside the table (the record_stream set in uses_; an unmapped block is found in
-  // its pool's set by its key).
+  // 64 bytes, copied as plain bytes (a split makes one per malloc). What only some blocks need
+  // lives beside the table: the record_stream set in uses_; an unmapped block is found in its
+  // pool's set by its key, which does not change while it is there.
   struct Block {
     DeviceAddr addr = 0;
     Bytes size = 0;
