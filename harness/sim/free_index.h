@@ -312,6 +312,11 @@ class FreeIndex {
       put_general(bin, e);
       return;
     }
+    shift_in(v, e);
+  }
+
+  // Appends `e` to a short sorted vector and shifts it down to its place.
+  static void shift_in(std::vector<Entry>& v, const Entry& e) {
     v.push_back(e);
     Entry* p = v.data();
     std::size_t i = v.size() - 1;
@@ -320,13 +325,8 @@ class FreeIndex {
   }
 
   [[gnu::noinline]] static void put_general(Bin& bin, const Entry& e) {
-    if (!bin.rest && bin.first.size() < kShort) {
-      std::vector<Entry>& v = bin.first;
-      v.push_back(e);
-      Entry* p = v.data();
-      std::size_t i = v.size() - 1;
-      for (; i > 0 && before(e, p[i - 1]); --i) p[i] = p[i - 1];
-      p[i] = e;
+    if (!bin.rest && bin.first.size() < kShort) {  // short, but its vector must grow
+      shift_in(bin.first, e);
       return;
     }
     std::uint32_t k = bin.chunk_for(e);
