@@ -94,178 +94,194 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     r.dynamic.emplace();
     live_buffer.assign(p.buffers.size(), 0);
   }
-  std::size_t next_event = 0;
-  Bytes others_at_poll = s.device.used_by_others;  // what other processes held at aimdo's last poll
-  std::uint64_t poll_seen = 0;
   if (opt.record_trace) r.trace.reserve(p.ops.size());
-  // The trace's held column: at an allocation, what it could have taken of other streams' free
-  // memory (attribution's "other streams' frees" at a judged op); between allocations, the last
-  // allocation's figure, so the timeline's band is the view that decides each growth.
-  Bytes trace_held = 0;
-  Bytes live = 0;
 
   // The account of a dynamic OOM (docs/dynamic.md "The property").
   auto account = [&](const Op& op, std::string what, Bytes request) {
     r.dynamic->oom = account_oom(s, op, live_tensors, alloc->stats(), device.free(), device.charged(), *aimdo, *dyn, std::move(what), request);
   };
 
-  // The loop's running figures in locals and its arrays through pointers: `r` is reachable from
-  // the allocator calls (the OOM account), so the compiler reloaded every field after each one.
-  const Op* const ops = p.ops.data();
-  const auto n_ops = static_cast<std::uint32_t>(p.ops.size());
-  const std::vector<OthersEvent>& events = s.device.events;
-  const std::size_t n_events = events.size();
-  std::uint8_t* const stage_entered = entered.data();
-  Bytes* const stage_peak = r.stage_reserved_peak.data();
-  Bytes reserved_peak = r.reserved_peak, live_peak = r.live_peak, device_peak = r.device_peak;
-  std::uint32_t reserved_peak_op = r.reserved_peak_op;
-  // What the loop tests on every op, in locals for the same reason: the optional runtime, the
-  // allocator wrapper and the options are all reachable from the calls.
-  DynamicRuntime* const dynamic = dyn ? &*dyn : nullptr;
-  const sim::Aimdo* const am = aimdo.get();
-  const bool record_trace = opt.record_trace;
-  bool oomed = false;
-  // Stages are contiguous runs of ops, so a stage is entered at most once: at the first judged op
-  // of a stage other than the last one entered.
-  std::uint32_t entered_stage = ~std::uint32_t{0};
-  auto store_peaks = [&] {
-    r.reserved_peak = reserved_peak;
-    r.reserved_peak_op = reserved_peak_op;
-    r.live_peak = live_peak;
-    r.device_peak = device_peak;
-  };
+  // The loop, compiled once per kind of run: a classic case without events or trace has no use for
+  // modelled time, and only a dynamic one has aimdo and its runtime. Constant flags take their tests
+  // out of the loop. Returns true when an op threw (r says which).
+  auto run_ops = [&]<bool kDynamic, bool kTimed>() -> bool {
+    // Everything the loop reads or keeps on every op is a local of this body: a captured variable
+    // is a load through the closure, and `r` is reachable from the allocator calls (the OOM
+    // account), so the compiler reloaded each of its fields after every call.
+    sim::Allocator* const allocator = alloc;
+    const Op* const ops = p.ops.data();
+    const auto n_ops = static_cast<std::uint32_t>(p.ops.size());
+    const Buffer* const buffers = p.buffers.data();
+    const std::vector<OthersEvent>& events = s.device.events;
+    const std::size_t n_events = events.size();
+    std::size_t next_event = 0;
+    Bytes others_at_poll = s.device.used_by_others;  // what other processes held at aimdo's last poll
+    std::uint64_t poll_seen = 0;
+    std::uint8_t* const stage_entered = entered.data();
+    Bytes* const stage_peak = r.stage_reserved_peak.data();
+    Bytes reserved_peak = r.reserved_peak, live_peak = r.live_peak, device_peak = r.device_peak;
+    std::uint32_t reserved_peak_op = r.reserved_peak_op;
+    DynamicRuntime* const dynamic = kDynamic ? &*dyn : nullptr;
+    const sim::Aimdo* const am = aimdo.get();
+    const bool record_trace = opt.record_trace;
+    bool oomed = false;
+    // Stages are contiguous runs of ops, so a stage is entered at most once: at the first judged
+    // op of a stage other than the last one entered.
+    std::uint32_t entered_stage = ~std::uint32_t{0};
+    // The trace's held column: at an allocation, what it could have taken of other streams' free
+    // memory (attribution's "other streams' frees" at a judged op); between allocations, the last
+    // allocation's figure, so the timeline's band is the view that decides each growth.
+    Bytes trace_held = 0;
+    Bytes live = 0;
+    auto store_peaks = [&] {
+      r.reserved_peak = reserved_peak;
+      r.reserved_peak_op = reserved_peak_op;
+      r.live_peak = live_peak;
+      r.device_peak = device_peak;
+    };
 
-  for (std::uint32_t i = 0; i < n_ops; ++i) {
-    const Op& op = ops[i];
-    const bool judged = !is_transition(op);
-    // Other processes take and give back memory at their time.
-    for (; next_event < n_events && events[next_event].at_us <= now_us; ++next_event) {
-      const OthersEvent& ev = events[next_event];
-      if (!ev.take) {
-        device.others_release(ev.bytes);
-        continue;
+    for (std::uint32_t i = 0; i < n_ops; ++i) {
+      const Op& op = ops[i];
+      const bool judged = !is_transition(op);
+      // Other processes take and give back memory at their time (a run with events is timed).
+      if constexpr (kTimed) {
+        for (; next_event < n_events && events[next_event].at_us <= now_us; ++next_event) {
+          const OthersEvent& ev = events[next_event];
+          if (!ev.take) {
+            device.others_release(ev.bytes);
+            continue;
+          }
+          const Bytes free_then = device.free();
+          if (!device.others_take(ev.bytes) && kDynamic) {
+            r.dynamic->others_failures.push_back(
+                others_failure(i, now_us, ev.bytes, free_then, *aimdo, device.spec().used_by_others != others_at_poll));
+          }
+        }
       }
-      const Bytes free_then = device.free();
-      if (!device.others_take(ev.bytes) && r.dynamic) {
-        r.dynamic->others_failures.push_back(
-            others_failure(i, now_us, ev.bytes, free_then, *aimdo, device.spec().used_by_others != others_at_poll));
+      if (judged && op.stage != entered_stage && !stage_entered[op.stage]) {
+        entered_stage = op.stage;
+        stage_entered[op.stage] = 1;
+        r.stage_entry_reserved[op.stage] = st.reserved.current;
       }
-    }
-    if (judged && op.stage != entered_stage && !stage_entered[op.stage]) {
-      entered_stage = op.stage;
-      stage_entered[op.stage] = 1;
-      r.stage_entry_reserved[op.stage] = st.reserved.current;
-    }
-    const bool runs = dynamic == nullptr || op.when == When::always || dynamic->runs(op);
-    Bytes moved = 0;
-    try {
-      switch (runs ? op.kind : OpKind::sync) {
-        case OpKind::alloc: {
-          const Bytes bytes = p.buffers[op.buffer].bytes;
-          if (!alloc->malloc(op.buffer, bytes, op.stream)) {
-            const sim::OomInfo info = alloc->last_oom().value_or(sim::OomInfo{});
-            // What the request met: the device and the pool before a failed growth's kept chunks.
-            r.oom = OomEvent{i, bytes, device.free() + info.retained, alloc->stats().reserved.current - info.retained,
-                             alloc->stats().allocated.current, info.detail, alloc->held_at_oom(op.stream, bytes)};
-            oomed = true;
-            if (dynamic != nullptr) account(op, "torch allocation", bytes);
-          } else {
-            live += bytes;
-            if (dynamic != nullptr) {
-              live_tensors.add(p.buffers[op.buffer]);
-              live_buffer[op.buffer] = 1;
+      const bool runs = !kDynamic || op.when == When::always || dynamic->runs(op);
+      Bytes moved = 0;
+      try {
+        switch (runs ? op.kind : OpKind::sync) {
+          case OpKind::alloc: {
+            const Bytes bytes = buffers[op.buffer].bytes;
+            if (!allocator->malloc(op.buffer, bytes, op.stream)) {
+              const sim::OomInfo info = allocator->last_oom().value_or(sim::OomInfo{});
+              // What the request met: the device and the pool before a failed growth's kept chunks.
+              r.oom = OomEvent{i, bytes, device.free() + info.retained, allocator->stats().reserved.current - info.retained,
+                               allocator->stats().allocated.current, info.detail, allocator->held_at_oom(op.stream, bytes)};
+              oomed = true;
+              if constexpr (kDynamic) account(op, "torch allocation", bytes);
+            } else {
+              live += bytes;
+              if constexpr (kDynamic) {
+                live_tensors.add(buffers[op.buffer]);
+                live_buffer[op.buffer] = 1;
+              }
             }
+            break;
           }
-          break;
+          case OpKind::free:
+            if (kDynamic && !live_buffer[op.buffer]) break;  // a conditional buffer that was never made
+            allocator->free(op.buffer);
+            live -= buffers[op.buffer].bytes;
+            if constexpr (kDynamic) {
+              live_tensors.remove(buffers[op.buffer]);
+              live_buffer[op.buffer] = 0;
+            }
+            break;
+          case OpKind::wait: allocator->stream_wait(op.stream, op.target); break;
+          case OpKind::sync:
+            if (runs) allocator->synchronize();
+            break;
+          case OpKind::empty_cache: allocator->empty_cache(); break;
+          case OpKind::flush_if_cached: {
+            const Bytes cached = sat_sub(st.reserved.current, st.active.current);
+            if (static_cast<double>(cached) > kCacheFlushShare * static_cast<double>(device.free() + cached)) {
+              allocator->empty_cache();
+            }
+            break;
+          }
+          case OpKind::vbar_prioritize:
+          case OpKind::vbar_fault:
+          case OpKind::vbar_unpin:
+          case OpKind::vbar_free:
+          case OpKind::node_end: {
+            if constexpr (kDynamic) {
+              const DynamicRuntime::Result res = dynamic->execute(op);
+              moved = res.moved;
+              if (!res.ok) {
+                r.oom = OomEvent{i, res.request, device.free(), allocator->stats().reserved.current, allocator->stats().allocated.current,
+                                 res.detail, allocator->held_at_oom(op.stream, res.request)};
+                oomed = true;
+                account(op, res.failure, res.request);
+              }
+            } else {
+              throw InfraError("a dynamic VRAM op in a classic program");
+            }
+            break;
+          }
+          case OpKind::h2d:
+          case OpKind::upcast:
+          case OpKind::dequant:
+          case OpKind::compute: break;  // no memory effect on the model of the device
         }
-        case OpKind::free:
-          if (dynamic != nullptr && !live_buffer[op.buffer]) break;  // a conditional buffer that was never made
-          alloc->free(op.buffer);
-          live -= p.buffers[op.buffer].bytes;
-          if (dynamic != nullptr) {
-            live_tensors.remove(p.buffers[op.buffer]);
-            live_buffer[op.buffer] = 0;
-          }
-          break;
-        case OpKind::wait: alloc->stream_wait(op.stream, op.target); break;
-        case OpKind::sync:
-          if (runs) alloc->synchronize();
-          break;
-        case OpKind::empty_cache: alloc->empty_cache(); break;
-        case OpKind::flush_if_cached: {
-          const Bytes cached = sat_sub(st.reserved.current, st.active.current);
-          if (static_cast<double>(cached) > kCacheFlushShare * static_cast<double>(device.free() + cached)) {
-            alloc->empty_cache();
-          }
-          break;
-        }
-        case OpKind::vbar_prioritize:
-        case OpKind::vbar_fault:
-        case OpKind::vbar_unpin:
-        case OpKind::vbar_free:
-        case OpKind::node_end: {
-          if (dynamic == nullptr) throw InfraError("a dynamic VRAM op in a classic program");
-          const DynamicRuntime::Result res = dynamic->execute(op);
-          moved = res.moved;
-          if (!res.ok) {
-            r.oom = OomEvent{i, res.request, device.free(), alloc->stats().reserved.current, alloc->stats().allocated.current,
-                             res.detail, alloc->held_at_oom(op.stream, res.request)};
-            oomed = true;
-            account(op, res.failure, res.request);
-          }
-          break;
-        }
-        case OpKind::h2d:
-        case OpKind::upcast:
-        case OpKind::dequant:
-        case OpKind::compute: break;  // no memory effect on the model of the device
+      } catch (const std::exception& e) {
+        r.error = fmt::format("op {}: {}", i, e.what());
+        r.ops_executed = i;
+        r.final_stats = allocator->stats();
+        store_peaks();
+        return true;
       }
-    } catch (const std::exception& e) {
-      r.error = fmt::format("op {}: {}", i, e.what());
-      r.ops_executed = i;
-      r.final_stats = alloc->stats();
-      store_peaks();
-      return r;
-    }
-    // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
-    // t column; a classic case without events that keeps no trace has no use for it.
-    if (runs && timed && op_takes_time(op.kind)) now_us += op_duration_us(s, p, op, moved);
-    if (am != nullptr && am->stats().polls != poll_seen) {
-      poll_seen = am->stats().polls;
-      others_at_poll = device.spec().used_by_others;
-    }
-    const Bytes reserved = st.reserved.current;
-    if (judged && (reserved > stage_peak[op.stage] || stage_peak[op.stage] == 0)) {
-      stage_peak[op.stage] = reserved;
-      r.stage_reserved_peak_op[op.stage] = i;
-      r.stage_allocated_at_peak[op.stage] = st.allocated.current;
-      r.stage_held_at_peak[op.stage] = alloc->held_for_other_streams(op.stream, runs ? op_request(p, op) : 0);
-    }
-    if (reserved > reserved_peak) {
-      reserved_peak = reserved;
-      reserved_peak_op = i;
-    }
-    if (live > live_peak) live_peak = live;
-    if (device.device_used() > device_peak) device_peak = device.device_used();
-    if (record_trace) {
-      TraceRow row{i, live, st.allocated.current, st.reserved.current, device.device_used()};
-      if (am != nullptr) {
-        row.vbar = am->vbar_resident();
-        row.cast = am->cast_bytes();
+      // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
+      // t column; a classic case without events that keeps no trace has no use for it.
+      if (kTimed && runs && op_takes_time(op.kind)) now_us += op_duration_us(s, p, op, moved);
+      if (kDynamic && am->stats().polls != poll_seen) {
+        poll_seen = am->stats().polls;
+        others_at_poll = device.spec().used_by_others;
       }
-      row.time_us = now_us;
-      if (runs && op.kind == OpKind::alloc) trace_held = alloc->held_for_other_streams(op.stream, op_request(p, op));
-      // A release since (empty_cache, a flush, a trim at sync) can leave less unallocated.
-      row.held = std::min(trace_held, sat_sub(st.reserved.current, st.allocated.current));
-      r.trace.push_back(row);
+      const Bytes reserved = st.reserved.current;
+      if (judged && (reserved > stage_peak[op.stage] || stage_peak[op.stage] == 0)) {
+        stage_peak[op.stage] = reserved;
+        r.stage_reserved_peak_op[op.stage] = i;
+        r.stage_allocated_at_peak[op.stage] = st.allocated.current;
+        r.stage_held_at_peak[op.stage] = allocator->held_for_other_streams(op.stream, runs ? op_request(p, op) : 0);
+      }
+      if (reserved > reserved_peak) {
+        reserved_peak = reserved;
+        reserved_peak_op = i;
+      }
+      if (live > live_peak) live_peak = live;
+      if (device.device_used() > device_peak) device_peak = device.device_used();
+      if (record_trace) {
+        TraceRow row{i, live, st.allocated.current, st.reserved.current, device.device_used()};
+        if constexpr (kDynamic) {
+          row.vbar = am->vbar_resident();
+          row.cast = am->cast_bytes();
+        }
+        row.time_us = now_us;
+        if (runs && op.kind == OpKind::alloc) trace_held = allocator->held_for_other_streams(op.stream, op_request(p, op));
+        // A release since (empty_cache, a flush, a trim at sync) can leave less unallocated.
+        row.held = std::min(trace_held, sat_sub(st.reserved.current, st.allocated.current));
+        r.trace.push_back(row);
+      }
+      if (oomed) {
+        r.ops_executed = i + 1;
+        break;
+      }
     }
-    if (oomed) {
-      r.ops_executed = i + 1;
-      break;
-    }
-  }
-  if (!r.oom) r.ops_executed = n_ops;
-  store_peaks();
+    store_peaks();
+    return false;
+  };
+  const bool failed = p.dynamic ? run_ops.template operator()<true, true>()
+                      : timed             ? run_ops.template operator()<false, true>()
+                                          : run_ops.template operator()<false, false>();
+  if (failed) return r;
+  if (!r.oom) r.ops_executed = static_cast<std::uint32_t>(p.ops.size());
   r.allocated_peak = alloc->stats().allocated.peak;
   r.final_stats = alloc->stats();
   if (r.dynamic) fill_dynamic_report(*r.dynamic, *aimdo, *dyn, now_us);
