@@ -148,5 +148,33 @@ TEST(Recycle, ATableDestroyedAfterTheThreadsSpareIsLeftToTheHeap) {
   EXPECT_FALSE(emptied);  // its storage stayed with it, freed by its own destructor
 }
 
+TEST(Recycle, CoverKeyFillsAReservedTableOnceAndGrowsAnUnreservedOneGeometrically) {
+  // Sized by reserve_keys: the first key fills the whole reservation, later keys fill nothing.
+  std::vector<std::uint32_t> reserved;
+  reserved.reserve(1'000);
+  cover_key(reserved, 3, 0xffffffffu);
+  ASSERT_EQ(reserved.size(), 1'000u);
+  for (const std::uint32_t v : reserved) ASSERT_EQ(v, 0xffffffffu);
+  reserved[999] = 7;
+  cover_key(reserved, 999, 0xffffffffu);
+  EXPECT_EQ(reserved.size(), 1'000u);
+  EXPECT_EQ(reserved[999], 7u);  // a covered key is left as it is
+  // Past the reservation: at least key + 1, and what was there stays.
+  cover_key(reserved, 1'500, 0xffffffffu);
+  EXPECT_GE(reserved.size(), 1'501u);
+  EXPECT_EQ(reserved[999], 7u);
+  EXPECT_EQ(reserved[1'500], 0xffffffffu);
+  // Not reserved: keys one after another make O(log n) fills, not one per key.
+  std::vector<std::uint64_t> grown;
+  int fills = 0;
+  for (std::size_t key = 0; key < 100'000; ++key) {
+    const std::size_t before = grown.size();
+    cover_key(grown, key, std::uint64_t{0});
+    if (grown.size() != before) ++fills;
+    ASSERT_GT(grown.size(), key);
+  }
+  EXPECT_LE(fills, 20);
+}
+
 }  // namespace
 }  // namespace vf

@@ -15,6 +15,7 @@
 // kRecycleMin elements are left to the heap, which reuses their memory anyway.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <iterator>
 #include <vector>
@@ -69,6 +70,18 @@ void recycle_reserve(std::vector<T>& v, std::size_t want) {
     *spare = std::vector<T>();  // too small for this table: do not hold it beside a new one
   }
   v.reserve(want);
+}
+
+// Makes `v[key]` an element of a per-key table whose new entries are `fill` (not live), growing
+// it to all of its capacity at once (doubled first when that does not cover `key`). A program's
+// keys are its buffers, each first seen one after another, so growing to key + 1 filled one entry
+// per malloc, a memset call each; a table sized by reserve_keys now fills once, and one that was
+// not fills once per doubling.
+template <class T>
+void cover_key(std::vector<T>& v, std::size_t key, const T& fill = T{}) {
+  if (key < v.size()) return;
+  if (key >= v.capacity()) v.reserve(std::max(key + 1, 2 * v.capacity()));
+  v.resize(v.capacity(), fill);
 }
 
 }  // namespace vf

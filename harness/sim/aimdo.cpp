@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "harness/core/error.h"
+#include "harness/core/recycle.h"
 #include "harness/sim/alloc_options.h"
 #include "harness/sim/allocator.h"
 #include "harness/sim/async_pool.h"
@@ -500,7 +501,7 @@ class Hooked final : public Allocator {
     auto real = [&] { return inner_->malloc(key, size, stream); };
     const bool ok = hook_ == Hook::cuda_malloc ? aimdo_.hook_cuda_malloc(size, real) : aimdo_.hook_malloc_async(size, real);
     if (ok) {
-      if (key >= sizes_.size()) sizes_.resize(static_cast<std::size_t>(key) + 1, 0);
+      cover_key(sizes_, key, Bytes{0});
       sizes_[key] = size;
     }
     return ok;

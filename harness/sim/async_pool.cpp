@@ -143,11 +143,12 @@ std::uint32_t AsyncPoolAllocator::place(std::uint32_t n) {
   return lo;
 }
 
-void AsyncPoolAllocator::ensure_stream(StreamId s) {
+// A stream's first use. Only this grows ticks_, and never past kMaxAsyncStreams entries, so an id
+// that passes ensure_stream's inline compare is in range.
+void AsyncPoolAllocator::add_stream(StreamId s) {
   if (s >= kMaxAsyncStreams) {
     throw InfraError(fmt::format("async pool: stream id {} is out of range (0..{})", s, kMaxAsyncStreams - 1));
   }
-  if (s < ticks_.size()) return;
   const std::size_t n = static_cast<std::size_t>(s) + 1;
   ticks_.resize(n, 0);
   for (auto& row : seen_) row.resize(n, 0);
@@ -254,7 +255,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (key < keys_.size() && keys_[key].live) {
     throw InfraError(fmt::format("async pool: block {} allocated twice", key));
   }
-  if (key >= keys_.size()) keys_.resize(static_cast<std::size_t>(key) + 1);
+  cover_key(keys_, key);
   ensure_stream(stream);
   last_placed_size_ = 0;  // held_for_other_streams bridges only the block this malloc places
   // A retry right after a failed request (aimdo's hook evicts and calls again within one op)

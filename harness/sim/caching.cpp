@@ -109,18 +109,6 @@ CachingAllocator::Index CachingAllocator::new_segment_slot() {
   return static_cast<Index>(segments_.size() - 1);
 }
 
-void CachingAllocator::insert_free(Index bi, FreeIndex::Cursor replacing) {
-  Block& b = blocks_[bi];
-  Pool& pool = pool_of(b);
-  if (replacing.valid) {
-    pool.blocks.replace_at(replacing, b.size, b.addr, bi);
-  } else {
-    pool.blocks.insert(b.stream, b.size, b.addr, bi);
-  }
-  b.state = State::free;
-  b.gc_base = pool.lookups;
-}
-
 void CachingAllocator::erase_free(Index bi) {
   const Block& b = blocks_[bi];
   pool_of(b).blocks.erase(b.stream, b.size, b.addr);
@@ -146,7 +134,7 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (key < keys_.size() && keys_[key] != kNone) {
     throw InfraError(fmt::format("caching allocator: block {} allocated twice", key));
   }
-  if (key >= keys_.size()) keys_.resize(static_cast<std::size_t>(key) + 1, kNone);
+  cover_key(keys_, key, kNone);
 
   // An empty tensor has no storage: PyTorch's allocate() never calls the allocator for it.
   if (size == 0) {

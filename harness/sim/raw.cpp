@@ -18,7 +18,7 @@ void RawAllocator::sync_reserved() {
 }
 
 bool RawAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
-  if (key >= blocks_.size()) blocks_.resize(static_cast<size_t>(key) + 1);
+  cover_key(blocks_, key);
   if (blocks_[key].live) throw InfraError(fmt::format("raw allocator: block {} allocated twice", key));
   if (stream > 0xffff) throw InfraError(fmt::format("raw allocator: stream {} out of range", stream));
   const auto a = device_.cuda_malloc(size);
