@@ -158,7 +158,11 @@ class AsyncPoolAllocator final : public Allocator {
   void unindex(std::uint32_t n);
   void resize(std::uint32_t n, DeviceAddr start, Bytes size);
   std::uint32_t place(std::uint32_t n);
-  void ensure_stream(StreamId s);
+  // A stream seen before is in range and has its tables: the common case is one compare, inline.
+  void ensure_stream(StreamId s) {
+    if (s >= ticks_.size()) add_stream(s);
+  }
+  void add_stream(StreamId s);
   void order_after(StreamId waiter, StreamId target);
   bool coin();
   void record_oom(Bytes size, Bytes rounded, StreamId stream, bool fraction);
