@@ -374,21 +374,16 @@ bool Aimdo::hook_cuda_malloc(Bytes size, CallableRef<bool()> real) {
   return true;
 }
 
-bool Aimdo::hook_malloc_async(Bytes size, CallableRef<bool()> real) {
-  ++stats_.hook_calls;
-  const std::uint64_t every = std::uint64_t{k_.async_check_ms} * 1000;
-  if (every == 0 || !async_checked_ || now_us_ - last_async_check_us_ >= every) {
-    async_checked_ = true;
-    last_async_check_us_ = now_us_;
-    vbars_free(budget_deficit(size));
-  }
-  if (!real()) {
-    ++stats_.hook_retries;
-    vbars_free(static_cast<std::int64_t>(size));
-    if (!real()) return false;
-  }
-  book(aimdo_accounted(size, k_.ledger_pages));
-  return true;
+void Aimdo::async_check(Bytes size) {
+  async_checked_ = true;
+  last_async_check_us_ = now_us_;
+  vbars_free(budget_deficit(size));
+}
+
+bool Aimdo::evict_and_retry(Bytes size, CallableRef<bool()> real) {
+  ++stats_.hook_retries;
+  vbars_free(static_cast<std::int64_t>(size));
+  return real();
 }
 
 void Aimdo::hook_free(Bytes size) { unbook(aimdo_accounted(size, k_.ledger_pages)); }
