@@ -37,7 +37,7 @@ AsyncPoolAllocator::AsyncPoolAllocator(SimDevice& device, const AsyncOptions& op
 // ---- Range bookkeeping -----------------------------------------------------------------------
 
 // A new range, linked after `after` (kNil: at the arena's start) and not yet indexed.
-std::uint32_t AsyncPoolAllocator::link_new(const Node& proto, std::uint32_t after) {
+inline std::uint32_t AsyncPoolAllocator::link_new(const Node& proto, std::uint32_t after) {
   std::uint32_t n = 0;
   if (!spare_nodes_.empty()) {
     n = spare_nodes_.back();
@@ -61,7 +61,7 @@ std::uint32_t AsyncPoolAllocator::link_new(const Node& proto, std::uint32_t afte
 }
 
 // Takes an indexed range out of its index and the list.
-void AsyncPoolAllocator::unlink(std::uint32_t n) {
+inline void AsyncPoolAllocator::unlink(std::uint32_t n) {
   unindex(n);
   const Node& r = nodes_[n];
   if (r.prev != kNil) {
@@ -73,7 +73,7 @@ void AsyncPoolAllocator::unlink(std::uint32_t n) {
   spare_nodes_.push_back(n);
 }
 
-void AsyncPoolAllocator::index(std::uint32_t n) {
+inline void AsyncPoolAllocator::index(std::uint32_t n) {
   const Node& r = nodes_[n];
   if (r.kind == Kind::free) {
     sizes_.insert(r.owner, r.size, r.start, n);
@@ -82,7 +82,7 @@ void AsyncPoolAllocator::index(std::uint32_t n) {
   }
 }
 
-void AsyncPoolAllocator::unindex(std::uint32_t n) {
+inline void AsyncPoolAllocator::unindex(std::uint32_t n) {
   const Node& r = nodes_[n];
   if (r.kind == Kind::free) {
     sizes_.erase(r.owner, r.size, r.start);
@@ -92,7 +92,7 @@ void AsyncPoolAllocator::unindex(std::uint32_t n) {
 }
 
 // Gives an indexed range new bounds, in its index too.
-void AsyncPoolAllocator::resize(std::uint32_t n, DeviceAddr start, Bytes size) {
+inline void AsyncPoolAllocator::resize(std::uint32_t n, DeviceAddr start, Bytes size) {
   Node& r = nodes_[n];
   if (r.kind == Kind::free) {
     sizes_.replace(r.owner, r.size, r.start, size, start);
@@ -109,7 +109,7 @@ void AsyncPoolAllocator::resize(std::uint32_t n, DeviceAddr start, Bytes size) {
 // choice: free memory of different owners stays apart (each keeps its own reuse rule); merged
 // frees of one owner keep the later free tick and are opportunistic only if all were. Returns the
 // range that holds n's bytes now.
-std::uint32_t AsyncPoolAllocator::place(std::uint32_t n) {
+inline std::uint32_t AsyncPoolAllocator::place(std::uint32_t n) {
   auto one_class = [](const Node& a, const Node& b) {
     return a.kind == b.kind && (a.kind == Kind::unmapped || a.owner == b.owner);
   };
@@ -313,7 +313,7 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   return true;
 }
 
-bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const {
+inline bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const {
   bool found = false;
   Bytes best_size = 0;
   DeviceAddr best_addr = 0;
@@ -492,7 +492,7 @@ void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, std::uin
 // free ranges starts (every placement is at one), and the rest of the last range stays free with
 // its owner. `fit`, when valid, is n's entry in the free index (n holds the block alone). Returns
 // the tensor's range.
-std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit) {
+inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit) {
   const std::uint32_t below = nodes_[n].prev;
   Node tensor;
   tensor.start = nodes_[n].start;

@@ -146,18 +146,19 @@ class AsyncPoolAllocator final : public Allocator {
   };
 
   bool usable(const Node& r, StreamId stream) const;
-  bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const;
+  [[gnu::always_inline]] inline bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const;
   template <class Pred>
   bool best_run(Pred usable_range, Bytes size, std::uint32_t& at) const;
   bool grow(StreamId stream, Bytes size, std::uint32_t& at);
   void take_with_internal_dependency(StreamId stream, std::uint32_t at, Bytes size);
-  std::uint32_t carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit);
-  std::uint32_t link_new(const Node& proto, std::uint32_t after);
-  void unlink(std::uint32_t n);
-  void index(std::uint32_t n);
-  void unindex(std::uint32_t n);
-  void resize(std::uint32_t n, DeviceAddr start, Bytes size);
-  std::uint32_t place(std::uint32_t n);
+  [[gnu::always_inline]] inline std::uint32_t carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit);
+  // The range list's and indexes' primitives, inlined into malloc, carve, place and free.
+  [[gnu::always_inline]] inline std::uint32_t link_new(const Node& proto, std::uint32_t after);
+  [[gnu::always_inline]] inline void unlink(std::uint32_t n);
+  [[gnu::always_inline]] inline void index(std::uint32_t n);
+  [[gnu::always_inline]] inline void unindex(std::uint32_t n);
+  [[gnu::always_inline]] inline void resize(std::uint32_t n, DeviceAddr start, Bytes size);
+  [[gnu::always_inline]] inline std::uint32_t place(std::uint32_t n);
   // A stream seen before is in range and has its tables: the common case is one compare, inline.
   void ensure_stream(StreamId s) {
     if (s >= ticks_.size()) add_stream(s);
