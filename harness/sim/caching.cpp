@@ -314,7 +314,7 @@ void CachingAllocator::free(BlockKey key) {
 }
 
 // Returns a block to its pool's cache, merged with free neighbours of the same segment.
-void CachingAllocator::free_block(Index bi) {
+inline void CachingAllocator::free_block(Index bi) {
   const Bytes original = blocks_[bi].size;
   const Bytes requested = blocks_[bi].requested;
   Bytes subsumed = 0;

@@ -206,7 +206,7 @@ class CachingAllocator final : public Allocator {
   // `cached` (valid): `found` is still in its pool's free index there; else it is in no index (a
   // new segment's block).
   Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key, FreeIndex::Cursor cached);
-  void free_block(Index b);
+  [[gnu::always_inline]] inline void free_block(Index b);  // in free and in event processing
   void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
   Bytes absorb(Index dst, Index src);  // the splice both merges share
