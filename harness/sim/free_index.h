@@ -68,7 +68,7 @@ class FreeIndex {
     std::uint32_t valid = 0;
   };
 
-  void insert(StreamId stream, Bytes size, DeviceAddr addr, std::uint32_t block) {
+  [[gnu::always_inline]] void insert(StreamId stream, Bytes size, DeviceAddr addr, std::uint32_t block) {
     Lane& lane = lane_for(stream);
     const std::uint32_t b = bin_of(size);
     put(lane.bins[b], Entry{size, addr, block});
@@ -83,7 +83,7 @@ class FreeIndex {
   void erase(StreamId stream, Bytes size, DeviceAddr addr) { erase_at(find(stream, size, addr)); }
 
   // Erases the entry a cursor points at (no search).
-  void erase_at(Cursor c) {
+  [[gnu::always_inline]] void erase_at(Cursor c) {
     Lane& lane = lanes_[c.lane];
     Bin& bin = lane.bins[c.bin];
     const Bytes size = bin.chunk(c.chunk)[c.pos].size;
@@ -107,7 +107,7 @@ class FreeIndex {
 
   // The same, and the entry now names `block` (a merge whose survivor is not the block that
   // held the entry).
-  void replace_at(Cursor c, Bytes size, DeviceAddr addr, std::uint32_t block) {
+  [[gnu::always_inline]] void replace_at(Cursor c, Bytes size, DeviceAddr addr, std::uint32_t block) {
     Lane& lane = lanes_[c.lane];
     Bin& old_bin = lane.bins[c.bin];
     std::vector<Entry>& chunk = old_bin.chunk(c.chunk);
@@ -138,7 +138,7 @@ class FreeIndex {
   }
 
   // The entry (stream, size, addr), which must be present.
-  Cursor find(StreamId stream, Bytes size, DeviceAddr addr) const {
+  [[gnu::always_inline]] Cursor find(StreamId stream, Bytes size, DeviceAddr addr) const {
     const std::uint32_t l = find_lane(stream);
     const std::uint32_t b = bin_of(size);
     const Bin& bin = lanes_[l].bins[b];
@@ -149,7 +149,7 @@ class FreeIndex {
   }
 
   // The smallest entry of `stream` with size >= `size` (lowest address among equals).
-  Cursor lower_bound(StreamId stream, Bytes size) const {
+  [[gnu::always_inline]] Cursor lower_bound(StreamId stream, Bytes size) const {
     const std::uint32_t l = find_lane(stream);
     if (l == kNoLane) return {};
     const Lane& lane = lanes_[l];
