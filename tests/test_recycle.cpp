@@ -148,22 +148,38 @@ TEST(Recycle, ATableDestroyedAfterTheThreadsSpareIsLeftToTheHeap) {
   EXPECT_FALSE(emptied);  // its storage stayed with it, freed by its own destructor
 }
 
-TEST(Recycle, CoverKeyFillsAReservedTableOnceAndGrowsAnUnreservedOneGeometrically) {
-  // Sized by reserve_keys: the first key fills the whole reservation, later keys fill nothing.
+TEST(Recycle, CoverKeyDoublesATableWithinItsReservationAndPastItGeometrically) {
+  // Within the reservation: from 64 entries, doubling, never reallocated, new entries are `fill`.
   std::vector<std::uint32_t> reserved;
   reserved.reserve(1'000);
+  const std::uint32_t* storage = reserved.data();
   cover_key(reserved, 3, 0xffffffffu);
-  ASSERT_EQ(reserved.size(), 1'000u);
+  ASSERT_EQ(reserved.size(), 64u);
   for (const std::uint32_t v : reserved) ASSERT_EQ(v, 0xffffffffu);
-  reserved[999] = 7;
-  cover_key(reserved, 999, 0xffffffffu);
-  EXPECT_EQ(reserved.size(), 1'000u);
-  EXPECT_EQ(reserved[999], 7u);  // a covered key is left as it is
+  reserved[63] = 7;
+  cover_key(reserved, 63, 0xffffffffu);
+  EXPECT_EQ(reserved.size(), 64u);
+  EXPECT_EQ(reserved[63], 7u);  // a covered key is left as it is
+  cover_key(reserved, 64, 0xffffffffu);
+  EXPECT_EQ(reserved.size(), 128u);
+  cover_key(reserved, 700, 0xffffffffu);
+  EXPECT_EQ(reserved.size(), 701u);  // past the doubling: up to the key
+  cover_key(reserved, 701, 0xffffffffu);
+  EXPECT_EQ(reserved.size(), 1'000u);  // the doubling stops at the reservation
+  EXPECT_EQ(reserved.data(), storage);
+  EXPECT_EQ(reserved[63], 7u);
   // Past the reservation: at least key + 1, and what was there stays.
   cover_key(reserved, 1'500, 0xffffffffu);
   EXPECT_GE(reserved.size(), 1'501u);
-  EXPECT_EQ(reserved[999], 7u);
+  EXPECT_EQ(reserved[63], 7u);
   EXPECT_EQ(reserved[1'500], 0xffffffffu);
+
+  // A recycled table's capacity can be a far larger case's: a small case fills what it uses.
+  std::vector<std::uint64_t> large;
+  large.reserve(1'000'000);
+  for (std::size_t key = 0; key < 3'000; ++key) cover_key(large, key, std::uint64_t{0});
+  EXPECT_LE(large.size(), 6'000u);
+
   // Not reserved: keys one after another make O(log n) fills, not one per key.
   std::vector<std::uint64_t> grown;
   int fills = 0;
@@ -173,7 +189,7 @@ TEST(Recycle, CoverKeyFillsAReservedTableOnceAndGrowsAnUnreservedOneGeometricall
     if (grown.size() != before) ++fills;
     ASSERT_GT(grown.size(), key);
   }
-  EXPECT_LE(fills, 20);
+  EXPECT_LE(fills, 12);
 }
 
 }  // namespace

@@ -72,16 +72,25 @@ void recycle_reserve(std::vector<T>& v, std::size_t want) {
   v.reserve(want);
 }
 
-// Makes `v[key]` an element of a per-key table whose new entries are `fill` (not live), growing
-// it to all of its capacity at once (doubled first when that does not cover `key`). A program's
-// keys are its buffers, each first seen one after another, so growing to key + 1 filled one entry
-// per malloc, a memset call each; a table sized by reserve_keys now fills once, and one that was
-// not fills once per doubling.
+namespace detail {
+template <class T>
+[[gnu::noinline]] void grow_to_cover(std::vector<T>& v, std::size_t key, const T& fill) {
+  std::size_t target = std::max(key + 1, std::max<std::size_t>(2 * v.size(), 64));
+  if (key < v.capacity()) target = std::min(target, v.capacity());  // the key is in the reservation
+  v.resize(target, fill);
+}
+}  // namespace detail
+
+// Makes `v[key]` an element of a per-key table whose new entries are `fill` (not live). A
+// program's keys are its buffers, each first seen one after another, so growing to key + 1 filled
+// one entry per malloc, a memset call each. The size now doubles (from 64, at least to key + 1)
+// within the capacity that reserve_keys gave: a few fills a case, none past twice the largest key
+// (a recycled table's capacity can be a far larger case's), and no reallocation inside the
+// reservation.
+// The check is inline (every malloc makes it), the growth out of line.
 template <class T>
 void cover_key(std::vector<T>& v, std::size_t key, const T& fill = T{}) {
-  if (key < v.size()) return;
-  if (key >= v.capacity()) v.reserve(std::max(key + 1, 2 * v.capacity()));
-  v.resize(v.capacity(), fill);
+  if (key >= v.size()) detail::grow_to_cover(v, key, fill);
 }
 
 }  // namespace vf
