@@ -4,11 +4,14 @@
 // new one in its place: one malloc+free pair.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "harness/core/splitmix.h"
 #include "harness/sim/allocator.h"
+#include "harness/sim/device.h"
 
 namespace vf::sim::bench {
 
@@ -47,5 +50,35 @@ inline std::vector<Step> make_steps(unsigned streams) {
   }
   return steps;
 }
+
+// One allocator model replaying the mix on an 80 GiB device: each pair() frees the step's live
+// block, if any, and allocates its replacement; false when that malloc failed.
+class PairReplay {
+ public:
+  PairReplay(AllocatorConfig cfg, unsigned streams)
+      : steps_(make_steps(streams)), device_(spec()), alloc_(make_allocator(cfg, device_, 1)) {}
+
+  bool pair() {
+    const Step& s = steps_[i_];
+    if (++i_ == steps_.size()) i_ = 0;
+    if (live_[s.slot]) alloc_->free(s.slot);
+    live_[s.slot] = alloc_->malloc(s.slot, s.size, s.stream);
+    return live_[s.slot];
+  }
+  const Allocator& allocator() const { return *alloc_; }
+
+ private:
+  static DeviceSpec spec() {
+    DeviceSpec d;
+    d.total = 80 * GiB;
+    return d;
+  }
+
+  std::vector<Step> steps_;
+  SimDevice device_;
+  std::unique_ptr<Allocator> alloc_;
+  std::array<bool, kLive> live_{};
+  std::size_t i_ = 0;
+};
 
 }  // namespace vf::sim::bench

@@ -6,7 +6,6 @@
 //   valgrind --tool=callgrind --callgrind-out-file=/dev/null build/bench/vf_alloc_pairs caching 500000
 //
 // MODE: raw, caching, caching-expandable or async. Exit 2 on a bad argument.
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +14,6 @@
 
 #include "bench/alloc_mix.h"
 #include "harness/sim/allocator.h"
-#include "harness/sim/device.h"
 
 int main(int argc, char** argv) {
   using namespace vf;
@@ -40,22 +38,10 @@ int main(int argc, char** argv) {
     streams = std::strtoll(argv[3], &end, 10);
     if (*end != '\0' || streams < 1 || streams > 64) return usage();
   }
-  const auto steps = bench::make_steps(static_cast<unsigned>(streams));
-  DeviceSpec spec;
-  spec.total = 80 * GiB;
-  SimDevice device(spec);
-  const auto alloc = make_allocator(cfg, device, 1);
-  std::array<bool, bench::kLive> live{};
-  std::size_t i = 0;
+  bench::PairReplay replay(cfg, static_cast<unsigned>(streams));
   long long ooms = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (long long k = 0; k < pairs; ++k) {
-    const bench::Step& s = steps[i];
-    if (++i == steps.size()) i = 0;
-    if (live[s.slot]) alloc->free(s.slot);
-    live[s.slot] = alloc->malloc(s.slot, s.size, s.stream);
-    ooms += live[s.slot] ? 0 : 1;
-  }
+  for (long long k = 0; k < pairs; ++k) ooms += replay.pair() ? 0 : 1;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: %lld pairs, %.2f M pairs/s, %lld OOMs\n", argv[1], pairs, static_cast<double>(pairs) / secs / 1e6, ooms);
   return 0;

@@ -27,29 +27,19 @@ using bench::Step;
 
 void run(benchmark::State& state, AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options,
          unsigned streams) {
-  const std::vector<Step> steps = make_steps(streams);
-  DeviceSpec spec;
-  spec.total = 80 * GiB;
-  SimDevice device(spec);
   AllocatorConfig cfg;
   cfg.mode = mode;
   cfg.options = std::move(options);
-  const auto alloc = make_allocator(cfg, device, 1);
-  std::array<bool, kLive> live{};
-  std::size_t i = 0;
+  bench::PairReplay replay(std::move(cfg), streams);
   std::int64_t pairs = 0;
   std::int64_t ooms = 0;
   for (auto _ : state) {
-    const Step& s = steps[i];
-    if (++i == steps.size()) i = 0;
-    if (live[s.slot]) alloc->free(s.slot);
-    live[s.slot] = alloc->malloc(s.slot, s.size, s.stream);
-    ooms += live[s.slot] ? 0 : 1;
+    ooms += replay.pair() ? 0 : 1;
     ++pairs;
   }
   state.SetItemsProcessed(pairs);
-  state.counters["reserved_MiB"] = to_mib(alloc->stats().reserved.current);
-  state.counters["peak_reserved_MiB"] = to_mib(alloc->stats().reserved.peak);
+  state.counters["reserved_MiB"] = to_mib(replay.allocator().stats().reserved.current);
+  state.counters["peak_reserved_MiB"] = to_mib(replay.allocator().stats().reserved.peak);
   state.counters["ooms"] = static_cast<double>(ooms);
 }
 
