@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include <algorithm>
-#include <cassert>
 #include <bit>
+#include <cassert>
 
 #include <fmt/format.h>
 
