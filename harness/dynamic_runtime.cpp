@@ -1,7 +1,6 @@
 #include "harness/dynamic_runtime.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include <fmt/format.h>
 
@@ -26,7 +25,7 @@ std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, 
     }
     default: return 0;  // no modelled time (most ops: allocations and frees)
   }
-  return us > 0 ? static_cast<std::uint64_t>(std::llround(us)) : 0;
+  return us > 0 ? round_us(us) : 0;
 }
 
 DynamicRuntime::DynamicRuntime(const Scenario& s, const Program& p, sim::Aimdo& aimdo, TorchView& torch)

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -12,6 +13,8 @@
 #include "harness/campaign.h"
 #include "harness/core/error.h"
 #include "harness/core/json_in.h"
+#include "harness/core/splitmix.h"
+#include "harness/dynamic_runtime.h"
 #include "harness/shrink.h"
 #include "harness/exec.h"
 #include "harness/lower.h"
@@ -45,6 +48,26 @@ std::uint32_t index_of(const ModelSpec& m, std::string_view name) {
 // unloaded the legacy CLIP to make room (as a classic load reports it, and as the real planner's
 // state reads through the ComfyUI adapter): 24047.19 MiB available (24 GiB less the default
 // context, 528.81 MiB) less CLIP-L's 234.72 MiB.
+TEST(DynamicTime, RoundUsIsLlroundForEveryPositiveDuration) {
+  // The halves and their neighbours, where a rounding by adding 0.5 goes wrong.
+  const double edges[] = {1e-300, 0.25, std::nextafter(0.5, 0.0), 0.5, std::nextafter(0.5, 1.0), 1.5, 2.5,
+                          std::nextafter(2.5, 0.0), 123456.5, 0x1p52 - 0.5, std::nextafter(0x1p52, 0.0), 0x1p52,
+                          0x1p52 + 1.0, 0x1p60};
+  for (const double us : edges) EXPECT_EQ(round_us(us), static_cast<std::uint64_t>(std::llround(us))) << us;
+  EXPECT_EQ(round_us(0.5), 1u);
+  EXPECT_EQ(round_us(std::nextafter(0.5, 0.0)), 0u);
+  EXPECT_EQ(round_us(2.5), 3u);
+  // Durations as op_duration_us makes them: a byte count or a flop count over a rate.
+  SplitMix64 rng{7};
+  for (int k = 0; k < 200000; ++k) {
+    const double num = static_cast<double>(rng.below(std::uint64_t{1} << (1 + k % 50)));
+    const double rate = 1.0 + static_cast<double>(rng.below(1000000)) / 997.0;
+    const double us = num / rate;
+    if (us == 0) continue;
+    ASSERT_EQ(round_us(us), static_cast<std::uint64_t>(std::llround(us))) << num << " / " << rate;
+  }
+}
+
 TEST(DynamicStaging, ALoadsFreeMemoryIsWhatItStartedFromBeforeItsEvictions) {
   Catalog catalog;
   const Scenario s = parse_scenario_json(
