@@ -1,11 +1,16 @@
 // Full scenarios on `sim`: predict -> lower -> execute -> judge, the per-case cost of a campaign.
 // Target (issue "core pipeline"): >= 1,000 flux2-dev scenarios per second on one core.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "harness/campaign.h"
+#include "harness/exec.h"
 #include "harness/scenario.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 namespace vf {
 namespace {
@@ -188,6 +193,45 @@ void BM_ReadScenario(benchmark::State& state) {
   state.counters["MiB_of_text"] = static_cast<double>(text.size()) / (1024.0 * 1024.0);
 }
 
+// The campaign of issue #15's target, `vramfuzz fuzz --backend sim --seed 1 --cases N --no-shrink
+// --out DIR`: policy and allocator drawn (argument -1) or the allocator fixed (0 raw, 1 caching,
+// 2 caching-expandable, 3 async: the rows side by side are the modes' relative costs), a knee
+// pair for every fourth passing case, and the finding files written (each first few of a
+// signature re-run with its trace, as the CLI does). Each iteration is the whole campaign from a
+// fresh catalog, as a run of the CLI is; only the output directory's removal is outside the clock.
+// Items are cases and rates divide by CPU time: items_per_second is cases per CPU-second.
+void BM_Campaign(benchmark::State& state) {
+  const auto cases = static_cast<std::uint64_t>(state.range(0));
+  const std::int64_t mode = state.range(1);
+  const auto level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::warn);  // each new finding's info line is the CLI's, not the bench's
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("vf-bench-campaign-{}", ::getpid());
+  SimBackend backend;
+  CampaignResult last;
+  for (auto _ : state) {
+    CampaignConfig cfg;
+    cfg.seed = 1;
+    cfg.cases = cases;
+    cfg.shrink = false;
+    cfg.out_dir = out.string();
+    if (mode >= 0) cfg.gen.allocator = static_cast<AllocatorMode>(mode);
+    Catalog catalog;
+    last = run_campaign(cfg, catalog, backend);
+    state.PauseTiming();
+    std::filesystem::remove_all(out);
+    state.ResumeTiming();
+  }
+  spdlog::set_level(level);
+  if (last.cases != cases || last.errors != 0) {
+    state.SkipWithError(fmt::format("the campaign ran {} of {} cases with {} errors", last.cases, cases, last.errors).c_str());
+    return;
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * cases));
+  state.counters["findings"] = static_cast<double>(last.findings);
+  state.counters["signatures"] = static_cast<double>(last.signatures.size());
+  state.counters["knee_pairs"] = static_cast<double>(last.knee_pairs);
+}
+
 // Allocator mode as the argument: 0 raw, 1 caching, 2 caching-expandable, 3 async.
 BENCHMARK(BM_Flux2Dev)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 // Dynamic VRAM runs raw, caching and async (no expandable segments under ComfyUI).
@@ -197,6 +241,12 @@ BENCHMARK(BM_Flux2Pipeline)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Flux2TextEncoderLoadForward)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ScaleModules)
     ->ArgsProduct({{10'000, 100'000, 1'000'000}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+// Cases per iteration, then the allocator (-1: drawn, the target's row).
+BENCHMARK(BM_Campaign)
+    ->ArgsProduct({{10'000}, {-1, 0, 1, 2, 3}})
+    ->ArgNames({"cases", "allocator"})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
 BENCHMARK(BM_ReadScenario)->Arg(10'000)->Arg(100'000)->Arg(1'000'000)->Unit(benchmark::kMillisecond)->MinTime(1.0);
