@@ -82,12 +82,16 @@ void DynamicLowering::load(const LoadPlan& lp) {
   for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
     if (!in_walk[i]) moved.push_back(i);
   }
+  // From the model's flat arrays (checked by forced_[m].init): in walk order the modules are
+  // scattered, and a Module and each of its Tensors were a cache miss apiece.
+  const std::uint32_t* const tensor_first = model.tensor_first.data();
+  const FlatTensor* const tensors = model.tensors_flat.data();
   for (const std::uint32_t i : moved) {
-    const Module& mod = model.modules[i];
     bool patched = false;
-    for (std::uint32_t t = 0; t < mod.tensors.size(); ++t) {
-      const Tensor& tensor = mod.tensors[t];
-      if (!st.forced_module[i] && staged_tensor(tensor)) continue;  // lives in the VBAR slice
+    const std::uint32_t first = tensor_first[i], count = tensor_first[i + 1] - first;
+    for (std::uint32_t t = 0; t < count; ++t) {
+      const FlatTensor& tensor = tensors[first + t];
+      if (!st.forced_module[i] && staged_role(tensor.role)) continue;  // lives in the VBAR slice
       const std::uint32_t b = out_.alloc(Phase::load, tensor.bytes, 0, BufferKind::weight, m, i, t);
       module_op(out_.push_op(), OpKind::h2d, Phase::load, b, m, i);
       forced_[m].of(i)[t] = b;

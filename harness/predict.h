@@ -121,8 +121,11 @@ Plan predict(const Scenario& s);
 
 // Whether a tensor is one ModelPatcherDynamic stages in a module's VBAR slice (its weight and
 // bias: weight, bias, norm and embedding roles); the others (fp8 scales, buffers) are moved to
-// the device as torch tensors.
-bool staged_tensor(const Tensor& t);
+// the device as torch tensors. By role, for the loops over ModelSpec::tensors_flat.
+constexpr bool staged_role(TensorRole role) {
+  return role == TensorRole::weight || role == TensorRole::bias || role == TensorRole::norm || role == TensorRole::embedding;
+}
+inline bool staged_tensor(const Tensor& t) { return staged_role(t.role); }
 
 // The offload cost ComfyUI sorts by (module_mem + the upcast/dequant or LoRA term, §2.4; the
 // term only for modules with the cast hook).
