@@ -44,10 +44,7 @@ std::uint32_t index_of(const ModelSpec& m, std::string_view name) {
   return static_cast<std::uint32_t>(&module_named(m, name) - m.modules.data());
 }
 
-// A dynamic load reports the free memory load_models_gpu started from, before free_memory
-// unloaded the legacy CLIP to make room (as a classic load reports it, and as the real planner's
-// state reads through the ComfyUI adapter): 24047.19 MiB available (24 GiB less the default
-// context, 528.81 MiB) less CLIP-L's 234.72 MiB.
+// Modelled durations round as llround does, inline (round_us).
 TEST(DynamicTime, RoundUsIsLlroundForEveryPositiveDuration) {
   // The halves and their neighbours, where a rounding by adding 0.5 goes wrong.
   const double edges[] = {1e-300, 0.25, std::nextafter(0.5, 0.0), 0.5, std::nextafter(0.5, 1.0), 1.5, 2.5,
@@ -68,6 +65,10 @@ TEST(DynamicTime, RoundUsIsLlroundForEveryPositiveDuration) {
   }
 }
 
+// A dynamic load reports the free memory load_models_gpu started from, before free_memory
+// unloaded the legacy CLIP to make room (as a classic load reports it, and as the real planner's
+// state reads through the ComfyUI adapter): 24047.19 MiB available (24 GiB less the default
+// context, 528.81 MiB) less CLIP-L's 234.72 MiB.
 TEST(DynamicStaging, ALoadsFreeMemoryIsWhatItStartedFromBeforeItsEvictions) {
   Catalog catalog;
   const Scenario s = parse_scenario_json(
