@@ -67,7 +67,8 @@ OpKind conversion_kind(Dtype storage) {
 
 class Lowerer final : public lowering::ProgramSink {
  public:
-  Lowerer(const Scenario& s, const Plan& plan) : s_(s), plan_(plan), ns_(s.streams()), dynamic_(s, *this) {
+  Lowerer(const Scenario& s, const Plan& plan, const LowerOptions& options)
+      : s_(s), plan_(plan), options_(options), ns_(s.streams()), dynamic_(s, *this) {
     weights_.resize(s.models.size());
     resident_.resize(s.models.size());
     lowvram_.resize(s.models.size());
@@ -188,6 +189,32 @@ class Lowerer final : public lowering::ProgramSink {
   void convert_module(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src,
                       std::vector<std::uint32_t>& temps) override {
     convert(m, i, src, temps, false);
+  }
+  bool repeat_passes() const override { return options_.repeat_passes; }
+  void repeat(std::uint32_t op_begin, std::uint32_t buffer_begin, std::uint32_t times) override {
+    std::vector<Op>& ops = prog_.ops;
+    std::vector<Buffer>& bufs = prog_.buffers;
+    const std::size_t op_end = ops.size(), buffer_end = bufs.size();
+    const std::size_t n_ops = op_end - op_begin, n_bufs = buffer_end - buffer_begin;
+    // Buffer ids are 32 bits, kNone excluded: a program that would need more is refused whole.
+    if (buffer_end + n_bufs * times >= kNone) throw InfraError("lowering: a program of more than 4 G buffers");
+    // Grown geometrically, like the per-pass lowering's push_backs (reserve alone sizes exactly).
+    const auto grow = [](auto& v, std::size_t need) {
+      if (need > v.capacity()) v.reserve(std::max(need, 2 * v.capacity()));
+    };
+    grow(ops, op_end + n_ops * times);
+    grow(bufs, buffer_end + n_bufs * times);
+    for (std::uint32_t c = 1; c <= times; ++c) {
+      const auto shift = static_cast<std::uint32_t>(c * n_bufs);
+      for (std::size_t k = op_begin; k < op_end; ++k) {
+        Op op = ops[k];
+        if (op.buffer != kNone && op.buffer >= buffer_begin) op.buffer += shift;
+        // A vbar_free's src is an index into the amounts, not a buffer (none is in a forward).
+        if (op.kind != OpKind::vbar_free && op.src != kNone && op.src >= buffer_begin) op.src += shift;
+        ops.push_back(op);
+      }
+      for (std::size_t k = buffer_begin; k < buffer_end; ++k) bufs.push_back(bufs[k]);  // within the reservation
+    }
   }
 
  private:
@@ -379,7 +406,12 @@ class Lowerer final : public lowering::ProgramSink {
     std::vector<std::vector<std::uint32_t>> transfers(std::size_t{ns_} + 2);
     const auto in_flight = [&transfers](std::size_t k) -> std::vector<std::uint32_t>& { return transfers[k % transfers.size()]; };
     std::vector<std::uint32_t> temps;
-    for (std::uint32_t pass = 0; pass < passes; ++pass) {
+    // Nothing below outlives a pass (the ring is empty again at its end): with repeat_passes the
+    // first is lowered and repeated (LowerOptions).
+    const auto op_begin = static_cast<std::uint32_t>(prog_.ops.size());
+    const auto buffer_begin = static_cast<std::uint32_t>(prog_.buffers.size());
+    const std::uint32_t lowered = options_.repeat_passes ? std::min<std::uint32_t>(passes, 1) : passes;
+    for (std::uint32_t pass = 0; pass < lowered; ++pass) {
       const std::uint32_t act = alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
       std::size_t issued = 0;  // offloaded modules whose transfer has been issued
       std::size_t k = 0;       // index of the next offloaded module in forward order
@@ -426,6 +458,7 @@ class Lowerer final : public lowering::ProgramSink {
       }
       free(Phase::forward, act);
     }
+    if (lowered < passes) repeat(op_begin, buffer_begin, passes - lowered);
   }
 
   void unload(std::uint32_t m) {
@@ -440,6 +473,7 @@ class Lowerer final : public lowering::ProgramSink {
 
   const Scenario& s_;
   const Plan& plan_;
+  LowerOptions options_;
   std::uint32_t ns_;
   std::uint16_t stage_ = 0;
   Program prog_;
@@ -456,7 +490,7 @@ Program::~Program() {
   recycle_keep(buffers);
 }
 
-Program lower(const Scenario& s, const Plan& plan) { return Lowerer(s, plan).run(); }
+Program lower(const Scenario& s, const Plan& plan, const LowerOptions& options) { return Lowerer(s, plan, options).run(); }
 
 LivePeaks live_peaks(const Program& p) {
   LivePeaks lp;

@@ -68,6 +68,7 @@ struct Buffer {
   std::uint16_t model = 0;
   std::uint32_t module = kNone;  // kNone for activations
   std::uint32_t tensor = kNone;
+  bool operator==(const Buffer&) const = default;
 };
 
 struct Op {
@@ -83,6 +84,7 @@ struct Op {
   std::uint16_t model = 0;
   When when = When::always;      // conditional ops (dynamic VRAM)
   std::uint8_t flags = 0;        // vbar_fault: kFaultGroupStart, kFaultSingle; vbar_free: kVbarFreeToTarget
+  bool operator==(const Op&) const = default;
 };
 
 // Where a dynamic model's modules live in its VBAR (ModelPatcherDynamic's staging).
@@ -120,7 +122,15 @@ struct Program {
 
 // Classic presets lower as below; dynamic presets lower the dynamic forward path (lower_dynamic.cpp,
 // docs/dynamic.md) and their legacy models as below.
-Program lower(const Scenario& s, const Plan& plan);
+struct LowerOptions {
+  // A forward's passes (sampling steps x cond batches) emit the same ops on buffers of their own:
+  // the first pass is lowered and copied for the others, its buffers renumbered, where nothing
+  // the lowering keeps between passes differs (dynamic VRAM's torch cast buffers rotate over the
+  // offload streams pass after pass). Off: every pass lowered on its own, the reference the
+  // copies are tested against (tests/test_lower.cpp). The program is the same either way.
+  bool repeat_passes = true;
+};
+Program lower(const Scenario& s, const Plan& plan, const LowerOptions& options = {});
 
 // Ops that hand memory over from the previous stage to this one (evictions, the cache flush):
 // what is reserved while they run is the previous stage's state, so a stage's measured peak is

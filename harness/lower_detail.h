@@ -49,6 +49,12 @@ class ProgramSink {
   // buffer); appends the buffers to free after the compute to `temps`.
   virtual void convert_module(std::uint32_t m, std::uint32_t i, std::span<const std::uint32_t> src,
                               std::vector<std::uint32_t>& temps) = 0;
+  // Whether a forward lowers its first pass only and repeats it (LowerOptions::repeat_passes).
+  virtual bool repeat_passes() const = 0;
+  // Appends `times` copies of the ops from `op_begin` and of the buffers from `buffer_begin` to
+  // the end, copy c's references to those buffers moved c x (their count) on: the ops from
+  // `op_begin` must reference no buffer made after them other than their own.
+  virtual void repeat(std::uint32_t op_begin, std::uint32_t buffer_begin, std::uint32_t times) = 0;
 };
 
 // One buffer id per tensor of a model, flat: the tensors of module i are the model's

@@ -164,7 +164,21 @@ void DynamicLowering::forward(const StagePlan& sp) {
   // Reused module after module and pass after pass (their capacity stays).
   std::vector<std::uint32_t> temps, lora_temps, src;
   std::vector<std::uint32_t> pinned;  // the prefetched block's staged modules, unpinned at the next pop
+  // What a pass leaves behind for the next is the torch cast buffers' rotation over the offload
+  // streams: where the first pass turned it by a whole number of rounds, the others emit what it
+  // did on buffers of their own, and are its copies (LowerOptions::repeat_passes).
+  const auto op_begin = static_cast<std::uint32_t>(out_.program().ops.size());
+  const auto buffer_begin = static_cast<std::uint32_t>(out_.program().buffers.size());
+  const std::uint32_t cast_k_before = torch_cast_k_;
   for (std::uint32_t pass = 0; pass < passes; ++pass) {
+    if (pass == 1 && out_.repeat_passes()) {
+      const std::uint32_t turned = torch_cast_k_ - cast_k_before;
+      if (!torch_cast || ns_ <= 1 || turned % ns_ == 0) {
+        out_.repeat(op_begin, buffer_begin, passes - 1);
+        torch_cast_k_ += turned * (passes - 1);
+        break;
+      }
+    }
     const std::uint32_t act = out_.alloc(Phase::forward, sp.activation_bytes, 0, BufferKind::activation, m, kNone, kNone);
     std::size_t g = 0;                  // the prefetch block of the module being run
     std::size_t faulted = ~std::size_t{0};  // the block last faulted

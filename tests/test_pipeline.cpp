@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "harness/campaign.h"
+#include "harness/choices.h"
+#include "harness/generate.h"
+#include "harness/lower.h"
 #include "harness/scenario.h"
 
 namespace vf {
@@ -190,6 +193,48 @@ TEST(Pipeline, SameScenarioSameTrace) {
     EXPECT_EQ(a.exec.trace[i].reserved, b.exec.trace[i].reserved);
     EXPECT_EQ(a.exec.trace[i].live, b.exec.trace[i].live);
   }
+}
+
+// LowerOptions::repeat_passes: a forward's first pass lowered and copied for the others is the
+// program every pass lowered on its own gives, op for op and buffer for buffer, over generated
+// cases of every preset kind: classic, dynamic with aimdo's cast buffers (sep2026) and without
+// (feb2026, whose torch cast buffers rotate over the offload streams and may not repeat), and a
+// drawn mix. The copies' buffers are renumbered; the resident weights they read are not.
+TEST(Lowering, RepeatedPassesAreThePassesLoweredOneByOne) {
+  Catalog catalog;
+  std::size_t repeated = 0, dynamic_repeated = 0, ops = 0;
+  const char* const policies[] = {"comfy:dec2025", "comfy:sep2026", "comfy:feb2026", ""};
+  for (const char* policy : policies) {
+    for (std::uint64_t seed = 1; seed <= 150; ++seed) {
+      PrngChoices c(splitmix64(seed) ^ 0x7265706561747321ull);
+      GenConfig cfg;
+      if (*policy) cfg.policy = policy;
+      const Scenario s = generate_scenario(c, cfg, catalog);
+      const Plan plan = predict(s);
+      const Program once = lower(s, plan);
+      LowerOptions each;
+      each.repeat_passes = false;
+      const Program reference = lower(s, plan, each);
+      ASSERT_EQ(once.ops.size(), reference.ops.size()) << policy << " seed " << seed;
+      ASSERT_EQ(once.buffers.size(), reference.buffers.size()) << policy << " seed " << seed;
+      for (std::size_t i = 0; i < once.ops.size(); ++i) ASSERT_TRUE(once.ops[i] == reference.ops[i]) << policy << " seed " << seed << " op " << i;
+      for (std::size_t i = 0; i < once.buffers.size(); ++i) {
+        ASSERT_TRUE(once.buffers[i] == reference.buffers[i]) << policy << " seed " << seed << " buffer " << i;
+      }
+      EXPECT_EQ(once.stage_begin, reference.stage_begin);
+      ops += once.ops.size();
+      for (std::size_t i = 0; i < s.stages.size(); ++i) {
+        const bool diffusion = s.models[s.stages[i].model].spec->kind == ModelKind::diffusion;
+        if (s.stages[i].op != StageOp::forward || plan.stages[i].passes * (diffusion ? s.workload.steps : 1) < 2) continue;
+        ++repeated;
+        if (plan.dynamic) ++dynamic_repeated;
+      }
+    }
+  }
+  // The cases exercise repetition, dynamic forwards included, on programs of real size.
+  EXPECT_GT(repeated, 200u);
+  EXPECT_GT(dynamic_repeated, 100u);
+  EXPECT_GT(ops, 500000u);
 }
 
 }  // namespace
