@@ -326,5 +326,55 @@ TEST(FreeIndex, AStreamNeverSeenHasNoEntriesWhateverItsId) {
   EXPECT_FALSE(index.lower_bound(7, 4097).valid);
 }
 
+// A destroyed index's lanes go to its thread's pool, emptied, and the next index takes them: it
+// starts with no entries on any stream, whatever the last one held (a split bin of 300 entries,
+// entries in many bins, three streams), and agrees with the ordered set from there.
+TEST(FreeIndex, AnIndexBuiltAfterAnotherStartsEmptyOnItsRecycledLanes) {
+  SplitMix64 rng{42};
+  for (int round = 0; round < 4; ++round) {
+    {
+      FreeIndex old;
+      for (std::uint64_t i = 0; i < 300; ++i) old.insert(0, 1 * MiB, 0x100000 * (i + 1), static_cast<std::uint32_t>(i));
+      for (std::uint64_t i = 0; i < 200; ++i) {
+        old.insert(static_cast<std::uint32_t>(1 + i % 2), 512 + rng.below(64 * MiB), 0x4000000000 + i * 0x1000, 1000);
+      }
+      ASSERT_EQ(old.size(), 500u);
+    }
+    FreeIndex fresh;
+    EXPECT_EQ(fresh.size(), 0u);
+    EXPECT_EQ(fresh.total_bytes(), 0u);
+    std::set<Key> ref;
+    for (const std::uint32_t s : {0u, 1u, 2u}) {
+      // A lane comes into being with a stream's first entry: an empty one from the pool.
+      fresh.insert(s, 4096, 0x10 + s, 7);
+      ref.insert(Key{s, 4096, 0x10 + s});
+      EXPECT_EQ(fresh.count(s), 1u) << s;
+      EXPECT_EQ(fresh.bytes(s), 4096u) << s;
+      EXPECT_FALSE(fresh.lower_bound(s, 4097).valid) << s;
+      EXPECT_EQ(fresh.at(fresh.last(s)).addr, 0x10 + s) << s;
+    }
+    std::size_t seen = 0;
+    fresh.for_each([&](const FreeIndex::Entry&) { ++seen; });
+    EXPECT_EQ(seen, 3u);
+    EXPECT_EQ(fresh.bytes_in(99, 0, ~Bytes{0}), 3u * 4096u);
+    for (std::uint64_t i = 0; i < 400; ++i) {
+      const std::uint32_t s = static_cast<std::uint32_t>(rng.below(3));
+      const Bytes size = 512 + rng.below(8 * MiB);
+      const std::uint64_t addr = 0x1000000 + i * 0x100;
+      fresh.insert(s, size, addr, static_cast<std::uint32_t>(i));
+      ref.insert(Key{s, size, addr});
+      const Bytes want = 512 + rng.below(8 * MiB);
+      const Key* fit = reference_fit(ref, s, want);
+      const FreeIndex::Cursor c = fresh.lower_bound(s, want);
+      ASSERT_EQ(c.valid, fit != nullptr) << i;
+      if (fit) {
+        EXPECT_EQ(fresh.at(c).size, std::get<1>(*fit)) << i;
+        EXPECT_EQ(fresh.at(c).addr, std::get<2>(*fit)) << i;
+      }
+    }
+    EXPECT_EQ(fresh.size(), ref.size());
+  }
+}
+
 }  // namespace
 }  // namespace vf::sim

@@ -39,6 +39,7 @@ class FreeIndex {
   };
 
   FreeIndex() = default;
+  ~FreeIndex() { recycle_lanes(); }
   FreeIndex(const FreeIndex&) = default;
   FreeIndex& operator=(const FreeIndex&) = default;
   // A moved-from index is empty: its lane table must not point into lanes it no longer has.
@@ -48,6 +49,7 @@ class FreeIndex {
   }
   FreeIndex& operator=(FreeIndex&& o) noexcept {
     if (this != &o) {
+      recycle_lanes();
       lanes_ = std::move(o.lanes_);
       direct_ = o.direct_;
       count_ = o.count_;
@@ -71,7 +73,7 @@ class FreeIndex {
   [[gnu::always_inline]] void insert(StreamId stream, Bytes size, DeviceAddr addr, std::uint32_t block) {
     Lane& lane = lane_for(stream);
     const std::uint32_t b = bin_of(size);
-    put(lane.bins[b], Entry{size, addr, block});
+    put(lane.bins[b], Entry{size, addr, block}, lane.held);
     mark(lane, b);
     lane.bytes += size;
     ++lane.count;
@@ -133,7 +135,7 @@ class FreeIndex {
     }
     take(old_bin, c.chunk, c.pos);
     if (old_bin.first.empty()) unmark(lane, c.bin);
-    put(lane.bins[b], e);
+    put(lane.bins[b], e, lane.held);
     mark(lane, b);
   }
 
@@ -306,10 +308,11 @@ class FreeIndex {
   // Inserts `e` in order, splitting a chunk that outgrows kChunk.
   // Most bins hold a handful of entries and have room for one more: shift from the back in one
   // pass, inline; the rest (a search, a grown vector, a split) out of line.
-  static void put(Bin& bin, const Entry& e) {
+  // `held` counts the entries of storage the lane's vectors have grown to (Lane::held).
+  static void put(Bin& bin, const Entry& e, std::size_t& held) {
     std::vector<Entry>& v = bin.first;
     if (bin.rest || v.size() >= kShort || v.size() == v.capacity()) {
-      put_general(bin, e);
+      put_general(bin, e, held);
       return;
     }
     shift_in(v, e);
@@ -324,15 +327,19 @@ class FreeIndex {
     p[i] = e;
   }
 
-  [[gnu::noinline]] static void put_general(Bin& bin, const Entry& e) {
+  [[gnu::noinline]] static void put_general(Bin& bin, const Entry& e, std::size_t& held) {
     if (!bin.rest && bin.first.size() < kShort) {  // short, but its vector must grow
+      const std::size_t had = bin.first.capacity();
       shift_in(bin.first, e);
+      held += bin.first.capacity() - had;
       return;
     }
     std::uint32_t k = bin.chunk_for(e);
     if (k == bin.chunks()) k = k == 0 ? 0 : k - 1;  // after every entry: the last chunk
     std::vector<Entry>& chunk = bin.chunk(k);
+    const std::size_t had = chunk.capacity();
     chunk.insert(std::lower_bound(chunk.begin(), chunk.end(), e, before), e);
+    held += chunk.capacity() - had;
     if (chunk.size() <= kChunk) {
       bin.refresh(k);
       return;
@@ -393,7 +400,63 @@ class FreeIndex {
     std::uint32_t words = 0;  // bit w: nonempty[w] != 0 (a search past a bin jumps to the next word)
     Bytes bytes = 0;
     std::size_t count = 0;
+    // Entries of storage its bins' vectors grew to (a split bin's chunks included, never taken
+    // back off): what a recycled lane would keep.
+    std::size_t held = 0;
   };
+
+  // Lanes outlive their index in a pool of the thread's, emptied, for the next index to take:
+  // an allocator model is built for every case, and a lane is 488 bins (16 KiB to zero) whose
+  // vectors grew entry by entry again in every case, then freed one by one with it. A lane is
+  // kept when its storage is small (kPoolHeld entries: a large model's lane goes back to the
+  // heap), up to kPoolLanes per thread: at most about 1.8 MiB held between cases.
+  static constexpr std::size_t kPoolLanes = 16;
+  static constexpr std::size_t kPoolHeld = 4096;
+  struct LanePool {
+    std::vector<Lane> lanes;
+    // Set when the thread's pool is destroyed: an index destroyed after it (held by a static,
+    // or by another thread-local destroyed later) frees its lanes instead.
+    static bool& gone() {
+      thread_local bool flag = false;
+      return flag;
+    }
+    ~LanePool() { gone() = true; }
+  };
+  static std::vector<Lane>* lane_pool() {
+    if (LanePool::gone()) return nullptr;
+    thread_local LanePool pool;
+    return &pool.lanes;
+  }
+  // Empties the lanes into the pool (those it keeps).
+  void recycle_lanes() noexcept {
+    if (lanes_.empty()) return;
+    std::vector<Lane>* pool = lane_pool();
+    if (!pool) return;
+    for (Lane& lane : lanes_) {
+      if (pool->size() >= kPoolLanes || lane.held > kPoolHeld) continue;
+      if (pool->capacity() == 0) {
+        try {
+          pool->reserve(kPoolLanes);
+        } catch (...) {
+          return;  // no room for the pool: the lanes go back to the heap
+        }
+      }
+      // Only a non-empty bin holds entries or chunks.
+      for (std::uint32_t w = 0; w < kWords; ++w) {
+        for (std::uint64_t bits = lane.nonempty[w]; bits != 0; bits &= bits - 1) {
+          Bin& bin = lane.bins[w * 64 + static_cast<std::uint32_t>(std::countr_zero(bits))];
+          bin.first.clear();
+          bin.rest.reset();
+        }
+      }
+      lane.stream = 0;
+      lane.nonempty = {};
+      lane.words = 0;
+      lane.bytes = 0;
+      lane.count = 0;
+      pool->push_back(std::move(lane));  // within the reservation: no throw
+    }
+  }
 
   static void mark(Lane& lane, std::uint32_t b) {
     lane.nonempty[b / 64] |= std::uint64_t{1} << (b % 64);
@@ -436,7 +499,13 @@ class FreeIndex {
     const std::uint32_t i = find_lane(stream);
     if (i != kNoLane) return lanes_[i];
     if (lanes_.size() > 0xffff) throw std::length_error("FreeIndex: more than 65,536 streams");
-    lanes_.emplace_back();
+    std::vector<Lane>* pool = lane_pool();
+    if (pool && !pool->empty()) {
+      lanes_.push_back(std::move(pool->back()));  // emptied by recycle_lanes
+      pool->pop_back();
+    } else {
+      lanes_.emplace_back();
+    }
     lanes_.back().stream = stream;
     const std::uint32_t d = direct_slot(stream);
     if (d != kNoLane) direct_[d] = static_cast<std::uint32_t>(lanes_.size());
