@@ -153,6 +153,20 @@ TEST(Catalog, TensorKeysAreUniqueAndModulesOwnTensors) {
   }
 }
 
+// The classic planner's partial unload walks a model's modules in the reverse of its load walk
+// (comfy_classic.cpp free_memory), which is the order ComfyUI sorts by only where (offload cost,
+// bytes, name) orders the modules totally: their names must be unique.
+TEST(Catalog, ModuleNamesAreUniqueInEveryModelAndStorage) {
+  for (const CatalogEntry& e : catalog_entries()) {
+    for (const StorageChoice storage : {StorageChoice{Dtype::bf16, true}, StorageChoice{Dtype::fp8_e4m3fn, true},
+                                        StorageChoice{Dtype::fp8_e4m3fn, false}, StorageChoice{Dtype::q4_k, true}}) {
+      const ModelSpec m = build_catalog_model(e.name, storage, "model");
+      std::set<std::string> names;
+      for (const Module& mod : m.modules) EXPECT_TRUE(names.insert(mod.name).second) << e.name << " duplicate " << mod.name;
+    }
+  }
+}
+
 TEST(Catalog, ForwardOrderStartsWithTheInputEmbeddingOrProjection) {
   EXPECT_EQ(build("flux1-dev").modules.front().name, "img_in");
   EXPECT_EQ(build("flux2-dev").modules.front().name, "img_in");

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "harness/campaign.h"
 #include "harness/core/error.h"
+#include "harness/generate.h"
 #include "harness/predictors/predictors.h"
 #include "harness/predictors/walk_memo.h"
 #include "harness/scenario.h"
@@ -600,6 +602,26 @@ TEST(PredictRaw, EvictionLeavesAContainerOnTheDeviceUnlessTheModelIsDetached) {
     EXPECT_EQ(p.stages[3].resident_total, 0u);
     EXPECT_EQ(check_program(lower(s, p)), "");
   }
+}
+
+// The models a campaign draws, synthetic ones included, have unique module names: the partial
+// unload's order is the load walk's reversed only then (comfy_classic.cpp free_memory; the
+// catalog's models: test_catalog.cpp).
+TEST(Predict, GeneratedModelsHaveUniqueModuleNames) {
+  Catalog catalog;
+  std::size_t synthetic = 0;
+  for (std::uint64_t seed = 1; seed <= 400; ++seed) {
+    PrngChoices c(seed * 0x9e3779b97f4a7c15ull);
+    GenConfig cfg;
+    const Scenario s = generate_scenario(c, cfg, catalog);
+    for (const ModelRef& ref : s.models) {
+      if (ref.spec->source.rfind("catalog:", 0) == 0) continue;
+      ++synthetic;
+      std::set<std::string> names;
+      for (const Module& mod : ref.spec->modules) EXPECT_TRUE(names.insert(mod.name).second) << "seed " << seed << " duplicate " << mod.name;
+    }
+  }
+  EXPECT_GT(synthetic, 40u);
 }
 
 }  // namespace

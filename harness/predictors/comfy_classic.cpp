@@ -178,6 +178,30 @@ class ComfyPlanner {
     size_stage_activation(s_, sp);
   }
 
+  // The classic load walk of model m (memoized: walk_memo.h): the listed modules in descending
+  // (offload cost, bytes, name), and every module's offload cost. The reference is valid until
+  // the next memo_walk on this thread.
+  const WalkOrder& classic_walk(std::uint32_t m) {
+    const ModelRef& ref = s_.models[m];
+    const ModelSpec& model = *ref.spec;
+    return memo_walk(ref.spec, WalkFlavor::classic, ref.compute, ref.lora, c_, [&](WalkOrder& w) {
+      w.cost.resize(model.modules.size());
+      for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
+        w.cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
+        if (walk_kind(model.modules[i]) != Walk::unlisted) w.order.push_back(i);
+      }
+      // Descending offload cost, then bytes, then name.
+      sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~model.modules[i].bytes, 0}; }, true);
+      const std::vector<Bytes>& bytes = module_sizes(model);
+      w.walk_cost.reserve(w.order.size());
+      w.walk_bytes.reserve(w.order.size());
+      for (const std::uint32_t i : w.order) {
+        w.walk_cost.push_back(w.cost[i]);
+        w.walk_bytes.push_back(bytes[i]);
+      }
+    });
+  }
+
   // free_memory(target): evict other models, most-offloaded first, partially (smart memory):
   // each gives up its cheapest modules until the shortfall is covered.
   void free_memory(Bytes target, std::uint32_t keep, LoadPlan& lp) {
@@ -211,20 +235,13 @@ class ComfyPlanner {
       };
       // partially_unload walks the module list in ascending (offload cost, size, name). It cannot
       // move the unlisted ones, nor a raw module whose weight a LoRA patched (no cast hook to
-      // patch it on the fly); modules not on the device are passed over.
-      std::vector<std::uint32_t> mods;
-      for (std::uint32_t i = 0; i < st.resident.size(); ++i) {
-        if (walk_kind(spec(m).modules[i]) != Walk::unlisted) mods.push_back(i);
-      }
-      std::vector<Bytes> cost(spec(m).modules.size(), 0);
-      for (const std::uint32_t i : mods) cost[i] = offload_cost(spec(m).modules[i], ref.compute, ref.lora, c_);
-      std::sort(mods.begin(), mods.end(), [&](std::uint32_t a, std::uint32_t b) {
-        const Module& x = spec(m).modules[a];
-        const Module& y = spec(m).modules[b];
-        if (cost[a] != cost[b]) return cost[a] < cost[b];
-        if (x.bytes != y.bytes) return x.bytes < y.bytes;
-        return x.name < y.name;
-      });
+      // patch it on the fly); modules not on the device are passed over. The list is the load
+      // walk's (the same modules, in descending order of the same keys) reversed: a model's module
+      // names are unique, so the keys order it totally (tests/test_predict.cpp). The model was
+      // loaded with these constants, so its walk is in the memo.
+      const WalkOrder& walk = classic_walk(m);
+      const std::vector<std::uint32_t> mods(walk.order.rbegin(), walk.order.rend());
+      const std::vector<Bytes>& cost = walk.cost;  // no memo_walk until the next model
       auto movable = [&](std::uint32_t i) {
         const Module& mod = spec(m).modules[i];
         const Walk w = walk_kind(mod);
@@ -355,22 +372,7 @@ class ComfyPlanner {
     // The walk below compares against the whole budget (what is loaded counts toward it).
     const i64 budget_total = std::max<i64>(budget, 0);
 
-    const WalkOrder& memo = memo_walk(ref.spec, WalkFlavor::classic, ref.compute, ref.lora, c_, [&](WalkOrder& w) {
-      w.cost.resize(model.modules.size());
-      for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-        w.cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
-        if (walk_kind(model.modules[i]) != Walk::unlisted) w.order.push_back(i);
-      }
-      // Descending offload cost, then bytes, then name.
-      sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~model.modules[i].bytes, 0}; }, true);
-      const std::vector<Bytes>& bytes = module_sizes(model);
-      w.walk_cost.reserve(w.order.size());
-      w.walk_bytes.reserve(w.order.size());
-      for (const std::uint32_t i : w.order) {
-        w.walk_cost.push_back(w.cost[i]);
-        w.walk_bytes.push_back(bytes[i]);
-      }
-    });
+    const WalkOrder& memo = classic_walk(m);
     lp.offload_cost = memo.cost;
     lp.sorted = memo.order;
 
