@@ -130,6 +130,9 @@ inline bool staged_tensor(const Tensor& t) { return staged_role(t.role); }
 // The offload cost ComfyUI sorts by (module_mem + the upcast/dequant or LoRA term, §2.4; the
 // term only for modules with the cast hook).
 Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c);
+// The same for module `i` of a finalized model, from its flat arrays (the load walks' builds read
+// every module of a model the memo has not seen: a Module and its Tensors are cache misses each).
+Bytes offload_cost(const ModelSpec& model, std::uint32_t i, Dtype compute, bool lora, const ComfyConstants& c);
 
 // Printable plan: the ComfyUI-style lines plus the per-stage prediction table.
 std::string format_plan(const Scenario& s, const Plan& p);

@@ -197,10 +197,11 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
     mod.weight_numel = weight_numel;
     m.module_sizes[mi] = module_bytes;
     m.module_weight_numels[mi] = weight_numel;
-    std::uint8_t flags = mod.cast_hook ? kModuleCastHook : 0;
+    std::uint8_t flags = (mod.cast_hook ? kModuleCastHook : 0) | (mod.container ? kModuleContainer : 0);
     for (const Tensor& t : mod.tensors) {
       m.tensors_flat.push_back(FlatTensor{t.bytes, t.numel, t.dtype, t.role});
       if (t.role == TensorRole::scale) flags |= kModuleScaled;
+      if (t.role != TensorRole::other) flags |= kModuleOwnsParameters;  // owns_parameters
     }
     m.module_flags[mi] = flags;
     model_bytes = checked_add(model_bytes, module_bytes, bytes_what);
@@ -225,6 +226,8 @@ void check_flat(const ModelSpec& m) {
     const Module& mod = m.modules[i];
     ok = m.module_sizes[i] == mod.bytes && m.module_weight_numels[i] == mod.weight_numel &&
          ((m.module_flags[i] & kModuleCastHook) != 0) == mod.cast_hook &&
+         ((m.module_flags[i] & kModuleContainer) != 0) == mod.container &&
+         ((m.module_flags[i] & kModuleOwnsParameters) != 0) == owns_parameters(mod) &&
          m.tensor_first[i + 1] - m.tensor_first[i] == mod.tensors.size();
     bool scaled = false;
     for (std::size_t t = 0; ok && t < mod.tensors.size(); ++t) {

@@ -110,6 +110,8 @@ struct FlatTensor {
 // ModelSpec::module_flags bits.
 inline constexpr std::uint8_t kModuleCastHook = 1;  // Module::cast_hook
 inline constexpr std::uint8_t kModuleScaled = 2;    // a tensor of role `scale` (a scaled-fp8 layer)
+inline constexpr std::uint8_t kModuleContainer = 4;       // Module::container
+inline constexpr std::uint8_t kModuleOwnsParameters = 8;  // owns_parameters(module)
 
 struct ModelSpec {
   std::string name;    // catalog name or user-given name

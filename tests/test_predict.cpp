@@ -14,6 +14,7 @@
 #include "harness/predictors/walk_memo.h"
 #include "harness/scenario.h"
 #include "models/activation.h"
+#include "models/catalog.h"
 
 namespace vf {
 namespace {
@@ -622,6 +623,51 @@ TEST(Predict, GeneratedModelsHaveUniqueModuleNames) {
     }
   }
   EXPECT_GT(synthetic, 40u);
+}
+
+// The load walks' offload cost from a model's flat arrays is the one from its Modules and Tensors,
+// for every module of every catalog model in four storages, synthetic models, four compute dtypes,
+// with and without LoRA and the dequant term; and the module flags the walks list by are the
+// modules' own.
+TEST(Predict, FlatOffloadCostIsTheModulesOwn) {
+  Catalog catalog;
+  std::vector<std::shared_ptr<const ModelSpec>> models;
+  for (const CatalogEntry& e : catalog_entries()) {
+    for (const StorageChoice storage : {StorageChoice{Dtype::bf16, true}, StorageChoice{Dtype::fp8_e4m3fn, true},
+                                        StorageChoice{Dtype::fp8_e4m3fn, false}, StorageChoice{Dtype::q4_k, true}}) {
+      models.push_back(catalog.get(e.name, storage, "model"));
+    }
+  }
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    PrngChoices c(seed * 0x2545f4914f6cdd1dull);
+    for (const ModelRef& ref : generate_scenario(c, GenConfig{}, catalog).models) models.push_back(ref.spec);
+  }
+  std::size_t checked = 0, converted = 0;
+  for (const auto& model : models) {
+    for (std::uint32_t i = 0; i < model->modules.size(); ++i) {
+      const Module& mod = model->modules[i];
+      const std::uint8_t flags = model->module_flags[i];
+      ASSERT_EQ((flags & kModuleContainer) != 0, mod.container) << model->name << " " << mod.name;
+      ASSERT_EQ((flags & kModuleOwnsParameters) != 0, owns_parameters(mod)) << model->name << " " << mod.name;
+      ASSERT_EQ((flags & kModuleCastHook) != 0, mod.cast_hook) << model->name << " " << mod.name;
+      for (const Dtype compute : {Dtype::bf16, Dtype::fp16, Dtype::fp32, Dtype::fp8_e4m3fn}) {
+        if (!dtype_info(compute).compute) continue;
+        for (const bool lora : {false, true}) {
+          for (const bool dequant : {false, true}) {
+            ComfyConstants c;
+            c.dequant_term = dequant;
+            c.lora_math_factor = 1.5;
+            const Bytes want = offload_cost(mod, compute, lora, c);
+            ASSERT_EQ(offload_cost(*model, i, compute, lora, c), want) << model->name << " " << mod.name;
+            ++checked;
+            if (want > mod.bytes) ++converted;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100000u);
+  EXPECT_GT(converted, 10000u);  // the conversion and LoRA terms, not only the bytes
 }
 
 }  // namespace

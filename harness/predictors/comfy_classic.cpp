@@ -32,7 +32,8 @@ Bytes compute_copy(const T& t, Dtype compute) { return t.numel * compute_elem_by
 // with torch 2.15, a 3072 x 3072 weight counts 10,027,008 in q8_0 and 7,741,440 in q6_k, against
 // 9,437,184 logical elements. So the term over-counts q8_0 by 6 % and under-counts the 2-6 bit
 // types, whose dequantized copy (compute_copy) is what the forward allocates.
-Bytes counted_copy(const Tensor& t, Dtype compute) {
+template <class T>  // Tensor, FlatTensor
+Bytes counted_copy(const T& t, Dtype compute) {
   return (dtype_info(t.dtype).gguf_quantized ? t.bytes : t.numel) * compute_elem_bytes(compute);
 }
 
@@ -56,6 +57,12 @@ Walk walk_kind(const Module& m) {
   if (m.container) return Walk::unlisted;
   if (m.cast_hook) return Walk::cast;
   return owns_parameters(m) ? Walk::raw : Walk::unlisted;
+}
+// The same from ModelSpec::module_flags.
+Walk walk_kind(std::uint8_t flags) {
+  if ((flags & kModuleContainer) != 0) return Walk::unlisted;
+  if ((flags & kModuleCastHook) != 0) return Walk::cast;
+  return (flags & kModuleOwnsParameters) != 0 ? Walk::raw : Walk::unlisted;
 }
 
 bool has_weight(const Module& m) {
@@ -185,14 +192,14 @@ class ComfyPlanner {
     const ModelRef& ref = s_.models[m];
     const ModelSpec& model = *ref.spec;
     return memo_walk(ref.spec, WalkFlavor::classic, ref.compute, ref.lora, c_, [&](WalkOrder& w) {
+      const std::vector<Bytes>& bytes = module_sizes(model);  // checks the flat arrays read here
       w.cost.resize(model.modules.size());
       for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
-        w.cost[i] = offload_cost(model.modules[i], ref.compute, ref.lora, c_);
-        if (walk_kind(model.modules[i]) != Walk::unlisted) w.order.push_back(i);
+        w.cost[i] = offload_cost(model, i, ref.compute, ref.lora, c_);
+        if (walk_kind(model.module_flags[i]) != Walk::unlisted) w.order.push_back(i);
       }
       // Descending offload cost, then bytes, then name.
-      sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~model.modules[i].bytes, 0}; }, true);
-      const std::vector<Bytes>& bytes = module_sizes(model);
+      sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~bytes[i], 0}; }, true);
       w.walk_cost.reserve(w.order.size());
       w.walk_bytes.reserve(w.order.size());
       for (const std::uint32_t i : w.order) {
@@ -511,6 +518,21 @@ class ComfyPlanner {
 }  // namespace
 
 Plan plan_comfy_classic(const Scenario& s) { return ComfyPlanner(s).run(); }
+
+Bytes offload_cost(const ModelSpec& model, std::uint32_t i, Dtype compute, bool lora, const ComfyConstants& c) {
+  Bytes cost = model.module_sizes[i];
+  if ((model.module_flags[i] & kModuleCastHook) == 0 || !c.dequant_term) return cost;
+  for (std::uint32_t k = model.tensor_first[i]; k < model.tensor_first[i + 1]; ++k) {
+    const FlatTensor& t = model.tensors_flat[k];
+    if (!is_parameter(t)) continue;
+    if (lora && t.role == TensorRole::weight) {
+      cost += scale_bytes(counted_copy(t, compute), c.lora_math_factor, "policy.lora_math_factor");
+    } else if (needs_conversion(t.dtype, compute)) {
+      cost += counted_copy(t, compute);
+    }
+  }
+  return cost;
+}
 
 Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c) {
   Bytes cost = m.bytes;

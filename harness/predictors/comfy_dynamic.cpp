@@ -55,17 +55,20 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
   ComfyConstants costs = s.policy.constants;
   costs.dequant_term = true;
   const WalkOrder& walk = memo_walk(ref.spec, WalkFlavor::dynamic, ref.compute, ref.lora, costs, [&](WalkOrder& w) {
+    // From the model's flat arrays (module_sizes checks them): a Module and its Tensors are a
+    // cache miss each in a model the memo has not seen.
+    const std::vector<Bytes>& bytes = module_sizes(model);
     w.cost.assign(n, 0);
     for (std::uint32_t i = 0; i < n; ++i) {
-      const Module& mod = model.modules[i];
-      if (mod.container || !(mod.cast_hook || owns_parameters(mod))) continue;
+      const std::uint8_t flags = model.module_flags[i];
+      if ((flags & kModuleContainer) != 0 || (flags & (kModuleCastHook | kModuleOwnsParameters)) == 0) continue;
       w.order.push_back(i);
-      w.cost[i] = mod.cast_hook ? offload_cost(mod, ref.compute, ref.lora, costs) : mod.bytes;
+      w.cost[i] = (flags & kModuleCastHook) != 0 ? offload_cost(model, i, ref.compute, ref.lora, costs) : bytes[i];
     }
     // Small-cost class first, then descending cost, ascending bytes, ascending name.
     sort_walk(w.order, model.modules, [&](std::uint32_t i) {
       const Bytes c = w.cost[i];
-      return WalkKey{c >= kSmallCostClass ? 1u : 0u, ~c, model.modules[i].bytes};
+      return WalkKey{c >= kSmallCostClass ? 1u : 0u, ~c, bytes[i]};
     }, false);
   });
   st.offload_cost = walk.cost;
