@@ -111,6 +111,7 @@ ModelSpec build_catalog_model(std::string_view name, StorageChoice storage, std:
   m.arch = built.arch;
   m.modules = std::move(built.modules);
   finalize_model(m, path);
+  set_name_ranks(m);  // the load walks of its many (storage, dtype, constants) keys compare these
   return m;
 }
 

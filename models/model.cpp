@@ -168,6 +168,7 @@ void finalize_pass(ModelSpec& m, std::string_view path, bool named) {
   m.module_flags.assign(m.modules.size(), 0);
   m.tensor_first.assign(m.modules.size() + 1, 0);
   m.tensors_flat.clear();
+  m.name_rank.clear();  // an edit may have reordered the names (set_name_ranks fills it again)
   for (std::size_t mi = 0; mi < m.modules.size(); ++mi) {
     Module& mod = m.modules[mi];
     m.tensor_first[mi] = static_cast<std::uint32_t>(m.tensors_flat.size());
@@ -243,6 +244,18 @@ void check_flat(const ModelSpec& m) {
 }
 
 }  // namespace
+
+void set_name_ranks(ModelSpec& m) {
+  std::vector<std::uint32_t> by_name(m.modules.size());
+  for (std::uint32_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
+  std::sort(by_name.begin(), by_name.end(), [&](std::uint32_t a, std::uint32_t b) { return m.modules[a].name < m.modules[b].name; });
+  m.name_rank.assign(m.modules.size(), 0);
+  std::uint32_t rank = 0;
+  for (std::size_t k = 0; k < by_name.size(); ++k) {
+    if (k > 0 && m.modules[by_name[k]].name != m.modules[by_name[k - 1]].name) ++rank;
+    m.name_rank[by_name[k]] = rank;
+  }
+}
 
 const std::vector<Bytes>& module_sizes(const ModelSpec& m) {
   check_flat(m);

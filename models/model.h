@@ -133,7 +133,15 @@ struct ModelSpec {
   std::vector<std::uint8_t> module_flags;   // modules[i]: kModuleCastHook, kModuleScaled
   std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensors_flat[tensor_first[i], tensor_first[i + 1])
   std::vector<FlatTensor> tensors_flat;     // modules[i].tensors[t], module after module
+  // Empty, or per module the place of its name in the byte order of the model's names (equal
+  // names, equal places): what the load walks' sorts compare instead of the names. The catalog
+  // fills it once per model it builds (set_name_ranks), where a model's walks are built for many
+  // storages, dtypes and constants; finalize_model empties it, since an edit can reorder names.
+  std::vector<std::uint32_t> name_rank;
 };
+
+// Fills m.name_rank (one sort of the names).
+void set_name_ranks(ModelSpec& m);
 
 // Modules by name in one flat table (harness/core/flat_name_index.h), the names read through the
 // vector (which may grow while a reader adds to it).

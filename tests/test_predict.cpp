@@ -64,17 +64,50 @@ TEST(Predict, WalkOrderTiesBreakByTheWholeName) {
     m.bytes = m.name.size() % 3 == 0 ? 512 : 1024;  // two tie groups
     modules.push_back(std::move(m));
   }
-  for (const bool descending : {false, true}) {
-    std::vector<std::uint32_t> got(modules.size());
-    std::iota(got.begin(), got.end(), 0u);
-    std::vector<std::uint32_t> want = got;
-    sort_walk(got, modules, [&](std::uint32_t i) { return WalkKey{modules[i].bytes, 0, 0}; }, descending);
-    std::sort(want.begin(), want.end(), [&](std::uint32_t a, std::uint32_t b) {
-      if (modules[a].bytes != modules[b].bytes) return modules[a].bytes < modules[b].bytes;
-      return descending ? modules[a].name > modules[b].name : modules[a].name < modules[b].name;
-    });
-    EXPECT_EQ(got, want) << (descending ? "descending" : "ascending");
+  // Through the windows, and through the name ranks the catalog's models carry (set_name_ranks).
+  ModelSpec model;
+  model.modules = modules;
+  for (const bool ranked : {false, true}) {
+    if (ranked) set_name_ranks(model);
+    for (const bool descending : {false, true}) {
+      std::vector<std::uint32_t> got(modules.size());
+      std::iota(got.begin(), got.end(), 0u);
+      std::vector<std::uint32_t> want = got;
+      sort_walk(got, model, [&](std::uint32_t i) { return WalkKey{modules[i].bytes, 0, 0}; }, descending);
+      std::sort(want.begin(), want.end(), [&](std::uint32_t a, std::uint32_t b) {
+        if (modules[a].bytes != modules[b].bytes) return modules[a].bytes < modules[b].bytes;
+        return descending ? modules[a].name > modules[b].name : modules[a].name < modules[b].name;
+      });
+      EXPECT_EQ(got, want) << (descending ? "descending" : "ascending") << (ranked ? ", ranked" : "");
+    }
   }
+}
+
+// The catalog's models sort their walks by name ranks: the same orders as by their names, for
+// every catalog model under keys that tie often (bytes alone, and none).
+TEST(Predict, CatalogNameRanksOrderAsTheNamesDo) {
+  for (const CatalogEntry& e : catalog_entries()) {
+    const ModelSpec ranked = build_catalog_model(e.name, StorageChoice{Dtype::fp8_e4m3fn, true}, "model");
+    ASSERT_EQ(ranked.name_rank.size(), ranked.modules.size()) << e.name;
+    ModelSpec plain = ranked;
+    plain.name_rank.clear();
+    for (const bool by_bytes : {false, true}) {
+      for (const bool descending : {false, true}) {
+        std::vector<std::uint32_t> a(ranked.modules.size());
+        std::iota(a.begin(), a.end(), 0u);
+        std::vector<std::uint32_t> b = a;
+        const auto key = [&](std::uint32_t i) { return WalkKey{by_bytes ? ~ranked.module_sizes[i] : 0, 0, 0}; };
+        sort_walk(a, ranked, key, descending);
+        sort_walk(b, plain, key, descending);
+        EXPECT_EQ(a, b) << e.name;
+      }
+    }
+  }
+  // An edit empties the ranks: finalizing again cannot know the names' new order.
+  ModelSpec edited = build_catalog_model("flux1-dev", StorageChoice{Dtype::bf16, true}, "model");
+  edited.modules.erase(edited.modules.begin());
+  finalize_model(edited, "model");
+  EXPECT_TRUE(edited.name_rank.empty());
 }
 
 // Load-walk orders are remembered per thread (harness/predictors/walk_memo.h): one sort per

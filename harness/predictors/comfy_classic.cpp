@@ -199,7 +199,7 @@ class ComfyPlanner {
         if (walk_kind(model.module_flags[i]) != Walk::unlisted) w.order.push_back(i);
       }
       // Descending offload cost, then bytes, then name.
-      sort_walk(w.order, model.modules, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~bytes[i], 0}; }, true);
+      sort_walk(w.order, model, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~bytes[i], 0}; }, true);
       w.walk_cost.reserve(w.order.size());
       w.walk_bytes.reserve(w.order.size());
       for (const std::uint32_t i : w.order) {

@@ -66,7 +66,7 @@ LoadPlan stage_dynamic(const Scenario& s, std::uint32_t stage, std::uint32_t m, 
       w.cost[i] = (flags & kModuleCastHook) != 0 ? offload_cost(model, i, ref.compute, ref.lora, costs) : bytes[i];
     }
     // Small-cost class first, then descending cost, ascending bytes, ascending name.
-    sort_walk(w.order, model.modules, [&](std::uint32_t i) {
+    sort_walk(w.order, model, [&](std::uint32_t i) {
       const Bytes c = w.cost[i];
       return WalkKey{c >= kSmallCostClass ? 1u : 0u, ~c, bytes[i]};
     }, false);

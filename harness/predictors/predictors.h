@@ -42,8 +42,29 @@ void refine_exact(const Scenario& s, Plan& plan, Bytes& limit_need);
 struct WalkKey {
   std::uint64_t k0 = 0, k1 = 0, k2 = 0;
 };
+// A model with name ranks (ModelSpec::name_rank, the catalog's) is sorted by them instead, in
+// the same order: its names are never read.
 template <class KeyOf>
-void sort_walk(std::vector<std::uint32_t>& order, const std::vector<Module>& modules, KeyOf key_of, bool names_descending) {
+void sort_walk(std::vector<std::uint32_t>& order, const ModelSpec& model, KeyOf key_of, bool names_descending) {
+  const std::vector<Module>& modules = model.modules;
+  if (model.name_rank.size() == modules.size()) {
+    struct Ranked {
+      WalkKey key;
+      std::uint32_t rank;
+      std::uint32_t index;
+    };
+    std::vector<Ranked> entries;
+    entries.reserve(order.size());
+    for (const std::uint32_t i : order) entries.push_back(Ranked{key_of(i), model.name_rank[i], i});
+    std::sort(entries.begin(), entries.end(), [&](const Ranked& a, const Ranked& b) {
+      if (a.key.k0 != b.key.k0) return a.key.k0 < b.key.k0;
+      if (a.key.k1 != b.key.k1) return a.key.k1 < b.key.k1;
+      if (a.key.k2 != b.key.k2) return a.key.k2 < b.key.k2;
+      return names_descending ? a.rank > b.rank : a.rank < b.rank;
+    });
+    for (std::size_t k = 0; k < entries.size(); ++k) order[k] = entries[k].index;
+    return;
+  }
   constexpr std::size_t kWindow = 16;
   struct Entry {
     WalkKey key;
