@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -519,28 +520,16 @@ class ComfyPlanner {
 
 Plan plan_comfy_classic(const Scenario& s) { return ComfyPlanner(s).run(); }
 
-Bytes offload_cost(const ModelSpec& model, std::uint32_t i, Dtype compute, bool lora, const ComfyConstants& c) {
-  Bytes cost = model.module_sizes[i];
-  if ((model.module_flags[i] & kModuleCastHook) == 0 || !c.dequant_term) return cost;
-  for (std::uint32_t k = model.tensor_first[i]; k < model.tensor_first[i + 1]; ++k) {
-    const FlatTensor& t = model.tensors_flat[k];
-    if (!is_parameter(t)) continue;
-    if (lora && t.role == TensorRole::weight) {
-      cost += scale_bytes(counted_copy(t, compute), c.lora_math_factor, "policy.lora_math_factor");
-    } else if (needs_conversion(t.dtype, compute)) {
-      cost += counted_copy(t, compute);
-    }
-  }
-  return cost;
-}
+namespace {
 
-Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c) {
-  Bytes cost = m.bytes;
+// A module's offload cost from its bytes, cast hook and tensors (Tensor or FlatTensor).
+template <class Tensors>
+Bytes offload_cost_of(Bytes bytes, bool cast_hook, const Tensors& tensors, Dtype compute, bool lora, const ComfyConstants& c) {
+  Bytes cost = bytes;
   // Only a module that casts its weights converts them: a raw module (no cast hook) costs its
   // bytes, LoRA or not.
-  if (!m.cast_hook) return cost;
-  if (!c.dequant_term) return cost;
-  for (const Tensor& t : m.tensors) {
+  if (!cast_hook || !c.dequant_term) return cost;
+  for (const auto& t : tensors) {
     if (!is_parameter(t)) continue;
     if (lora && t.role == TensorRole::weight) {
       // (a) a patched weight: numel x manual-cast bytes x LOWVRAM_PATCH_ESTIMATE_MATH_FACTOR
@@ -551,6 +540,17 @@ Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstan
     }
   }
   return cost;
+}
+
+}  // namespace
+
+Bytes offload_cost(const ModelSpec& model, std::uint32_t i, Dtype compute, bool lora, const ComfyConstants& c) {
+  const std::span<const FlatTensor> tensors(model.tensors_flat.data() + model.tensor_first[i], model.tensor_first[i + 1] - model.tensor_first[i]);
+  return offload_cost_of(model.module_sizes[i], (model.module_flags[i] & kModuleCastHook) != 0, tensors, compute, lora, c);
+}
+
+Bytes offload_cost(const Module& m, Dtype compute, bool lora, const ComfyConstants& c) {
+  return offload_cost_of(m.bytes, m.cast_hook, m.tensors, compute, lora, c);
 }
 
 }  // namespace vf
