@@ -63,7 +63,6 @@ PeakPart part_of(BufferKind k) {
   return PeakPart::activation;
 }
 
-std::string mib(Bytes b) { return format_mib(b); }
 std::string plural(std::uint64_t n, std::string_view one, std::string_view many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
@@ -207,7 +206,7 @@ namespace {
 std::string group_label(const Attribution& a, Budget b) {
   switch (b) {
     case Budget::loaded_weights:
-      return fmt::format("resident weights {} in {}", mib(a.group(b)), plural(a.parts[0].tensors, "tensor", "tensors"));
+      return fmt::format("resident weights {} in {}", format_mib(a.group(b)), plural(a.parts[0].tensors, "tensor", "tensors"));
     case Budget::offload_buffer: {
       const std::uint32_t offloaded = a.parts[static_cast<std::size_t>(PeakPart::transfer)].tensors;
       if (a.offload_overlap()) {
@@ -217,18 +216,18 @@ std::string group_label(const Attribution& a, Budget b) {
         const Bytes rest = a.group(b) - transfer;
         return fmt::format("async-offload overlap: weight transients {} with the transfer copies of {} offloaded modules in flight "
                            "at once on {} ({}, {}){}",
-                           mib(a.group(b)), a.transfer_modules, plural(a.transfer_streams, "offload stream", "offload streams"),
-                           plural(offloaded, "tensor", "tensors"), mib(transfer),
-                           rest > 0 ? fmt::format(" and {} of conversions and patches", mib(rest)) : std::string());
+                           format_mib(a.group(b)), a.transfer_modules, plural(a.transfer_streams, "offload stream", "offload streams"),
+                           plural(offloaded, "tensor", "tensors"), format_mib(transfer),
+                           rest > 0 ? fmt::format(" and {} of conversions and patches", format_mib(rest)) : std::string());
       }
-      std::string out = fmt::format("weight transients {} for {}{}", mib(a.group(b)), plural(a.transient_weights, "tensor", "tensors"),
+      std::string out = fmt::format("weight transients {} for {}{}", format_mib(a.group(b)), plural(a.transient_weights, "tensor", "tensors"),
                                     offloaded ? fmt::format(" ({} offloaded, their transfer copies {})", offloaded,
-                                                            mib(a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes))
+                                                            format_mib(a.parts[static_cast<std::size_t>(PeakPart::transfer)].bytes))
                                               : std::string(" (resident)"));
       const PeakShare& conv = a.parts[static_cast<std::size_t>(PeakPart::convert)];
       const PeakShare& scaled = a.parts[static_cast<std::size_t>(PeakPart::scaled)];
       if (a.has_conversion && conv.bytes + scaled.bytes > 0) {
-        out += fmt::format(", {} -> {} conversions {}", dtype_name(a.storage), dtype_name(a.compute), mib(conv.bytes + scaled.bytes));
+        out += fmt::format(", {} -> {} conversions {}", dtype_name(a.storage), dtype_name(a.compute), format_mib(conv.bytes + scaled.bytes));
         if (!a.transient_modules.empty()) {
           out += " (largest: ";
           for (std::size_t i = 0; i < a.transient_modules.size(); ++i) out += (i ? ", " : "") + a.transient_modules[i];
@@ -240,7 +239,7 @@ std::string group_label(const Attribution& a, Budget b) {
       return out;
     }
     case Budget::activation_allowance:
-      return fmt::format("activations {}", mib(a.group(b)));
+      return fmt::format("activations {}", format_mib(a.group(b)));
     case Budget::none: break;
   }
   return "";
@@ -271,16 +270,16 @@ std::string attribution_cause(const Attribution& a) {
   if (b == Budget::none) {
     const PeakShare& r = a.parts[static_cast<std::size_t>(PeakPart::rounding)];
     if (over.front().part == PeakPart::rounding) {
-      return fmt::format("allocator rounding {} over {}, budgeted 0: +{}", mib(r.bytes), plural(r.tensors, "tensor", "tensors"), mib(r.bytes));
+      return fmt::format("allocator rounding {} over {}, budgeted 0: +{}", format_mib(r.bytes), plural(r.tensors, "tensor", "tensors"), format_mib(r.bytes));
     }
     if (over.front().part == PeakPart::held) {
-      return fmt::format("other streams' frees {} ({}), budgeted 0: +{}", mib(static_cast<Bytes>(bytes)), held_label(a),
-                         mib(static_cast<Bytes>(bytes)));
+      return fmt::format("other streams' frees {} ({}), budgeted 0: +{}", format_mib(static_cast<Bytes>(bytes)), held_label(a),
+                         format_mib(static_cast<Bytes>(bytes)));
     }
-    return fmt::format("allocator slack {} (reserved but not allocated), budgeted 0: +{}", mib(static_cast<Bytes>(bytes)),
-                       mib(static_cast<Bytes>(bytes)));
+    return fmt::format("allocator slack {} (reserved but not allocated), budgeted 0: +{}", format_mib(static_cast<Bytes>(bytes)),
+                       format_mib(static_cast<Bytes>(bytes)));
   }
-  return fmt::format("{}, budgeted {} ({}): +{}", group_label(a, b), mib(a.budget(b)), budget_name(b), mib(static_cast<Bytes>(bytes)));
+  return fmt::format("{}, budgeted {} ({}): +{}", group_label(a, b), format_mib(a.budget(b)), budget_name(b), format_mib(static_cast<Bytes>(bytes)));
 }
 
 std::string attribution_paragraph(const Attribution& a) {
@@ -290,17 +289,17 @@ std::string attribution_paragraph(const Attribution& a) {
   // At an OOM the parts include the failing request, so the total is what the allocator would
   // have held had it been served, not what it held (the verdict's figure).
   const std::string held_text =
-      a.failed > 0 ? fmt::format("would have held {} reserved with the failing {} request ({} without it)", mib(a.reserved),
-                                 mib(a.failed), mib(a.reserved - a.failed))
-                   : fmt::format("held {} reserved", mib(a.reserved));
+      a.failed > 0 ? fmt::format("would have held {} reserved with the failing {} request ({} without it)", format_mib(a.reserved),
+                                 format_mib(a.failed), format_mib(a.reserved - a.failed))
+                   : fmt::format("held {} reserved", format_mib(a.reserved));
   std::string out = fmt::format(
       "At op {} the allocator {} against the plan's {} + reserve {}: {} (budgeted {} as loaded weights); {} "
       "(budgeted {} as the offload buffer); activations {} (budgeted {} as the activation allowance); allocator rounding {} over "
       "{}{} and slack {} (budgeted nothing: the reserve is meant to cover them).",
-      a.op, held_text, mib(a.budget_weights + a.budget_offload + a.budget_activation), mib(a.reserve),
-      group_label(a, Budget::loaded_weights), mib(a.budget_weights), group_label(a, Budget::offload_buffer), mib(a.budget_offload),
-      mib(a.group(Budget::activation_allowance)), mib(a.budget_activation), mib(r.bytes), plural(r.tensors, "tensor", "tensors"),
-      held.bytes > 0 ? fmt::format(", other streams' frees {}", mib(held.bytes)) : std::string(), mib(sl.bytes));
+      a.op, held_text, format_mib(a.budget_weights + a.budget_offload + a.budget_activation), format_mib(a.reserve),
+      group_label(a, Budget::loaded_weights), format_mib(a.budget_weights), group_label(a, Budget::offload_buffer), format_mib(a.budget_offload),
+      format_mib(a.group(Budget::activation_allowance)), format_mib(a.budget_activation), format_mib(r.bytes), plural(r.tensors, "tensor", "tensors"),
+      held.bytes > 0 ? fmt::format(", other streams' frees {}", format_mib(held.bytes)) : std::string(), format_mib(sl.bytes));
   const auto over = a.excesses();
   if (over.empty()) return out;
   std::int64_t total = 0;
@@ -317,9 +316,9 @@ std::string attribution_paragraph(const Attribution& a) {
     } else if (b == Budget::offload_buffer) {
       what = "weight transients";
     }
-    list += fmt::format("{}{} +{}", list.empty() ? "" : ", ", what, mib(static_cast<Bytes>(bytes)));
+    list += fmt::format("{}{} +{}", list.empty() ? "" : ", ", what, format_mib(static_cast<Bytes>(bytes)));
   }
-  out += fmt::format(" Over budget: {}; together +{} against the {} reserve.", list, mib(static_cast<Bytes>(total)), mib(a.reserve));
+  out += fmt::format(" Over budget: {}; together +{} against the {} reserve.", list, format_mib(static_cast<Bytes>(total)), format_mib(a.reserve));
   return out;
 }
 

@@ -22,7 +22,6 @@ namespace vf {
 
 namespace {
 
-std::string mib(Bytes b) { return format_mib(b); }
 
 std::string mib_signed(std::int64_t d) {
   return fmt::format("{}{:.2f} MiB", d < 0 ? "-" : "+", static_cast<double>(d < 0 ? -d : d) / static_cast<double>(MiB));
@@ -47,8 +46,8 @@ void module_set(std::vector<FieldDiff>& out, const std::string& field, const Mod
     }
   }
   if (only_a + only_b == 0) return;
-  out.push_back({field, fmt::format("{} module(s) ({}) only here", only_a, mib(bytes_a)),
-                 fmt::format("{} module(s) ({}) only here; the first that differs: {}", only_b, mib(bytes_b), first),
+  out.push_back({field, fmt::format("{} module(s) ({}) only here", only_a, format_mib(bytes_a)),
+                 fmt::format("{} module(s) ({}) only here; the first that differs: {}", only_b, format_mib(bytes_b), first),
                  static_cast<std::int64_t>(bytes_b) - static_cast<std::int64_t>(bytes_a), true, static_cast<std::int64_t>(bytes_a),
                  static_cast<std::int64_t>(bytes_b)});
 }

@@ -43,7 +43,6 @@ std::string_view op_activity(const Scenario& s, const Program& p, std::uint32_t 
 
 namespace {
 
-std::string mib(Bytes b) { return format_mib(b); }
 
 // P1 over the plan's checked stages: the one whose measured reserved peak is furthest over its
 // prediction + reserve goes into `v` (stage, op, measured, predicted, overshoot). False when no
@@ -162,18 +161,18 @@ bool judge_waste(const Scenario& s, const Plan& plan, const Program& p, const Ex
                             "the transients peaked at {}: {} of the buffer went unused, and the measured peak with the activations "
                             "at their budget ({}) + reserve {} left {} of the {} available, room for the largest offloaded module "
                             "({}, {})",
-                            sp.stage, id, offloaded, id, mib(sp.offload_buffer), mib(peak), mib(unused), mib(at_budget),
-                            mib(plan.reserve), mib(plan.available - at_budget - plan.reserve), mib(plan.available), name, mib(largest));
+                            sp.stage, id, offloaded, id, format_mib(sp.offload_buffer), format_mib(peak), format_mib(unused), format_mib(at_budget),
+                            format_mib(plan.reserve), format_mib(plan.available - at_budget - plan.reserve), format_mib(plan.available), name, format_mib(largest));
     v.cause = fmt::format("offload buffer {} budgeted, transients peaked at {}: {} unused while {} modules ({}, largest {}) were offloaded",
-                          mib(sp.offload_buffer), mib(peak), mib(unused), offloaded, mib(offloaded_bytes), mib(largest));
+                          format_mib(sp.offload_buffer), format_mib(peak), format_mib(unused), offloaded, format_mib(offloaded_bytes), format_mib(largest));
     v.explanation = fmt::format(
         "Over-reservation (class C): ComfyUI sized the offload buffer for the modules it casts on the fly at {}, and that buffer "
         "came out of the weight budget, so {} of {}'s modules stayed in host memory and are copied to the device at every "
         "step. The transients they needed (transfer copies, conversions, LoRA patches) never exceeded {}, {} less than "
         "budgeted, and the measured peak (with the activations at the plan's own allowance) and the reserve left {} free: "
         "enough for {} ({}), the largest of them. The plan spent bandwidth, not memory, and no OOM follows.",
-        mib(sp.offload_buffer), offloaded, id, mib(peak), mib(unused), mib(plan.available - at_budget - plan.reserve), name,
-        mib(largest));
+        format_mib(sp.offload_buffer), offloaded, id, format_mib(peak), format_mib(unused), format_mib(plan.available - at_budget - plan.reserve), name,
+        format_mib(largest));
   }
   if (found) {
     v.rests_on = fmt::format("exact: the offload buffer is the plan's own term and the transients are the program's own tensors; "
@@ -233,39 +232,39 @@ std::string explain(std::string_view mech, const DynamicOom& o, const Scenario& 
                          "ends). aimdo hooks cudaMallocAsync but cannot trim the pool, and its ledger stopped counting those "
                          "bytes when they were freed, so it saw room that the driver did not have; once every unpinned VBAR "
                          "page was evicted, the {} had nowhere to go.",
-                         mib(o.torch_cache), o.what);
+                         format_mib(o.torch_cache), o.what);
     }
     return fmt::format("PyTorch's caching allocator held {} in cached blocks of its segments. aimdo sees the allocator only "
                        "where it calls cudaMalloc (a new segment, through the cuMemAlloc hook) and cannot evict cached "
                        "blocks; PyTorch releases whole unused segments only on its own OOM retry, and a segment with one "
                        "live block not at all.",
-                       mib(o.torch_cache));
+                       format_mib(o.torch_cache));
   }
   if (mech == "cast-buffer") {
     return fmt::format("aimdo's cast buffers held {}, of which the module in flight used {}: a refused fault sends its "
                        "weight through the offload stream's VRAMBuffer, which grows in 16 MiB chunks and is given back only "
                        "when the node ends (reset_cast_buffers), so each stream keeps the size of the largest cast it ever "
                        "carried while other modules run. {} of {} faults were refused in this run.",
-                       mib(o.cast_slack + o.needed_cast), mib(o.needed_cast), d.refused, d.faults);
+                       format_mib(o.cast_slack + o.needed_cast), format_mib(o.needed_cast), d.refused, d.faults);
   }
   if (mech == "prefetch-pins") {
     return fmt::format("{} of VBAR pages were pinned for modules not being computed: a model that prefetches faults a whole "
                        "block's weights before the block runs and unpins them only when the next block is popped, so "
                        "eviction could not reclaim them for this {}.",
-                       mib(o.prefetch_pins), o.what);
+                       format_mib(o.prefetch_pins), o.what);
   }
   if (mech == "other-weights") {
     return fmt::format("{} of torch tensors belonged to models that were not running (legacy models' resident weights, "
                        "other models' force-loaded tensors): aimdo evicts only VBAR pages, never torch tensors, and "
                        "load_models_gpu unloads no model for a dynamic one.",
-                       mib(o.other_weights));
+                       format_mib(o.other_weights));
   }
   if (mech == "resident-pages") {
-    return fmt::format("{} of unpinned VBAR pages survived the eviction (below a VBAR's watermark limit).", mib(o.resident_pages));
+    return fmt::format("{} of unpinned VBAR pages survived the eviction (below a VBAR's watermark limit).", format_mib(o.resident_pages));
   }
   return fmt::format("{} went to rounding: the allocator's block rounding and the driver's 2 MiB pages for small cudaMalloc "
                      "allocations, which aimdo's ledger books at their requested size.",
-                     mib(o.rounding));
+                     format_mib(o.rounding));
 }
 
 std::string_view mech_label(std::string_view mech) {
@@ -313,22 +312,22 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
     const std::string need =
         fmt::format("context {} + other processes {} + aimdo headroom {} + the running model's tensors {} + the module's pages {} "
                     "+ its cast extent {} + the request {} = {} of the {} card",
-                    mib(o.context), mib(o.others), mib(o.headroom), mib(o.needed_tensors), mib(o.needed_pages), mib(o.needed_cast),
-                    mib(o.request), mib(o.necessary()), format_size(o.total));
+                    format_mib(o.context), format_mib(o.others), format_mib(o.headroom), format_mib(o.needed_tensors), format_mib(o.needed_pages), format_mib(o.needed_cast),
+                    format_mib(o.request), format_mib(o.necessary()), format_size(o.total));
     const std::string slack = fmt::format("torch cache {}, cast-buffer slack {}, prefetch pins {}, other models' weights {}, "
                                           "unreached pages {}, rounding {}, free {}",
-                                          mib(o.torch_cache), mib(o.cast_slack), mib(o.prefetch_pins), mib(o.other_weights),
-                                          mib(o.resident_pages), mib(o.rounding), mib(o.free));
+                                          format_mib(o.torch_cache), format_mib(o.cast_slack), format_mib(o.prefetch_pins), format_mib(o.other_weights),
+                                          format_mib(o.resident_pages), format_mib(o.rounding), format_mib(o.free));
     if (s.models[running].spec->kind == ModelKind::vae && op.phase == Phase::forward) {
       // VAE.decode catches the OOM and decodes again in tiles: a slow decode, not a failure.
       v.message = fmt::format("pass: the VAE decode ran out of memory at {} ({} {} failed) and ComfyUI retries it tiled; {}",
-                              at, mib(o.request), o.what, summary);
+                              at, format_mib(o.request), o.what, summary);
       return;
     }
     if (!o.avoidable()) {
       v.expected_oom = true;
       v.message = fmt::format("expected OOM at {}: {} {} did not fit, and it could not have: the op needs {}; held beside it: {}",
-                              at, mib(o.request), o.what, need, slack);
+                              at, format_mib(o.request), o.what, need, slack);
       return;
     }
     v.kind = VerdictKind::oom;
@@ -336,11 +335,11 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
     v.signature = fmt::format("oom:{}:{}:{}", phase_name(op.phase), mech, mode);
     v.message = fmt::format("avoidable OOM at {}: a {} of {} failed with {} free after aimdo evicted what it could ({}); the op "
                             "needs only {}; the rest was slack: {} (largest: {})",
-                            at, o.what, mib(o.request), mib(o.free), r.oom->detail.empty() ? "no detail" : r.oom->detail, need, slack,
+                            at, o.what, format_mib(o.request), format_mib(o.free), r.oom->detail.empty() ? "no detail" : r.oom->detail, need, slack,
                             mech);
     v.explanation = explain(mech, o, s, *d);
     v.cause = fmt::format("{} {} held while a {} of {} failed with {} free (the op needed {} of the {} card)", mech_label(mech),
-                          mib(mech_bytes(mech, o)), o.what, mib(o.request), mib(o.free), mib(o.necessary()), format_size(o.total));
+                          format_mib(mech_bytes(mech, o)), o.what, format_mib(o.request), format_mib(o.free), format_mib(o.necessary()), format_size(o.total));
     return;
   }
   if (d) {
@@ -361,10 +360,10 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
       v.message = fmt::format(
           "another process's allocation of {} failed at {:.3f} s with {} free, within the {} aimdo keeps free for it, while "
           "aimdo held {} of unpinned VBAR pages; aimdo's last poll was {:.3f} s old and with its ledger made {} free of it",
-          mib(f.bytes), static_cast<double>(f.at_us) / 1e6, mib(f.free), mib(headroom), mib(f.evictable),
-          static_cast<double>(f.since_poll_us) / 1e6, mib(f.believed_free));
+          format_mib(f.bytes), static_cast<double>(f.at_us) / 1e6, format_mib(f.free), format_mib(headroom), format_mib(f.evictable),
+          static_cast<double>(f.since_poll_us) / 1e6, format_mib(f.believed_free));
       v.cause = fmt::format("another process's {} failed {:.3f} s after aimdo's last poll ({}), with {} of unpinned VBAR pages held",
-                            mib(f.bytes), static_cast<double>(f.since_poll_us) / 1e6, mech, mib(f.evictable));
+                            format_mib(f.bytes), static_cast<double>(f.since_poll_us) / 1e6, mech, format_mib(f.evictable));
       if (mech == "stale-poll") {
         v.explanation = fmt::format(
             "aimdo sees other processes only through its cuMemGetInfo poll, at most one every {} ms: the simple term counts "
@@ -372,23 +371,23 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
             "before this allocation was taken before another process's latest allocation, so aimdo kept filling the card as "
             "if it had not happened, and the headroom it promises other processes ({}) was not there when one asked for {}. "
             "A fresh poll would have evicted the {} of unpinned pages it held.",
-            k.poll_ms, static_cast<double>(f.since_poll_us) / 1e6, mib(headroom), mib(f.bytes), mib(f.evictable));
+            k.poll_ms, static_cast<double>(f.since_poll_us) / 1e6, format_mib(headroom), format_mib(f.bytes), format_mib(f.evictable));
       } else if (mech == "headroom-unenforced") {
         v.explanation = fmt::format(
             "aimdo's own view showed only {} free: it knew the headroom it promises other processes ({}) was gone, but it "
             "evicts only when an allocation it hooks or a fault needs room{}, so torch's allocations had eaten into the headroom "
             "and nothing gave it back before another process asked for {}, while aimdo held {} of unpinned pages.",
-            mib(f.believed_free), mib(headroom),
+            format_mib(f.believed_free), format_mib(headroom),
             k.async_check_ms != 0 ? fmt::format(" (and its cudaMallocAsync hook checks its budget at most once per {} ms)", k.async_check_ms)
                                   : std::string(),
-            mib(f.bytes), mib(f.evictable));
+            format_mib(f.bytes), format_mib(f.evictable));
       } else {
         v.explanation = fmt::format(
             "aimdo's own view said {} was free, but the driver had only {}: its ledger misses memory the process holds (the "
             "cudaMallocAsync pool's growth beyond what was asked and the blocks it caches after a free, the driver's page "
             "rounding), so the headroom it promises other processes ({}) was not there when one asked for {}, while it held "
             "{} of unpinned pages.",
-            mib(f.believed_free), mib(f.free), mib(headroom), mib(f.bytes), mib(f.evictable));
+            format_mib(f.believed_free), format_mib(f.free), format_mib(headroom), format_mib(f.bytes), format_mib(f.evictable));
       }
       return;
     }
@@ -400,16 +399,16 @@ void judge_dynamic(const Scenario& s, const Plan& plan, const Program& p, const 
     v.kind = VerdictKind::violation;
     v.signature = fmt::format("violation:{}:{}:{}", phase_name(op.phase), op_activity(s, p, v.op), mode);
     v.message = fmt::format("stage {} (legacy {}): measured reserved peak {} > predicted {} + reserve {} by {} at op {} ({})", v.stage,
-                            s.models[s.stages[v.stage].model].id, mib(v.measured), mib(v.predicted), mib(v.reserve),
-                            mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op));
+                            s.models[s.stages[v.stage].model].id, format_mib(v.measured), format_mib(v.predicted), format_mib(v.reserve),
+                            format_mib(static_cast<Bytes>(v.overshoot)), v.op, describe_op(s, p, v.op));
     const std::string rests_on = v.rests_on;  // aimdo is modelled here too
     attribute_classic(s, plan, p, r, v);
     v.rests_on = rests_on;
     return;
   }
   v.overshoot = 0;
-  v.message = fmt::format("pass: no OOM; device peak {} of {}, VBAR peak {}, cast buffers peak {}; {}", mib(r.device_peak),
-                          format_size(s.device.total), mib(d ? d->vbar_peak : 0), mib(d ? d->cast_peak : 0), summary);
+  v.message = fmt::format("pass: no OOM; device peak {} of {}, VBAR peak {}, cast buffers peak {}; {}", format_mib(r.device_peak),
+                          format_size(s.device.total), format_mib(d ? d->vbar_peak : 0), format_mib(d ? d->cast_peak : 0), summary);
 }
 
 }  // namespace

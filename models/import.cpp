@@ -358,7 +358,7 @@ std::string component_of(const std::string& name) {
   throw InputError(t.file, at_byte(t.offset, fmt::format("tensor \"{}\": {}", t.name, message)));
 }
 
-std::string shape_text(const std::vector<std::uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string tensor_shape_text(const std::vector<std::uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // A tensor of a dtype vramfuzz lacks, kept as its raw bytes (int8 elements) so the module's
 // size stays exact: the last dimension is scaled by the element size, or the tensor is flattened
@@ -744,7 +744,7 @@ ImportedModel build_imported_model(std::vector<SourceTensor> tensors, const Sour
       const SourceTensor* src = sources[mi][ti];
       if (t.bytes != src->bytes) {
         throw InfraError(fmt::format("importer bug: tensor \"{}\" of {} is {} bytes in the file but {} bytes as {} {}", src->name, src->file,
-                                     src->bytes, t.bytes, dtype_name(t.dtype), shape_text(t.shape)));
+                                     src->bytes, t.bytes, dtype_name(t.dtype), tensor_shape_text(t.shape)));
       }
       ++out.tensors;
     }

@@ -37,7 +37,7 @@ std::string xml_escape(std::string_view text) {
 namespace {
 
 // What a finding's bytes are: an overshoot, or (waste) the offload buffer left unused.
-std::string_view bytes_label(const std::string& signature) { return signature.rfind("waste:", 0) == 0 ? "unused buffer" : "overshoot"; }
+std::string_view overshoot_word(const std::string& signature) { return signature.rfind("waste:", 0) == 0 ? "unused buffer" : "overshoot"; }
 
 struct Testcase {
   std::string name, classname;
@@ -123,14 +123,14 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           const std::string under = key.second.empty() ? "" : ", policy " + key.second;
           if (g.value("noise", false) && !get_bool(g, "known")) {
             noisy.push_back(fmt::format("{} x{}: {} {}, seed {:#x}{}, within the allocator's rounding noise (below --min-overshoot)",
-                                        sig, get_u64(f, "count"), bytes_label(sig), format_signed_mib(get_i64(f, "worst_overshoot")),
+                                        sig, get_u64(f, "count"), overshoot_word(sig), format_signed_mib(get_i64(f, "worst_overshoot")),
                                         get_u64(f, "first_case_seed"), under));
             continue;
           }
           if (get_bool(g, "known")) {
             std::string by;
             for (const Json& file : get_arr(g, "known_by")) by += (by.empty() ? "" : ", ") + file.get<std::string>();
-            known.push_back(fmt::format("{} x{}: {} {}, seed {:#x}{}{}", sig, get_u64(f, "count"), bytes_label(sig),
+            known.push_back(fmt::format("{} x{}: {} {}, seed {:#x}{}{}", sig, get_u64(f, "count"), overshoot_word(sig),
                                         format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
                                         by.empty() ? "" : ", known by " + by));
             continue;
@@ -140,7 +140,7 @@ std::string junit_xml(const Json& doc, const std::string& report_dir) {
           // The cause before the replay command, which runs to the end of the line (pasted as it is).
           const std::string why = g.contains("why") ? "; why: " + get_str(g, "why") + ";" : std::string(",");
           const std::string line =
-              fmt::format("{} x{}: {} {}, seed {:#x}{}{}{}{}", sig, get_u64(f, "count"), bytes_label(sig),
+              fmt::format("{} x{}: {} {}, seed {:#x}{}{}{}{}", sig, get_u64(f, "count"), overshoot_word(sig),
                           format_signed_mib(get_i64(f, "worst_overshoot")), get_u64(f, "first_case_seed"), under,
                           elsewhere.empty() ? "" : " (new under this policy; the corpus has it under " + elsewhere + ")", why,
                           replay.empty() ? fmt::format(" replay: {} (case seed {:#x})", get_str(doc, "command"), get_u64(f, "first_case_seed"))

@@ -99,7 +99,7 @@ Check counts() {
 Check peaks() { return object({req("reserved", u64()), req("allocated", u64()), req("live", u64()), req("device_used", u64())}); }
 
 // A finding's `case`: the repro case as the reports draw it.
-Check case_view() {
+Check case_view_check() {
   static const Check c = [] {
     const Check around = object({req("op", u64()), req("kind", str()), req("phase", str()), req("stream", u64()), req("what", str()),
                                  req("bytes", u64()), req("live", u64()), req("allocated", u64()), req("reserved", u64()),
@@ -171,7 +171,7 @@ Check finding() {
       opt("noise", boolean()),
       opt("activation_dependent", boolean()),
       opt("reliability", object({req("runs", u64_in(1, ~std::uint64_t{0})), req("reproduced", u64())})),
-      opt("case", case_view()),
+      opt("case", case_view_check()),
   });
 }
 
@@ -216,7 +216,7 @@ Check calibrate() {
                    req("rows", array_of(std::move(r)))});
   };
   const Check worst = object({req("case_index", u64()), req("case_seed", u64()), req("delta", i64()), req("oom", boolean()),
-                              req("signature", str()), req("file", str()), req("modules", u64()), opt("case", case_view())});
+                              req("signature", str()), req("file", str()), req("modules", u64()), opt("case", case_view_check())});
   const Check histogram = object({req("bucket", i64()), req("lo", i64()), req("bins", array_of(u64())), req("ooms", array_of(u64())),
                                   req("clamped", u64())});
   return object({

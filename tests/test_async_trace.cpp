@@ -55,7 +55,7 @@ struct Digest {
 
 // Config `c` of the twelve: granularity 2 or 32 MiB (the measured default), release threshold never / 0 / 64 MiB, each
 // reuse policy on or off, coin probability, memory fraction, and a card small enough to OOM.
-AsyncOptions config(int c) {
+AsyncOptions trace_config(int c) {
   AsyncOptions o;
   o.pool_granularity = c % 2 == 0 ? 2 * MiB : kDefaultPoolGranularity;
   o.release_threshold = c % 3 == 0 ? kReleaseNever : c % 3 == 1 ? 0 : 64 * MiB;
@@ -101,7 +101,7 @@ std::uint64_t run_sequence(int index) {
   const int c = index % kConfigs;
   const Bytes total = (rng.below(4) == 0 ? 1 : 8) * GiB;
   SimDevice device(test::spec_of(total));
-  AsyncPoolAllocator a(device, config(c), rng.next());
+  AsyncPoolAllocator a(device, trace_config(c), rng.next());
   const StreamId streams = static_cast<StreamId>(rng.below(4));  // offload streams 1..streams
   const std::size_t slots = 8 + rng.below(120);
   std::vector<bool> live(slots, false);

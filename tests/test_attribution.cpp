@@ -19,7 +19,7 @@ Scenario corpus(const std::string& name, Catalog& catalog) {
   return load_case_file(std::string(VF_SOURCE_DIR) + "/fuzz/corpus/regressions/" + name + "/repro.json", catalog);
 }
 
-Scenario origin(Catalog& catalog) {
+Scenario origin_scenario(Catalog& catalog) {
   return load_scenario_file(std::string(VF_SOURCE_DIR) + "/docs/examples/flux2-te-fp8-fp32-12gib.json", catalog);
 }
 
@@ -30,7 +30,7 @@ TEST(Attribution, TheOriginCaseNamesTheFp32CopiesOfTheOffloadedFp8MlpWeights) {
   // flight (160 MiB x 4 = 640 MiB): 1120 MiB of transients against an offload buffer of 0.
   Catalog catalog;
   SimBackend sim;
-  const CaseResult r = run_case(origin(catalog), sim, false);
+  const CaseResult r = run_case(origin_scenario(catalog), sim, false);
   EXPECT_EQ(r.verdict.signature, "oom:forward:upcast:raw");
   EXPECT_EQ(r.verdict.cause.rfind("weight transients 1120.00 MiB for 6 tensors (6 offloaded, their transfer copies 480.00 MiB), "
                                   "fp8_e4m3fn -> fp32 conversions 640.00 MiB (largest: model.layers.0.mlp.gate_proj.weight",
@@ -55,7 +55,7 @@ TEST(Attribution, TheOriginCaseNamesTheFp32CopiesOfTheOffloadedFp8MlpWeights) {
 
 TEST(Attribution, PartsAreTheLiveBuffersAndTheAllocatorsOwnBytes) {
   Catalog catalog;
-  Scenario s = origin(catalog);
+  Scenario s = origin_scenario(catalog);
   const Plan plan = predict(s);
   const Program p = lower(s, plan);
   SimBackend sim;
@@ -153,7 +153,7 @@ TEST(Attribution, TheAsyncOffloadOverlapNamesTheCopiesInFlightAndTheirStreams) {
 // reuse is its own part, charged nothing, and leads the cause when it is the largest.
 TEST(Attribution, OtherStreamsFreesAreTheirOwnPartOfTheUnallocatedBytes) {
   Catalog catalog;
-  Scenario s = origin(catalog);
+  Scenario s = origin_scenario(catalog);
   s.allocator.mode = AllocatorMode::caching;
   const Plan plan = predict(s);
   const Program p = lower(s, plan);

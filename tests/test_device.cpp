@@ -13,7 +13,7 @@
 namespace vf::sim {
 namespace {
 
-DeviceSpec spec_of(Bytes total, Bytes others = 0, Bytes context = 0) {
+DeviceSpec device_spec(Bytes total, Bytes others = 0, Bytes context = 0) {
   DeviceSpec s;
   s.total = total;
   s.used_by_others = others;
@@ -22,16 +22,16 @@ DeviceSpec spec_of(Bytes total, Bytes others = 0, Bytes context = 0) {
 }
 
 TEST(SimDevice, CapacityIsTotalMinusOthersMinusContext) {
-  const SimDevice d(spec_of(24 * GiB, 1 * GiB, 300 * MiB));
+  const SimDevice d(device_spec(24 * GiB, 1 * GiB, 300 * MiB));
   EXPECT_EQ(d.capacity(), 24 * GiB - 1 * GiB - 300 * MiB);
   EXPECT_EQ(d.free(), d.capacity());
   EXPECT_EQ(d.device_used(), 1 * GiB + 300 * MiB);  // NVML view before our first byte
-  const SimDevice crowded(spec_of(1 * GiB, 2 * GiB, 0));
+  const SimDevice crowded(device_spec(1 * GiB, 2 * GiB, 0));
   EXPECT_EQ(crowded.capacity(), 0u);  // saturates, never wraps
 }
 
 TEST(SimDevice, OneByteIsChargedAWholePage) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   const auto a = d.cuda_malloc(1);
   ASSERT_TRUE(a);
   EXPECT_EQ(a->size, 512u);           // 512 B spacing
@@ -39,7 +39,7 @@ TEST(SimDevice, OneByteIsChargedAWholePage) {
 }
 
 TEST(SimDevice, LargeBuffersAreChargedInWholePages) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   const auto two = d.cuda_malloc(2 * MiB);
   ASSERT_TRUE(two);
   EXPECT_EQ(two->charge, 2 * MiB);
@@ -55,7 +55,7 @@ TEST(SimDevice, LargeBuffersAreChargedInWholePages) {
 }
 
 TEST(SimDevice, ASmallBufferTakesTheSmallestHoleThatHoldsIt) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   // One page: a 4 KiB, b 64 KiB, c 8 KiB, e 64 KiB, f 8 KiB, back to back from the page's start.
   const auto a = d.cuda_malloc(4 * KiB);
   const auto b = d.cuda_malloc(64 * KiB);
@@ -86,7 +86,7 @@ TEST(SimDevice, ASmallBufferTakesTheSmallestHoleThatHoldsIt) {
 }
 
 TEST(SimDevice, AFreeMergesWithTheHolesBesideIt) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   const auto a = d.cuda_malloc(600 * KiB);
   const auto b = d.cuda_malloc(600 * KiB);
   const auto c = d.cuda_malloc(600 * KiB);
@@ -104,7 +104,7 @@ TEST(SimDevice, AFreeMergesWithTheHolesBesideIt) {
 // A page keeps its first three holes in its own cache line and more on the heap: one page cut
 // into 12 holes keeps all of them, in its best-fit order, and merges them back.
 TEST(SimDevice, APageWithManyHolesKeepsEveryOne) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   std::vector<DeviceAlloc> a;
   for (int i = 0; i < 24; ++i) {
     const auto x = d.cuda_malloc(4 * KiB);
@@ -141,7 +141,7 @@ TEST(SimDevice, APageWithManyHolesKeepsEveryOne) {
 }
 
 TEST(SimDevice, SmallBuffersArePackedIntoSharedPages) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   const auto a = d.cuda_malloc(1000);
   const auto b = d.cuda_malloc(1000);
   const auto c = d.cuda_malloc(1 * MiB);
@@ -155,7 +155,7 @@ TEST(SimDevice, SmallBuffersArePackedIntoSharedPages) {
 }
 
 TEST(SimDevice, PageIsReleasedWhenItsLastBlockIsFreed) {
-  SimDevice d(spec_of(1 * GiB));
+  SimDevice d(device_spec(1 * GiB));
   const auto a = d.cuda_malloc(4096);
   const auto b = d.cuda_malloc(4096);
   ASSERT_TRUE(a && b);
@@ -170,7 +170,7 @@ TEST(SimDevice, PageIsReleasedWhenItsLastBlockIsFreed) {
 }
 
 TEST(SimDevice, FailsWhenThePagesDoNotFit) {
-  SimDevice d(spec_of(10 * MiB));
+  SimDevice d(device_spec(10 * MiB));
   ASSERT_TRUE(d.cuda_malloc(8 * MiB));
   EXPECT_FALSE(d.cuda_malloc(2 * MiB + 1));  // needs 4 MiB, 2 MiB free
   EXPECT_EQ(d.charged(), 8 * MiB);          // a failed call charges nothing
@@ -180,7 +180,7 @@ TEST(SimDevice, FailsWhenThePagesDoNotFit) {
 }
 
 TEST(SimDevice, MappedPagesAreChargedExactly) {
-  SimDevice d(spec_of(100 * MiB));
+  SimDevice d(device_spec(100 * MiB));
   const DeviceAddr va1 = d.reserve_address_range(45 * MiB);
   const DeviceAddr va2 = d.reserve_address_range(10 * MiB);
   EXPECT_GE(va2, va1 + 45 * MiB);  // reservations never overlap
@@ -264,7 +264,7 @@ TEST(SimDevice, TheIndexedBestFitIsThePlainOne) {
     holes.push_back({lo, hi - lo, seq++});
   };
 
-  SimDevice d(spec_of(1024 * GiB));
+  SimDevice d(device_spec(1024 * GiB));
   std::uint64_t state = 12345;
   auto next = [&] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -309,7 +309,7 @@ TEST(SimDevice, ReproducesEveryReadingOfTheH200Recording) {
   ASSERT_EQ(seqs.size(), 3u);
   std::size_t checked = 0;
   for (const nlohmann::json& seq : seqs) {
-    SimDevice d(spec_of(1024 * GiB));
+    SimDevice d(device_spec(1024 * GiB));
     const nlohmann::json& ops = seq["ops"];
     std::vector<DeviceAlloc> allocs(ops.size());
     for (std::size_t i = 0; i < ops.size(); ++i) {

@@ -89,9 +89,9 @@ TEST(HoleIndex, EveryClassFromOneUnitToTheLargestIsFound) {
 
 // The best fit is the first entry of the set ordered by (size, age) at or above the request.
 TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
-  using Key = std::tuple<std::uint32_t, std::uint64_t, HoleIndex::Id>;  // size, age, id
-  std::set<Key> plain;
-  std::vector<Key> live;
+  using HoleKey = std::tuple<std::uint32_t, std::uint64_t, HoleIndex::Id>;  // size, age, id
+  std::set<HoleKey> plain;
+  std::vector<HoleKey> live;
   HoleIndex index;
   SplitMix64 rng{0x401e};
   std::uint64_t age = 0;
@@ -103,7 +103,7 @@ TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
                                                     : 1 + static_cast<std::uint32_t>(rng.next() % (HoleIndex::kSizes - 1));
       const std::uint32_t size = c * HoleIndex::kUnit;
       const auto id = index.add(static_cast<std::uint32_t>(step), 0, size);
-      const Key k{size, age++, id};
+      const HoleKey k{size, age++, id};
       plain.insert(k);
       live.push_back(k);
     } else if (rng.next() % 3 == 0) {  // a split's rest or a merge: new bounds, the youngest
@@ -115,7 +115,7 @@ TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
       ASSERT_EQ(index[id].page, page);
       ASSERT_EQ(index[id].off, 4096u);
       plain.erase(live[i]);
-      live[i] = Key{size, age++, id};
+      live[i] = HoleKey{size, age++, id};
       plain.insert(live[i]);
     } else {
       const std::size_t i = rng.next() % live.size();
@@ -126,7 +126,7 @@ TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
     }
     ASSERT_EQ(index.size(), plain.size());
     const std::uint32_t want = (1 + static_cast<std::uint32_t>(rng.next() % (HoleIndex::kSizes + 8))) * HoleIndex::kUnit;
-    const auto it = plain.lower_bound(Key{want, 0, 0});
+    const auto it = plain.lower_bound(HoleKey{want, 0, 0});
     const HoleIndex::Id expected = it == plain.end() ? HoleIndex::kNone : std::get<2>(*it);
     ASSERT_EQ(index.best_fit(want), expected) << "step " << step << ", request " << want;
   }

@@ -16,14 +16,14 @@ namespace {
 
 using test::spec_of;
 
-AllocatorConfig config(AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options = {}) {
+AllocatorConfig replay_config(AllocatorMode mode, std::vector<std::pair<std::string, std::string>> options = {}) {
   AllocatorConfig c;
   c.mode = mode;
   c.options = std::move(options);
   return c;
 }
 
-std::string error_of(std::string_view text) {
+std::string replay_error(std::string_view text) {
   try {
     parse_trace_text(text, "t.jsonl");
   } catch (const InputError& e) {
@@ -133,36 +133,36 @@ TEST(TraceParse, AllOpsCommentsAndBlankLines) {
 }
 
 TEST(TraceParse, ErrorsNameTheLineAndTheField) {
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1}"), "t.jsonl:1: size: missing");
-  EXPECT_EQ(error_of("\n{\"op\":\"alloc\",\"id\":1,\"size\":\"12XB\"}").rfind("t.jsonl:2: size: unknown unit", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1.5}").rfind("t.jsonl:1: size: expected whole bytes", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":-1,\"size\":1}"), "t.jsonl:1: id: must not be negative, got -1");
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":\"x\",\"size\":1}").rfind("t.jsonl:1: id: expected a non-negative integer", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1,\"stream\":64}"),
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1}"), "t.jsonl:1: size: missing");
+  EXPECT_EQ(replay_error("\n{\"op\":\"alloc\",\"id\":1,\"size\":\"12XB\"}").rfind("t.jsonl:2: size: unknown unit", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1,\"size\":1.5}").rfind("t.jsonl:1: size: expected whole bytes", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":-1,\"size\":1}"), "t.jsonl:1: id: must not be negative, got -1");
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":\"x\",\"size\":1}").rfind("t.jsonl:1: id: expected a non-negative integer", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1,\"size\":1,\"stream\":64}"),
             "t.jsonl:1: stream: stream 64 is out of range (0..63)");
-  EXPECT_EQ(error_of("{\"op\":\"malloc\"}").rfind("t.jsonl:1: op: unknown op \"malloc\"", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"free\",\"id\":1,\"size\":3}"), "t.jsonl:1: size: not a field of \"free\"");
-  EXPECT_EQ(error_of("{\"id\":1}"), "t.jsonl:1: op: missing");
-  EXPECT_EQ(error_of("[1,2]").rfind("t.jsonl:1: each line must be a JSON object", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"sync\"}\n{\"op\":").rfind("t.jsonl:2: not valid JSON", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"wait\",\"stream\":1}"), "t.jsonl:1: on: missing");
-  EXPECT_EQ(error_of("{\"op\":\"sync\",\"name\":3}"), "t.jsonl:1: name: expected a string, got 3");
+  EXPECT_EQ(replay_error("{\"op\":\"malloc\"}").rfind("t.jsonl:1: op: unknown op \"malloc\"", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"free\",\"id\":1,\"size\":3}"), "t.jsonl:1: size: not a field of \"free\"");
+  EXPECT_EQ(replay_error("{\"id\":1}"), "t.jsonl:1: op: missing");
+  EXPECT_EQ(replay_error("[1,2]").rfind("t.jsonl:1: each line must be a JSON object", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"sync\"}\n{\"op\":").rfind("t.jsonl:2: not valid JSON", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"wait\",\"stream\":1}"), "t.jsonl:1: on: missing");
+  EXPECT_EQ(replay_error("{\"op\":\"sync\",\"name\":3}"), "t.jsonl:1: name: expected a string, got 3");
 }
 
 TEST(TraceParse, DuplicateKeysAndHugeNumbersAreInputErrors) {
   // nlohmann would keep the last "size": this line is neither 10 nor 20 bytes, it is an error.
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":10,\"size\":20}"), "t.jsonl:1: size: key given twice on one line (keep one)");
-  EXPECT_EQ(error_of("{\"op\":\"sync\"}\n{\"op\":\"free\",\"op\":\"free\",\"id\":1}"), "t.jsonl:2: op: key given twice on one line (keep one)");
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1,\"size\":10,\"size\":20}"), "t.jsonl:1: size: key given twice on one line (keep one)");
+  EXPECT_EQ(replay_error("{\"op\":\"sync\"}\n{\"op\":\"free\",\"op\":\"free\",\"id\":1}"), "t.jsonl:2: op: key given twice on one line (keep one)");
   // A number too large for a double is nlohmann's out_of_range, not a parse_error: still bad input.
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1e999}").rfind("t.jsonl:1: not valid JSON", 0), 0u);
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":null}").rfind("t.jsonl:1: size: expected a non-negative integer, got null", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1,\"size\":1e999}").rfind("t.jsonl:1: not valid JSON", 0), 0u);
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1,\"size\":null}").rfind("t.jsonl:1: size: expected a non-negative integer, got null", 0), 0u);
 }
 
 TEST(TraceParse, LivenessIsChecked) {
-  EXPECT_EQ(error_of("{\"op\":\"alloc\",\"id\":1,\"size\":1}\n{\"op\":\"alloc\",\"id\":1,\"size\":1}"),
+  EXPECT_EQ(replay_error("{\"op\":\"alloc\",\"id\":1,\"size\":1}\n{\"op\":\"alloc\",\"id\":1,\"size\":1}"),
             "t.jsonl:2: id: id 1 is already live (allocated at line 1)");
-  EXPECT_EQ(error_of("{\"op\":\"free\",\"id\":5}"), "t.jsonl:1: id: id 5 is not live (never allocated or already freed)");
-  EXPECT_EQ(error_of("{\"op\":\"record_stream\",\"id\":5,\"stream\":1}"), "t.jsonl:1: id: id 5 is not live");
+  EXPECT_EQ(replay_error("{\"op\":\"free\",\"id\":5}"), "t.jsonl:1: id: id 5 is not live (never allocated or already freed)");
+  EXPECT_EQ(replay_error("{\"op\":\"record_stream\",\"id\":5,\"stream\":1}"), "t.jsonl:1: id: id 5 is not live");
   // An id may be reused once freed.
   EXPECT_NO_THROW(parse_trace_text(
       "{\"op\":\"alloc\",\"id\":1,\"size\":1}\n{\"op\":\"free\",\"id\":1}\n{\"op\":\"alloc\",\"id\":1,\"size\":1}", "t"));
@@ -185,7 +185,7 @@ TEST(TraceReplay, SparseLargeIdsAndRows) {
       "{\"op\":\"alloc\",\"id\":3,\"size\":600}\n"
       "{\"op\":\"empty_cache\"}\n",
       "t");
-  const ReplayResult r = replay_trace(ev, config(AllocatorMode::caching), spec_of(1 * GiB), 0);
+  const ReplayResult r = replay_trace(ev, replay_config(AllocatorMode::caching), spec_of(1 * GiB), 0);
   ASSERT_EQ(r.rows.size(), 5u);
   EXPECT_EQ(r.mode, AllocatorMode::caching);
   EXPECT_EQ(r.rows[0].reserved, 2 * MiB);             // 1 MiB is small: 2 MiB segment
@@ -211,7 +211,7 @@ TEST(TraceReplay, OomIsRecordedAndTheReplayGoesOn) {
       "{\"op\":\"free\",\"id\":1}\n"
       "{\"op\":\"alloc\",\"id\":2,\"size\":\"40MiB\"}\n",
       "t");
-  const ReplayResult r = replay_trace(ev, config(AllocatorMode::caching), spec_of(64 * MiB), 0);
+  const ReplayResult r = replay_trace(ev, replay_config(AllocatorMode::caching), spec_of(64 * MiB), 0);
   EXPECT_TRUE(r.rows[1].oom);
   EXPECT_TRUE(r.rows[2].skipped);
   EXPECT_TRUE(r.rows[3].skipped);
@@ -232,7 +232,7 @@ TEST(TraceReplay, DebugAndTableFormats) {
       "{\"op\":\"free\",\"id\":1}\n"
       "{\"op\":\"empty_cache\"}\n",
       "t");
-  const ReplayResult r = replay_trace(ev, config(AllocatorMode::caching), spec_of(24 * GiB), 5);
+  const ReplayResult r = replay_trace(ev, replay_config(AllocatorMode::caching), spec_of(24 * GiB), 5);
   EXPECT_EQ(format_replay_debug(r),
             "[DEBUG 0] reserved: 320.00 MiB (+ 320.00 MiB), allocated: 320.00 MiB, module: 320.00 MiB (blocks.0)\n"
             "[DEBUG 1] reserved: 320.00 MiB (+ 0.00 MiB), allocated: 0.00 MiB, free: 320.00 MiB\n"
@@ -253,14 +253,14 @@ TEST(TraceReplay, SameSeedSameRows) {
     if (i % 17 == 0) text += fmt::format("{{\"op\":\"wait\",\"stream\":{},\"on\":{}}}\n", i % 3, (i + 1) % 3);
   }
   const auto ev = parse_trace_text(text, "t");
-  const auto cfg = config(AllocatorMode::async);
+  const auto cfg = replay_config(AllocatorMode::async);
   const ReplayResult a = replay_trace(ev, cfg, spec_of(8 * GiB), 11);
   const ReplayResult b = replay_trace(ev, cfg, spec_of(8 * GiB), 11);
   EXPECT_EQ(format_replay_table(a), format_replay_table(b));
 }
 
 TEST(TraceReplay, BadOptionsAreInputErrors) {
-  EXPECT_THROW(replay_trace({}, config(AllocatorMode::async, {{"max_split_size_mb", "100"}}), spec_of(1 * GiB), 0),
+  EXPECT_THROW(replay_trace({}, replay_config(AllocatorMode::async, {{"max_split_size_mb", "100"}}), spec_of(1 * GiB), 0),
                InputError);
 }
 
@@ -298,7 +298,7 @@ TEST(OriginTable, AsyncWith32MiBGranularityReproducesEveryDebugLine) {
   DeviceSpec rtx4090;  // 24 GiB, default context
   rtx4090.total = 24 * GiB;
   const ReplayResult r =
-      replay_trace(events, config(AllocatorMode::async, {{"pool_granularity", "32MiB"}}), rtx4090, 0);
+      replay_trace(events, replay_config(AllocatorMode::async, {{"pool_granularity", "32MiB"}}), rtx4090, 0);
   ASSERT_EQ(r.rows.size(), 72u);
   EXPECT_EQ(r.oom_count, 0u);
   for (const DebugLine& want : origin_lines()) {
@@ -328,9 +328,9 @@ TEST(OriginTable, TheMeasuredDefaultGranularityReproducesTheTable) {
   const auto events = parse_trace_file(fixture_path());
   DeviceSpec rtx4090;
   rtx4090.total = 24 * GiB;
-  const ReplayResult by_default = replay_trace(events, config(AllocatorMode::async), rtx4090, 0);
+  const ReplayResult by_default = replay_trace(events, replay_config(AllocatorMode::async), rtx4090, 0);
   const ReplayResult with_option =
-      replay_trace(events, config(AllocatorMode::async, {{"pool_granularity", "32MiB"}}), rtx4090, 0);
+      replay_trace(events, replay_config(AllocatorMode::async, {{"pool_granularity", "32MiB"}}), rtx4090, 0);
   ASSERT_EQ(by_default.rows.size(), with_option.rows.size());
   for (std::size_t i = 0; i < by_default.rows.size(); ++i) {
     EXPECT_EQ(by_default.rows[i].reserved, with_option.rows[i].reserved) << "DEBUG " << i;
@@ -342,7 +342,7 @@ TEST(OriginTable, TwoMiBGranularityDoesNotShowTheSteps) {
   const auto events = parse_trace_file(fixture_path());
   DeviceSpec rtx4090;
   rtx4090.total = 24 * GiB;
-  const ReplayResult r = replay_trace(events, config(AllocatorMode::async, {{"pool_granularity", "2MiB"}}), rtx4090, 0);
+  const ReplayResult r = replay_trace(events, replay_config(AllocatorMode::async, {{"pool_granularity", "2MiB"}}), rtx4090, 0);
   // 40 MiB is a whole number of 2 MiB chunks: reserved == allocated, no 32 MiB steps.
   EXPECT_EQ(r.rows[64].reserved, r.rows[64].allocated);
   EXPECT_EQ(to_mib(r.rows[64].reserved), 21480.0);

@@ -5,7 +5,7 @@
 namespace vf::arch {
 namespace {
 
-constexpr std::uint64_t kTimestepDim = 256;  // sinusoidal timestep embedding width
+constexpr std::uint64_t kDitTimestepDim = 256;  // sinusoidal timestep embedding width
 
 // ---- SD3.5 Large ------------------------------------------------------------------------------
 // 38 joint blocks at hidden 2432 (38 heads x 64), MLP 4x (9728), RMS q/k norms; the last block's
@@ -42,7 +42,7 @@ std::vector<Module> modules(Dtype native) {
   net.conv2d("x_embedder.proj", kLatentChannels, kHidden, kPatch);
   // A fixed sin-cos table, stored in the file as a buffer of the root module.
   net.raw("", "pos_embed", {1, kPosEmbedMax * kPosEmbedMax, kHidden}, TensorRole::other);
-  net.linear("t_embedder.mlp.0", kTimestepDim, kHidden);
+  net.linear("t_embedder.mlp.0", kDitTimestepDim, kHidden);
   net.linear("t_embedder.mlp.2", kHidden, kHidden);
   net.linear("y_embedder.mlp.0", kPooledIn, kHidden);
   net.linear("y_embedder.mlp.2", kHidden, kHidden);
@@ -96,7 +96,7 @@ std::vector<Module> modules(Dtype native) {
   net.linear("img_in", kLatentIn, kHidden);
   net.norm("txt_norm", kTextIn, false);
   net.linear("txt_in", kTextIn, kHidden);
-  net.linear("time_text_embed.timestep_embedder.linear_1", kTimestepDim, kHidden);
+  net.linear("time_text_embed.timestep_embedder.linear_1", kDitTimestepDim, kHidden);
   net.linear("time_text_embed.timestep_embedder.linear_2", kHidden, kHidden);
   for (std::uint64_t i = 0; i < kDepth; ++i) block(net, sub("transformer_blocks", i));
   net.linear("norm_out.linear", kHidden, 2 * kHidden);
@@ -136,7 +136,7 @@ void block(Net& net, std::string_view path) {
 std::vector<Module> modules(Dtype native) {
   Net net(native);
   net.conv3d("patch_embedding", kLatentChannels, kDim, 1, 2, 2);  // patch (1, 2, 2)
-  net.linear("time_embedding.0", kTimestepDim, kDim);
+  net.linear("time_embedding.0", kDitTimestepDim, kDim);
   net.linear("time_embedding.2", kDim, kDim);
   net.linear("time_projection.1", kDim, kModSets * kDim);
   net.linear("text_embedding.0", kTextIn, kDim);

@@ -15,9 +15,9 @@ namespace {
 
 constexpr std::uint64_t kImageChannels = 3;
 constexpr std::array<std::uint64_t, 4> kChannels = {128, 256, 512, 512};  // 128 x ch_mult (1, 2, 4, 4)
-constexpr std::uint64_t kResnetsDown = 2;
-constexpr std::uint64_t kResnetsUp = kResnetsDown + 1;
-constexpr std::uint64_t kConvKernel = 3;
+constexpr std::uint64_t kVaeResnetsDown = 2;
+constexpr std::uint64_t kVaeResnetsUp = kVaeResnetsDown + 1;
+constexpr std::uint64_t kVaeConvKernel = 3;
 constexpr std::uint64_t kPatchArea = 2 * 2;  // FLUX.2 patchifies the latent 2x2 before its BatchNorm
 
 struct VaeShape {
@@ -29,54 +29,54 @@ struct VaeShape {
 constexpr VaeShape kFluxVae = {16, false, false};
 constexpr VaeShape kFlux2Vae = {32, true, true};
 
-void resnet(Net& net, std::string_view path, std::uint64_t in, std::uint64_t out) {
+void vae_resnet(Net& net, std::string_view path, std::uint64_t in, std::uint64_t out) {
   net.norm(sub(path, "norm1"), in, true);
-  net.conv2d(sub(path, "conv1"), in, out, kConvKernel);
+  net.conv2d(sub(path, "conv1"), in, out, kVaeConvKernel);
   net.norm(sub(path, "norm2"), out, true);
-  net.conv2d(sub(path, "conv2"), out, out, kConvKernel);
+  net.conv2d(sub(path, "conv2"), out, out, kVaeConvKernel);
   if (in != out) net.conv2d(sub(path, "nin_shortcut"), in, out, 1);
 }
 
 // Mid block: resnet, single-head self-attention made of 1x1 convs, resnet.
 void mid(Net& net, std::string_view path, std::uint64_t c) {
-  resnet(net, sub(path, "block_1"), c, c);
+  vae_resnet(net, sub(path, "block_1"), c, c);
   net.norm(sub(path, "attn_1.norm"), c, true);
   for (std::string_view p : {"q", "k", "v", "proj_out"}) net.conv2d(sub(path, fmt::format("attn_1.{}", p)), c, c, 1);
-  resnet(net, sub(path, "block_2"), c, c);
+  vae_resnet(net, sub(path, "block_2"), c, c);
 }
 
 void encoder(Net& net, const VaeShape& s) {
-  net.conv2d("encoder.conv_in", kImageChannels, kChannels[0], kConvKernel);
+  net.conv2d("encoder.conv_in", kImageChannels, kChannels[0], kVaeConvKernel);
   std::uint64_t c = kChannels[0];
   for (std::size_t level = 0; level < kChannels.size(); ++level) {
-    for (std::uint64_t r = 0; r < kResnetsDown; ++r) {
-      resnet(net, fmt::format("encoder.down.{}.block.{}", level, r), c, kChannels[level]);
+    for (std::uint64_t r = 0; r < kVaeResnetsDown; ++r) {
+      vae_resnet(net, fmt::format("encoder.down.{}.block.{}", level, r), c, kChannels[level]);
       c = kChannels[level];
     }
-    if (level + 1 < kChannels.size()) net.conv2d(fmt::format("encoder.down.{}.downsample.conv", level), c, c, kConvKernel);
+    if (level + 1 < kChannels.size()) net.conv2d(fmt::format("encoder.down.{}.downsample.conv", level), c, c, kVaeConvKernel);
   }
   mid(net, "encoder.mid", c);
   net.norm("encoder.norm_out", c, true);
   // Mean and log-variance of the latent.
-  net.conv2d("encoder.conv_out", c, 2 * s.z_channels, kConvKernel);
+  net.conv2d("encoder.conv_out", c, 2 * s.z_channels, kVaeConvKernel);
   if (s.quant_convs) net.conv2d("encoder.quant_conv", 2 * s.z_channels, 2 * s.z_channels, 1);
 }
 
 void decoder(Net& net, const VaeShape& s) {
   if (s.quant_convs) net.conv2d("decoder.post_quant_conv", s.z_channels, s.z_channels, 1);
   std::uint64_t c = kChannels.back();
-  net.conv2d("decoder.conv_in", s.z_channels, c, kConvKernel);
+  net.conv2d("decoder.conv_in", s.z_channels, c, kVaeConvKernel);
   mid(net, "decoder.mid", c);
   // Levels run bottom-up; each keeps its index in the name (decoder.up.3 runs first).
   for (std::size_t level = kChannels.size(); level-- > 0;) {
-    for (std::uint64_t r = 0; r < kResnetsUp; ++r) {
-      resnet(net, fmt::format("decoder.up.{}.block.{}", level, r), c, kChannels[level]);
+    for (std::uint64_t r = 0; r < kVaeResnetsUp; ++r) {
+      vae_resnet(net, fmt::format("decoder.up.{}.block.{}", level, r), c, kChannels[level]);
       c = kChannels[level];
     }
-    if (level != 0) net.conv2d(fmt::format("decoder.up.{}.upsample.conv", level), c, c, kConvKernel);
+    if (level != 0) net.conv2d(fmt::format("decoder.up.{}.upsample.conv", level), c, c, kVaeConvKernel);
   }
   net.norm("decoder.norm_out", c, true);
-  net.conv2d("decoder.conv_out", c, kImageChannels, kConvKernel);
+  net.conv2d("decoder.conv_out", c, kImageChannels, kVaeConvKernel);
 }
 
 std::vector<Module> vae_modules(const VaeShape& s, Dtype native) {
