@@ -128,14 +128,13 @@ class HoleIndex {
   std::vector<Hole> nodes_;
   Id free_ = kNone;  // removed nodes, linked through next
   // Filled in the constructor, not from a constexpr array: an initializer of 8,192 constants is
-  // 8,192 stores that gcc's dead-store pass walks in every function that makes an index (90 s to
+  // 8,192 stores that gcc's dead-store pass walks in every function that makes an index (94 s to
   // compile the index's test at -O2), where fill is one memset each.
   std::array<Id, kSizes> head_;
   std::array<Id, kSizes> tail_;
   std::array<std::uint64_t, 64> words_{};
   std::uint64_t summary_ = 0;
   std::size_t count_ = 0;
-
 };
 
 }  // namespace vf::sim
