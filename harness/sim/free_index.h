@@ -309,17 +309,21 @@ class FreeIndex {
   // Most bins hold a handful of entries and have room for one more: shift from the back in one
   // pass, inline; the rest (a search, a grown vector, a split) out of line.
   // `held` counts the entries of storage the lane's vectors have grown to (Lane::held).
-  static void put(Bin& bin, const Entry& e, std::size_t& held) {
+  // `e` is taken by value, and the out-of-line path gets its fields: an entry whose address
+  // escapes is kept on the stack, written field by field and copied out as one 16-byte load, which
+  // cannot be forwarded from those stores (a stall on every replace and insert; about a third of
+  // replace_at's time in an async campaign).
+  static void put(Bin& bin, Entry e, std::size_t& held) {
     std::vector<Entry>& v = bin.first;
     if (bin.rest || v.size() >= kShort || v.size() == v.capacity()) {
-      put_general(bin, e, held);
+      put_general(bin, e.size, e.addr, e.block, held);
       return;
     }
     shift_in(v, e);
   }
 
   // Appends `e` to a short sorted vector and shifts it down to its place.
-  static void shift_in(std::vector<Entry>& v, const Entry& e) {
+  static void shift_in(std::vector<Entry>& v, Entry e) {
     v.push_back(e);
     Entry* p = v.data();
     std::size_t i = v.size() - 1;
@@ -327,7 +331,8 @@ class FreeIndex {
     p[i] = e;
   }
 
-  [[gnu::noinline]] static void put_general(Bin& bin, const Entry& e, std::size_t& held) {
+  [[gnu::noinline]] static void put_general(Bin& bin, Bytes size, DeviceAddr addr, std::uint32_t block, std::size_t& held) {
+    const Entry e{size, addr, block};
     if (!bin.rest && bin.first.size() < kShort) {  // short, but its vector must grow
       const std::size_t had = bin.first.capacity();
       shift_in(bin.first, e);
