@@ -8,26 +8,6 @@
 
 namespace vf {
 
-std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, Bytes moved) {
-  auto copy_us = [&](Bytes bytes) { return static_cast<double>(bytes) / (s.device.h2d_gbps * 1e3); };
-  double us = 0;
-  switch (op.kind) {
-    case OpKind::h2d: us = copy_us(p.buffers[op.buffer].bytes); break;
-    case OpKind::vbar_fault: us = copy_us(moved); break;
-    case OpKind::compute: {
-      if (op.phase != Phase::forward || op.module == kNone) break;  // LoRA merges at load: no model time
-      // From the flat array (checked against the modules when the program was lowered): the
-      // Module itself is a cache miss per op in a large model.
-      const std::uint64_t elements = s.models[op.model].spec->module_weight_numels[op.module];
-      const double flops = 2.0 * static_cast<double>(elements) * static_cast<double>(p.stage_rows[op.stage]);
-      us = flops / (s.device.tflops * 1e6);
-      break;
-    }
-    default: return 0;  // no modelled time (most ops: allocations and frees)
-  }
-  return us > 0 ? round_us(us) : 0;
-}
-
 DynamicRuntime::DynamicRuntime(const Scenario& s, const Program& p, sim::Aimdo& aimdo, TorchView& torch)
     : s_(s), p_(p), aimdo_(aimdo), torch_(torch), ns_(s.streams()), vbar_(s.models.size(), kNone), modules_(s.models.size()) {
   for (std::size_t m = 0; m < s.models.size(); ++m) modules_[m].resize(s.models[m].spec->modules.size());

@@ -39,10 +39,6 @@ class TorchView {
   virtual Bytes free_memory() const = 0;
 };
 
-// The modelled duration of an op, in microseconds: copies to the device at device.h2d_gbps
-// (`moved` bytes: an h2d's buffer, a fault's copy), compute at device.tflops over 2 x weight
-// elements x the stage's rows; allocations, frees, conversions and syncs take none.
-std::uint64_t op_duration_us(const Scenario& s, const Program& p, const Op& op, Bytes moved);
 // std::llround of a positive duration, inline: libm's llround is a call, and a campaign rounds
 // about a million durations per thousand cases. Below 2^52 the truncation is the floor and
 // us - floor(us) is exact, so halves round up as llround's do; anything else (2^52 and more, NaN)
@@ -52,9 +48,45 @@ inline std::uint64_t round_us(double us) {
   const auto whole = static_cast<std::uint64_t>(us);
   return whole + (us - static_cast<double>(whole) >= 0.5 ? 1 : 0);
 }
-// Whether op_duration_us can be above 0 for an op of this kind (a backend skips the call for the
-// others: most ops are allocations and frees).
+// Whether OpClock::duration_us can be above 0 for an op of this kind (a backend skips the call
+// for the others: most ops are allocations and frees).
 constexpr bool op_takes_time(OpKind k) { return k == OpKind::h2d || k == OpKind::vbar_fault || k == OpKind::compute; }
+
+// The modelled duration of an op, in microseconds: copies to the device at device.h2d_gbps
+// (`moved` bytes: an h2d's buffer, a fault's copy), compute at device.tflops over 2 x weight
+// elements x the stage's rows; allocations, frees, conversions and syncs take none. One clock per
+// run, inline in the backends' loops: the rates' divisors and each model's weight-element array
+// are read once, not through the scenario on every op (a dynamic campaign times about a million
+// ops per thousand cases).
+class OpClock {
+ public:
+  explicit OpClock(const Scenario& s) : copy_div_(s.device.h2d_gbps * 1e3), flops_div_(s.device.tflops * 1e6) {
+    numels_.reserve(s.models.size());
+    for (const ModelRef& m : s.models) numels_.push_back(m.spec->module_weight_numels.data());
+  }
+  std::uint64_t duration_us(const Program& p, const Op& op, Bytes moved) const {
+    double us = 0;
+    switch (op.kind) {
+      case OpKind::h2d: us = static_cast<double>(p.buffers[op.buffer].bytes) / copy_div_; break;
+      case OpKind::vbar_fault: us = static_cast<double>(moved) / copy_div_; break;
+      case OpKind::compute: {
+        if (op.phase != Phase::forward || op.module == kNone) return 0;  // LoRA merges at load: no model time
+        // From the flat array (checked against the modules when the program was lowered): the
+        // Module itself is a cache miss per op in a large model.
+        const double flops = 2.0 * static_cast<double>(numels_[op.model][op.module]) * static_cast<double>(p.stage_rows[op.stage]);
+        us = flops / flops_div_;
+        break;
+      }
+      default: return 0;  // no modelled time (most ops: allocations and frees)
+    }
+    return us > 0 ? round_us(us) : 0;
+  }
+
+ private:
+  double copy_div_;
+  double flops_div_;
+  std::vector<const std::uint64_t*> numels_;  // per model: its spec's module_weight_numels
+};
 
 // The live torch tensors of a run by what they are, for the account of a dynamic OOM.
 struct LiveTensors {

@@ -124,6 +124,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     DynamicRuntime* const dynamic = kDynamic ? &*dyn : nullptr;
     const sim::Aimdo* const am = aimdo.get();
     const bool record_trace = opt.record_trace;
+    const OpClock clock(s);
     bool oomed = false;
     // Stages are contiguous runs of ops, so a stage is entered at most once: at the first judged
     // op of a stage other than the last one entered.
@@ -239,7 +240,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       }
       // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
       // t column; a classic case without events that keeps no trace has no use for it.
-      if (kTimed && runs && op_takes_time(op.kind)) now_us += op_duration_us(s, p, op, moved);
+      if (kTimed && runs && op_takes_time(op.kind)) now_us += clock.duration_us(p, op, moved);
       if (kDynamic && am->stats().polls != poll_seen) {
         poll_seen = am->stats().polls;
         others_at_poll = device.spec().used_by_others;

@@ -54,7 +54,7 @@ TEST(DynamicTime, RoundUsIsLlroundForEveryPositiveDuration) {
   EXPECT_EQ(round_us(0.5), 1u);
   EXPECT_EQ(round_us(std::nextafter(0.5, 0.0)), 0u);
   EXPECT_EQ(round_us(2.5), 3u);
-  // Durations as op_duration_us makes them: a byte count or a flop count over a rate.
+  // Durations as OpClock makes them: a byte count or a flop count over a rate.
   SplitMix64 rng{7};
   for (int k = 0; k < 200000; ++k) {
     const double num = static_cast<double>(rng.below(std::uint64_t{1} << (1 + k % 50)));

@@ -233,6 +233,7 @@ class CudaBackend::Case {
   LiveTensors live_tensors_;
   std::uint64_t now_us_ = 0;     // modelled time on the fake runtime, wall-clock time on a GPU
   bool modelled_time_ = true;
+  const OpClock clock_{s_};      // declared after s_: built from it
   std::chrono::steady_clock::time_point t0_{};
   std::size_t next_event_ = 0;
   std::vector<std::pair<DevPtr, Bytes>> others_;  // cudaMallocs standing in for other processes
@@ -307,7 +308,7 @@ bool CudaBackend::Case::hooked(bool async_hook, Bytes size, const std::function<
 
 void CudaBackend::Case::advance_time(const Op& op, Bytes moved) {
   if (modelled_time_) {
-    now_us_ += op_duration_us(s_, p_, op, moved);
+    now_us_ += clock_.duration_us(p_, op, moved);
   } else {
     now_us_ = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0_).count());
