@@ -38,6 +38,11 @@ enum class OpKind : std::uint8_t {
   node_end,        // execution.py after each node: cast buffers destroyed, watermark limits reset, soft_empty_cache
 };
 std::string_view op_kind_name(OpKind k);
+// Kinds with no effect on the modelled device's memory: copies, conversions and kernels between
+// buffers that the program allocates and frees with ops of their own.
+constexpr bool memory_neutral(OpKind k) {
+  return k == OpKind::h2d || k == OpKind::upcast || k == OpKind::dequant || k == OpKind::compute;
+}
 
 enum class Phase : std::uint8_t { load, patch, forward, evict, unload };
 std::string_view phase_name(Phase p);
