@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "harness/core/error.h"
+#include "harness/core/scalar_load.h"
 
 namespace vf::sim {
 
@@ -110,15 +111,24 @@ inline void AsyncPoolAllocator::resize(std::uint32_t n, DeviceAddr start, Bytes 
 // frees of one owner keep the later free tick and are opportunistic only if all were. Returns the
 // range that holds n's bytes now.
 inline std::uint32_t AsyncPoolAllocator::place(std::uint32_t n) {
-  auto one_class = [](const Node& a, const Node& b) {
-    return a.kind == b.kind && (a.kind == Kind::unmapped || a.owner == b.owner);
-  };
-  const Node r = nodes_[n];
-  const std::uint32_t lo = r.prev != kNil && one_class(nodes_[r.prev], r) ? r.prev : kNil;
-  const std::uint32_t hi = r.next != kNil && one_class(r, nodes_[r.next]) ? r.next : kNil;
-  auto absorb = [](Node& into, const Node& from) {
-    into.free_tick = std::max(into.free_tick, from.free_tick);
-    into.opportunistic = into.opportunistic && from.opportunistic;
+  // n's fields one by one, not a copy of the node: free() has just stored its tick and owner
+  // one by one, and a copy read them with a 16-byte load that cannot be forwarded from those
+  // stores (core/scalar_load.h; a sixth of a free's time in the allocator benchmark).
+  const Node& node = nodes_[n];
+  const std::uint64_t tick = scalar_load(node.free_tick);
+  const StreamId owner = scalar_load(node.owner);
+  const Kind kind = node.kind;
+  const bool opportunistic = node.opportunistic;
+  const DeviceAddr start = node.start;
+  const Bytes size_n = node.size;
+  const std::uint32_t prev = node.prev, next = node.next;
+  // Neighbours of one class merge: both unmapped, or both free with the same owner.
+  auto one_class = [&](const Node& o) { return o.kind == kind && (kind == Kind::unmapped || o.owner == owner); };
+  const std::uint32_t lo = prev != kNil && one_class(nodes_[prev]) ? prev : kNil;
+  const std::uint32_t hi = next != kNil && one_class(nodes_[next]) ? next : kNil;
+  auto absorb = [](Node& into, std::uint64_t from_tick, bool from_opportunistic) {
+    into.free_tick = std::max(into.free_tick, from_tick);
+    into.opportunistic = into.opportunistic && from_opportunistic;
   };
   if (lo == kNil && hi == kNil) {
     index(n);
@@ -128,15 +138,15 @@ inline std::uint32_t AsyncPoolAllocator::place(std::uint32_t n) {
   nodes_[n].kind = Kind::tensor;
   unlink(n);
   if (lo == kNil) {  // the range above grows down over n
-    resize(hi, r.start, r.size + nodes_[hi].size);
-    absorb(nodes_[hi], r);
+    resize(hi, start, size_n + nodes_[hi].size);
+    absorb(nodes_[hi], tick, opportunistic);
     return hi;
   }
-  Bytes size = nodes_[lo].size + r.size;
-  absorb(nodes_[lo], r);
+  Bytes size = nodes_[lo].size + size_n;
+  absorb(nodes_[lo], tick, opportunistic);
   if (hi != kNil) {
     size += nodes_[hi].size;
-    absorb(nodes_[lo], nodes_[hi]);
+    absorb(nodes_[lo], nodes_[hi].free_tick, nodes_[hi].opportunistic);
     unlink(hi);
   }
   resize(lo, nodes_[lo].start, size);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "harness/core/recycle.h"
+#include "harness/core/scalar_load.h"
 #include "harness/sim/allocator.h"
 #include "harness/sim/free_index.h"
 #include "harness/sim/node_stash.h"
@@ -272,10 +273,12 @@ class CachingAllocator final : public Allocator {
 inline void CachingAllocator::insert_free(Index bi, FreeIndex::Cursor replacing) {
   Block& b = blocks_[bi];
   Pool& pool = pool_of(b);
+  // The size and address one by one: a merge or split has just stored them so (core/scalar_load.h).
+  const Bytes size = scalar_load(b.size), addr = scalar_load(b.addr);
   if (replacing.valid) {
-    pool.blocks.replace_at(replacing, b.size, b.addr, bi);
+    pool.blocks.replace_at(replacing, size, addr, bi);
   } else {
-    pool.blocks.insert(b.stream, b.size, b.addr, bi);
+    pool.blocks.insert(b.stream, size, addr, bi);
   }
   b.state = State::free;
   b.gc_base = pool.lookups;

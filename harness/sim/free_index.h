@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "harness/core/bytes.h"
+#include "harness/core/scalar_load.h"
 
 namespace vf::sim {
 
@@ -75,10 +76,7 @@ class FreeIndex {
     const std::uint32_t b = bin_of(size);
     put(lane.bins[b], Entry{size, addr, block}, lane.held);
     mark(lane, b);
-    lane.bytes += size;
-    ++lane.count;
-    total_bytes_ += size;
-    ++count_;
+    add_totals(lane, size, 1);
   }
 
   // Erases the entry (stream, size, addr), which must be present.
@@ -91,10 +89,7 @@ class FreeIndex {
     const Bytes size = bin.chunk(c.chunk)[c.pos].size;
     take(bin, c.chunk, c.pos);
     if (bin.first.empty()) unmark(lane, c.bin);
-    lane.bytes -= size;
-    --lane.count;
-    total_bytes_ -= size;
-    --count_;
+    add_totals(lane, 0 - size, -1);
   }
 
   // Replaces the entry (stream, old_size, old_addr), which must be present, by (size, addr) of
@@ -409,6 +404,17 @@ class FreeIndex {
     // back off): what a recycled lane would keep.
     std::size_t held = 0;
   };
+
+  // The byte and entry totals of a lane and of the index after an insert (+size, +1) or an erase
+  // (0 - size, -1: unsigned, so wrapping). One field at a time: gcc otherwise adds to each pair
+  // (bytes, count) with one 16-byte load and store, and replace_at has just stored the bytes
+  // alone, which such a load cannot be forwarded from (core/scalar_load.h).
+  [[gnu::always_inline]] void add_totals(Lane& lane, Bytes bytes, std::int64_t entries) {
+    lane.bytes = scalar_load(lane.bytes) + bytes;
+    lane.count += static_cast<std::size_t>(entries);
+    total_bytes_ = scalar_load(total_bytes_) + bytes;
+    count_ += static_cast<std::size_t>(entries);
+  }
 
   // Lanes outlive their index in a pool of the thread's, emptied, for the next index to take:
   // an allocator model is built for every case, and a lane is 488 bins (16 KiB to zero) whose
