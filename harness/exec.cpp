@@ -175,13 +175,13 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       // An op with no memory effect (a copy, conversion or compute on the modelled device, or a
       // conditional op that does not run: 35 to 40 % of a campaign's ops) leaves the allocator,
       // the live bytes and aimdo as they were, so of the figures below only its stage's peak (set
-      // at a stage's first op) and the device's use (after other processes' events, at its start)
-      // can move: it skips the switch and the rest.
+      // at a stage's first op) and the device's use (after other processes' events at its start,
+      // or the baseline when it is a program's first op) can move: it skips the switch and the rest.
       if (!record_trace && (!runs || memory_neutral(op.kind))) {
         if (kTimed && runs && op_takes_time(op.kind)) now_us += clock.duration_us(p, op, 0);
         const Bytes reserved = st.reserved.current;
         if (judged && (reserved > stage_peak[op.stage] || stage_peak[op.stage] == 0)) note_stage_peak(op, i, reserved, 0);
-        if (kTimed && device.device_used() > device_peak) device_peak = device.device_used();
+        if (device.device_used() > device_peak) device_peak = device.device_used();
         continue;
       }
       Bytes moved = 0;

@@ -9,10 +9,14 @@
 // so the read stays an 8-byte load that forwards from its store; it emits no instruction.
 #pragma once
 
+#include <type_traits>
+
 namespace vf {
 
 template <class T>
 [[gnu::always_inline]] inline T scalar_load(const T& field) {
+  static_assert((std::is_integral_v<T> || std::is_enum_v<T>) && sizeof(T) <= sizeof(void*),
+                "scalar_load is for a field that fits a general register");
   T value = field;
   asm("" : "+r"(value));
   return value;

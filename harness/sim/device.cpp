@@ -26,7 +26,7 @@ std::optional<DeviceAlloc> SimDevice::cuda_malloc(Bytes size) {
     // Built in the caller's result from the fields: returning `a` built it on the stack with 8-
     // and 4-byte stores and copied it out with 16-byte loads, which those stores cannot forward
     // to (core/scalar_load.h; most of this function's time in a campaign).
-    return std::optional<DeviceAlloc>(std::in_place, a.addr, a.size, a.charge, a.page);
+    return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{a.addr, a.size, a.charge, a.page});
   }
   return small_malloc(rounded);
 }
@@ -56,7 +56,7 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
       p.holes.erase(h);
     }
     ++p.live;
-    return std::optional<DeviceAlloc>(std::in_place, p.base + found.off, rounded, Bytes{0}, found.page);  // in place (cuda_malloc)
+    return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{p.base + found.off, rounded, 0, found.page});  // in place (cuda_malloc)
   }
   if (!charge(kDevicePage)) return std::nullopt;
   std::uint32_t slot;
@@ -74,7 +74,7 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   next_addr_ += kDevicePage;
   const std::uint32_t size = static_cast<std::uint32_t>(kDevicePage) - r;
   p.holes.push_back(Hole{r, size, index.add(slot, r, size)});
-  return std::optional<DeviceAlloc>(std::in_place, p.base, rounded, Bytes{0}, slot);
+  return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{p.base, rounded, 0, slot});
 }
 
 void SimDevice::small_free(const DeviceAlloc& a) {
