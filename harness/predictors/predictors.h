@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -41,6 +42,7 @@ void refine_exact(const Scenario& s, Plan& plan, Bytes& limit_need);
 // too: chasing every comparison into `modules` made the sort of 1,000,000 modules cache-bound.
 struct WalkKey {
   std::uint64_t k0 = 0, k1 = 0, k2 = 0;
+  auto operator<=>(const WalkKey&) const = default;  // k0, then k1, then k2
 };
 // A model with name ranks (ModelSpec::name_rank, the catalog's) is sorted by them instead, in
 // the same order: its names are never read.
@@ -57,9 +59,7 @@ void sort_walk(std::vector<std::uint32_t>& order, const ModelSpec& model, KeyOf 
     entries.reserve(order.size());
     for (const std::uint32_t i : order) entries.push_back(Ranked{key_of(i), model.name_rank[i], i});
     std::sort(entries.begin(), entries.end(), [&](const Ranked& a, const Ranked& b) {
-      if (a.key.k0 != b.key.k0) return a.key.k0 < b.key.k0;
-      if (a.key.k1 != b.key.k1) return a.key.k1 < b.key.k1;
-      if (a.key.k2 != b.key.k2) return a.key.k2 < b.key.k2;
+      if (const auto c = a.key <=> b.key; c != 0) return c < 0;
       return names_descending ? a.rank > b.rank : a.rank < b.rank;
     });
     for (std::size_t k = 0; k < entries.size(); ++k) order[k] = entries[k].index;
@@ -96,9 +96,7 @@ void sort_walk(std::vector<std::uint32_t>& order, const ModelSpec& model, KeyOf 
     entries.push_back(Entry{key_of(i), hi, lo, i});
   }
   std::sort(entries.begin(), entries.end(), [&](const Entry& a, const Entry& b) {
-    if (a.key.k0 != b.key.k0) return a.key.k0 < b.key.k0;
-    if (a.key.k1 != b.key.k1) return a.key.k1 < b.key.k1;
-    if (a.key.k2 != b.key.k2) return a.key.k2 < b.key.k2;
+    if (const auto c = a.key <=> b.key; c != 0) return c < 0;
     // Where the windows differ, they order the names as std::string does (bytes unsigned; a
     // name that ends first is padded with 0 and sorts first unless the other has a 0 there,
     // which makes the windows equal); equal windows compare the whole names.
