@@ -130,7 +130,7 @@ struct ModelSpec {
   // every derived field.
   std::vector<Bytes> module_sizes;          // modules[i].bytes
   std::vector<std::uint64_t> module_weight_numels;  // modules[i].weight_numel (the modelled compute time)
-  std::vector<std::uint8_t> module_flags;   // modules[i]: kModuleCastHook, kModuleScaled
+  std::vector<std::uint8_t> module_flags;   // modules[i]: the kModule* bits above
   std::vector<std::uint32_t> tensor_first;  // module i's tensors: tensors_flat[tensor_first[i], tensor_first[i + 1])
   std::vector<FlatTensor> tensors_flat;     // modules[i].tensors[t], module after module
   // Empty, or per module the place of its name in the byte order of the model's names (equal
