@@ -62,6 +62,9 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
   // Modelled time (dynamic VRAM's poll, other processes' events): advanced by every op.
   std::uint64_t now_us = 0;
   const bool timed = p.dynamic || opt.record_trace || !s.device.events.empty();
+  // The op durations' clock, for timed runs only (its per-model table is an allocation).
+  std::optional<OpClock> op_clock;
+  if (timed) op_clock.emplace(s);
   std::unique_ptr<sim::Aimdo> aimdo;
   std::unique_ptr<sim::Allocator> alloc_owner;
   sim::Allocator* alloc = nullptr;
@@ -124,7 +127,7 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     DynamicRuntime* const dynamic = kDynamic ? &*dyn : nullptr;
     const sim::Aimdo* const am = aimdo.get();
     const bool record_trace = opt.record_trace;
-    const OpClock clock(s);
+    const OpClock* const clock = kTimed ? &*op_clock : nullptr;
     bool oomed = false;
     // Stages are contiguous runs of ops, so a stage is entered at most once: at the first judged
     // op of a stage other than the last one entered.
@@ -134,8 +137,10 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
     // allocation's figure, so the timeline's band is the view that decides each growth.
     Bytes trace_held = 0;
     Bytes live = 0;
-    // A judged op at or above its stage's peak so far (the first one of a stage sets it).
+    // After a judged op: its stage's peak, when `reserved` is above the peak so far (a stage's
+    // first op sets it).
     auto note_stage_peak = [&](const Op& op, std::uint32_t i, Bytes reserved, Bytes request) {
+      if (reserved <= stage_peak[op.stage] && stage_peak[op.stage] != 0) return;
       stage_peak[op.stage] = reserved;
       r.stage_reserved_peak_op[op.stage] = i;
       r.stage_allocated_at_peak[op.stage] = st.allocated.current;
@@ -178,9 +183,9 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       // at a stage's first op) and the device's use (after other processes' events at its start,
       // or the baseline when it is a program's first op) can move: it skips the switch and the rest.
       if (!record_trace && (!runs || memory_neutral(op.kind))) {
-        if (kTimed && runs && op_takes_time(op.kind)) now_us += clock.duration_us(p, op, 0);
+        if (kTimed && runs && op_takes_time(op.kind)) now_us += clock->duration_us(p, op, 0);
         const Bytes reserved = st.reserved.current;
-        if (judged && (reserved > stage_peak[op.stage] || stage_peak[op.stage] == 0)) note_stage_peak(op, i, reserved, 0);
+        if (judged) note_stage_peak(op, i, reserved, 0);
         if (device.device_used() > device_peak) device_peak = device.device_used();
         continue;
       }
@@ -264,15 +269,13 @@ ExecResult SimBackend::execute(const Scenario& s, const Program& p, const ExecOp
       }
       // Modelled time: what dynamic VRAM's polls and other processes' events run by, and the trace's
       // t column; a classic case without events that keeps no trace has no use for it.
-      if (kTimed && runs && op_takes_time(op.kind)) now_us += clock.duration_us(p, op, moved);
+      if (kTimed && runs && op_takes_time(op.kind)) now_us += clock->duration_us(p, op, moved);
       if (kDynamic && am->stats().polls != poll_seen) {
         poll_seen = am->stats().polls;
         others_at_poll = device.spec().used_by_others;
       }
       const Bytes reserved = st.reserved.current;
-      if (judged && (reserved > stage_peak[op.stage] || stage_peak[op.stage] == 0)) {
-        note_stage_peak(op, i, reserved, runs ? op_request(p, op) : 0);
-      }
+      if (judged) note_stage_peak(op, i, reserved, runs ? op_request(p, op) : 0);
       if (reserved > reserved_peak) {
         reserved_peak = reserved;
         reserved_peak_op = i;

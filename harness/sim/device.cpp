@@ -25,7 +25,7 @@ std::optional<DeviceAlloc> SimDevice::cuda_malloc(Bytes size) {
     next_addr_ += a.charge;
     // Built in the caller's result from the fields: returning `a` built it on the stack with 8-
     // and 4-byte stores and copied it out with 16-byte loads, which those stores cannot forward
-    // to (core/scalar_load.h; most of this function's time in a campaign).
+    // to (the stall core/scalar_load.h describes; most of this function's time in a campaign).
     return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{a.addr, a.size, a.charge, a.page});
   }
   return small_malloc(rounded);
