@@ -350,24 +350,6 @@ Bytes CachingAllocator::try_merge(Index dst, Index src) {
   return absorb(dst, src);
 }
 
-// Splices neighbour `src` (already out of its pool's set) into `dst`: dst takes its address range.
-Bytes CachingAllocator::absorb(Index dst, Index src) {
-  Block& d = blocks_[dst];
-  const Block& s = blocks_[src];
-  if (d.prev == src) {
-    d.addr = s.addr;
-    d.prev = s.prev;
-    if (d.prev != kNone) blocks_[d.prev].next = dst;
-  } else {
-    d.next = s.next;
-    if (d.next != kNone) blocks_[d.next].prev = dst;
-  }
-  d.size += s.size;
-  const Bytes absorbed = s.size;
-  recycle_block(src);
-  return absorbed;
-}
-
 void CachingAllocator::record_stream(BlockKey key, StreamId stream) {
   if (key >= keys_.size() || keys_[key] == kNone) {
     throw InfraError(fmt::format("caching allocator: record_stream of unknown block {}", key));

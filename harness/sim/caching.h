@@ -210,7 +210,7 @@ class CachingAllocator final : public Allocator {
   [[gnu::always_inline]] inline void free_block(Index b);  // in free and in event processing
   void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
-  Bytes absorb(Index dst, Index src);  // the splice both merges share
+  [[gnu::always_inline]] Bytes absorb(Index dst, Index src);  // the splice both merges share
   void process_events();  // after malloc counted itself (malloc_count_), where events are pending
   void synchronize_and_free_events();
   void record_oom(Bytes size, Bytes rounded, Bytes alloc_size, StreamId stream);
@@ -282,6 +282,26 @@ inline void CachingAllocator::insert_free(Index bi, FreeIndex::Cursor replacing)
   }
   b.state = State::free;
   b.gc_base = pool.lookups;
+}
+
+// Splices neighbour `src` (already out of its pool's set) into `dst`: dst takes its address range.
+// Inline (a free's merge calls it): out of line, the merged size and address went through memory
+// on their way to the free index.
+inline Bytes CachingAllocator::absorb(Index dst, Index src) {
+  Block& d = blocks_[dst];
+  const Block& s = blocks_[src];
+  if (d.prev == src) {
+    d.addr = s.addr;
+    d.prev = s.prev;
+    if (d.prev != kNone) blocks_[d.prev].next = dst;
+  } else {
+    d.next = s.next;
+    if (d.next != kNone) blocks_[d.next].prev = dst;
+  }
+  d.size += s.size;
+  const Bytes absorbed = s.size;
+  recycle_block(src);
+  return absorbed;
 }
 
 }  // namespace vf::sim
