@@ -162,7 +162,8 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
 
   // §1.6: cache lookup, then a new segment, then the failure ladder.
   FreeIndex::Cursor cached;
-  Index b = get_free_block(pool, stream, rounded, cached);
+  Bytes found_size = 0;
+  Index b = get_free_block(pool, stream, rounded, cached, found_size);
   if (b == kNone) {
     if (gc_enabled()) garbage_collect_cached_blocks();
     b = alloc_block(pool, stream, rounded, alloc_size);
@@ -177,19 +178,21 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
       ++stats_.num_alloc_retries;
       b = alloc_block(pool, stream, rounded, alloc_size);
     }
+    if (b != kNone) found_size = blocks_[b].size;
   }
   if (b == kNone) {
     record_oom(size, rounded, alloc_size, stream);
     return false;
   }
-  keys_[key] = hand_out(b, rounded, size, key, cached);
+  keys_[key] = hand_out(b, found_size, pool.small, rounded, size, key, cached);
   return true;
 }
 
 // Best fit: the smallest cached block on the same stream that holds `size`.
 // This and hand_out are inlined into malloc, their one caller: the register saves of their calls
 // were a tenth of a pair's instructions.
-[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at) {
+[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at,
+                                                                                                  Bytes& found_size) {
   if (gc_enabled()) ++pool.lookups;  // GC ages blocks by the lookups made since they were cached
   FreeIndex::Cursor it = pool.blocks.lower_bound(stream, size);
   if (!it.valid) return kNone;
@@ -213,6 +216,7 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   if (size >= options_.max_split_size && e.size >= size + options_.max_non_split_rounding) return kNone;
 
   at = it;  // hand_out erases it, or keeps a split's remainder in its place, without a search
+  found_size = e.size;
   return e.block;
 }
 
@@ -228,21 +232,21 @@ CachingAllocator::Index CachingAllocator::alloc_block(Pool& pool, StreamId strea
                                       : new_segment(pool, stream, alloc_size);
 }
 
-bool CachingAllocator::should_split(const Block& b, Bytes size) const {
-  const Bytes remaining = b.size - size;
+bool CachingAllocator::should_split(Bytes block_size, bool small, Bytes size) const {
+  const Bytes remaining = block_size - size;
   // Small pool and expandable segments: any remainder of at least one 512 B block is kept.
-  if (b.small || options_.expandable_segments) return remaining >= kMinBlockSize;
+  if (small || options_.expandable_segments) return remaining >= kMinBlockSize;
   // Large pool: split only below max_split and only if more than 1 MiB would be left; otherwise
   // the whole block is handed out and the slack counts as allocated.
   return size < options_.max_split_size && remaining > kSmallSize;
 }
 
-[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key,
+[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes found_size, bool small, Bytes rounded, Bytes requested, BlockKey key,
                                                    FreeIndex::Cursor cached) {
   const bool tracks_split = !options_.expandable_segments;  // PyTorch excludes expandable here
   const bool already_split = is_split(blocks_[found]);
   Index out = found;
-  if (should_split(blocks_[found], rounded)) {
+  if (should_split(found_size, small, rounded)) {
     // The front `rounded` bytes become the allocation; the found block keeps the rest, free.
     out = new_block();
     Block& a = blocks_[out];

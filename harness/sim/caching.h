@@ -198,15 +198,18 @@ class CachingAllocator final : public Allocator {
   // -- the malloc path (caching.cpp) --
   // The best fit, left in the index: `at` is its place there (hand_out takes it out, or keeps
   // the split's remainder at that place).
-  Index get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at);
+  Index get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at, Bytes& found_size);
   Index alloc_block(Pool& pool, StreamId stream, Bytes rounded, Bytes alloc_size);
   bool release_available_cached_blocks(Pool& pool, StreamId stream, Bytes rounded);
   void release_cached_blocks();
   void garbage_collect_cached_blocks();
-  bool should_split(const Block& b, Bytes size) const;
+  // From the found block's size and pool, as its index entry gave them: the decision does not
+  // wait for the block itself to be read.
+  bool should_split(Bytes block_size, bool small, Bytes size) const;
   // `cached` (valid): `found` is still in its pool's free index there; else it is in no index (a
   // new segment's block).
-  Index hand_out(Index found, Bytes rounded, Bytes requested, BlockKey key, FreeIndex::Cursor cached);
+  Index hand_out(Index found, Bytes found_size, bool small, Bytes rounded, Bytes requested, BlockKey key,
+                 FreeIndex::Cursor cached);
   [[gnu::always_inline]] inline void free_block(Index b);  // in free and in event processing
   void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
