@@ -163,7 +163,8 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   // §1.6: cache lookup, then a new segment, then the failure ladder.
   FreeIndex::Cursor cached;
   Bytes found_size = 0;
-  Index b = get_free_block(pool, stream, rounded, cached, found_size);
+  DeviceAddr found_addr = 0;
+  Index b = get_free_block(pool, stream, rounded, cached, found_size, found_addr);
   if (b == kNone) {
     if (gc_enabled()) garbage_collect_cached_blocks();
     b = alloc_block(pool, stream, rounded, alloc_size);
@@ -178,21 +179,24 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
       ++stats_.num_alloc_retries;
       b = alloc_block(pool, stream, rounded, alloc_size);
     }
-    if (b != kNone) found_size = blocks_[b].size;
+    if (b != kNone) {
+      found_size = blocks_[b].size;
+      found_addr = blocks_[b].addr;
+    }
   }
   if (b == kNone) {
     record_oom(size, rounded, alloc_size, stream);
     return false;
   }
-  keys_[key] = hand_out(b, found_size, pool.small, rounded, size, key, cached);
+  keys_[key] = hand_out(b, pool, found_size, found_addr, rounded, size, key, cached);
   return true;
 }
 
 // Best fit: the smallest cached block on the same stream that holds `size`.
 // This and hand_out are inlined into malloc, their one caller: the register saves of their calls
 // were a tenth of a pair's instructions.
-[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at,
-                                                                                                  Bytes& found_size) {
+[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::get_free_block(
+    Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at, Bytes& found_size, DeviceAddr& found_addr) {
   if (gc_enabled()) ++pool.lookups;  // GC ages blocks by the lookups made since they were cached
   FreeIndex::Cursor it = pool.blocks.lower_bound(stream, size);
   if (!it.valid) return kNone;
@@ -217,6 +221,7 @@ bool CachingAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
 
   at = it;  // hand_out erases it, or keeps a split's remainder in its place, without a search
   found_size = e.size;
+  found_addr = e.addr;
   return e.block;
 }
 
@@ -241,17 +246,18 @@ bool CachingAllocator::should_split(Bytes block_size, bool small, Bytes size) co
   return size < options_.max_split_size && remaining > kSmallSize;
 }
 
-[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::hand_out(Index found, Bytes found_size, bool small, Bytes rounded, Bytes requested, BlockKey key,
-                                                   FreeIndex::Cursor cached) {
+[[gnu::always_inline]] inline CachingAllocator::Index CachingAllocator::hand_out(
+    Index found, Pool& pool, Bytes found_size, DeviceAddr found_addr, Bytes rounded, Bytes requested, BlockKey key,
+    FreeIndex::Cursor cached) {
   const bool tracks_split = !options_.expandable_segments;  // PyTorch excludes expandable here
   const bool already_split = is_split(blocks_[found]);
   Index out = found;
-  if (should_split(found_size, small, rounded)) {
+  if (should_split(found_size, pool.small, rounded)) {
     // The front `rounded` bytes become the allocation; the found block keeps the rest, free.
     out = new_block();
     Block& a = blocks_[out];
     Block& rest = blocks_[found];
-    a.addr = rest.addr;
+    a.addr = found_addr;
     a.size = rounded;
     a.segment = rest.segment;
     a.stream = rest.stream;
@@ -260,18 +266,21 @@ bool CachingAllocator::should_split(Bytes block_size, bool small, Bytes size) co
     if (a.prev != kNone) blocks_[a.prev].next = out;
     a.next = found;
     rest.prev = out;
-    rest.addr += rounded;
-    rest.size -= rounded;
-    insert_free(found, cached);  // the remainder keeps the found block's entry, if it had one
+    // The remainder's size and address from the entry's, in registers on their way to the index.
+    const Bytes rest_size = found_size - rounded;
+    const DeviceAddr rest_addr = found_addr + rounded;
+    rest.addr = rest_addr;
+    rest.size = rest_size;
+    insert_free(found, pool, rest_size, rest_addr, cached);  // it keeps the found block's entry, if it had one
     if (tracks_split) {
       if (already_split) {
         stats_.inactive_split.sub(rounded);  // a free piece of a split segment shrank
       } else {
-        stats_.inactive_split.add(rest.size);  // an unsplit block just became split
+        stats_.inactive_split.add(rest_size);  // an unsplit block just became split
       }
     }
   } else {
-    if (cached.valid) pool_of(blocks_[found]).blocks.erase_at(cached);
+    if (cached.valid) pool.blocks.erase_at(cached);
     if (already_split && tracks_split) stats_.inactive_split.sub(blocks_[found].size);  // a free piece became active whole
   }
 

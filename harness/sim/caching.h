@@ -198,7 +198,8 @@ class CachingAllocator final : public Allocator {
   // -- the malloc path (caching.cpp) --
   // The best fit, left in the index: `at` is its place there (hand_out takes it out, or keeps
   // the split's remainder at that place).
-  Index get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at, Bytes& found_size);
+  Index get_free_block(Pool& pool, StreamId stream, Bytes size, FreeIndex::Cursor& at, Bytes& found_size,
+                       DeviceAddr& found_addr);
   Index alloc_block(Pool& pool, StreamId stream, Bytes rounded, Bytes alloc_size);
   bool release_available_cached_blocks(Pool& pool, StreamId stream, Bytes rounded);
   void release_cached_blocks();
@@ -208,8 +209,9 @@ class CachingAllocator final : public Allocator {
   bool should_split(Bytes block_size, bool small, Bytes size) const;
   // `cached` (valid): `found` is still in its pool's free index there; else it is in no index (a
   // new segment's block).
-  Index hand_out(Index found, Bytes found_size, bool small, Bytes rounded, Bytes requested, BlockKey key,
-                 FreeIndex::Cursor cached);
+  // `found` is a block of `pool` of found_size bytes at found_addr (its index entry's figures).
+  Index hand_out(Index found, Pool& pool, Bytes found_size, DeviceAddr found_addr, Bytes rounded, Bytes requested,
+                 BlockKey key, FreeIndex::Cursor cached);
   [[gnu::always_inline]] inline void free_block(Index b);  // in free and in event processing
   void event_done(Index b);
   Bytes try_merge(Index dst, Index src);
@@ -243,6 +245,9 @@ class CachingAllocator final : public Allocator {
   // moved within its chunk when it stays in one, not erased and inserted again.
   // Inline (below): its call, once per free and per split, was 4 % of a malloc+free pair.
   [[gnu::always_inline]] void insert_free(Index b, FreeIndex::Cursor replacing = {});
+  // The same with b's pool, size and address given (just computed, not read back from b).
+  [[gnu::always_inline]] void insert_free(Index b, Pool& pool, Bytes size, DeviceAddr addr,
+                                          FreeIndex::Cursor replacing);
   void erase_free(Index b);
   void insert_unmapped(Index b);
   void erase_unmapped(Index b);
@@ -275,9 +280,13 @@ class CachingAllocator final : public Allocator {
 
 inline void CachingAllocator::insert_free(Index bi, FreeIndex::Cursor replacing) {
   Block& b = blocks_[bi];
-  Pool& pool = pool_of(b);
   // The size and address one by one: a merge or split has just stored them so (core/scalar_load.h).
-  const Bytes size = scalar_load(b.size), addr = scalar_load(b.addr);
+  insert_free(bi, pool_of(b), scalar_load(b.size), scalar_load(b.addr), replacing);
+}
+
+inline void CachingAllocator::insert_free(Index bi, Pool& pool, Bytes size, DeviceAddr addr,
+                                          FreeIndex::Cursor replacing) {
+  Block& b = blocks_[bi];
   if (replacing.valid) {
     pool.blocks.replace_at(replacing, size, addr, bi);
   } else {
