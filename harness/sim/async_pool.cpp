@@ -290,10 +290,12 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   const Bytes rounded = round_up(size, kAsyncAlign);
   std::uint32_t at = kNil;  // the free range the block goes at the start of
   FreeIndex::Cursor fit;    // its entry, when one range holds the block
+  Bytes fit_size = 0;       // and that entry's size and address
+  DeviceAddr fit_addr = 0;
   // Reuse what this stream may reuse (best fit on one free range of its own or synchronized
   // memory, else the best run of adjacent usable free ranges, other streams' frees included
   // where an event edge or the coin allows), else grow the pool.
-  bool found = best_single_fit(stream, rounded, at, fit) ||
+  bool found = best_single_fit(stream, rounded, at, fit, fit_size, fit_addr) ||
                best_run([&](const Node& r) { return usable(r, stream); }, rounded, at) ||
                grow(stream, rounded, at);
   // ReuseAllowInternalDependencies: only once the pool could not grow, take frees still
@@ -312,8 +314,8 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     return false;
   }
   failed_pieces_.clear();
-  const DeviceAddr addr = nodes_[at].start;
-  const std::uint32_t node = carve(at, rounded, fit);
+  const DeviceAddr addr = fit.valid ? fit_addr : nodes_[at].start;
+  const std::uint32_t node = carve(at, rounded, fit, fit_size, fit_addr);
   last_placed_ = addr;
   last_placed_size_ = rounded;
   keys_[key] = Live{size, node, stream, true, false, false};
@@ -323,10 +325,9 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
   return true;
 }
 
-inline bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const {
+inline bool AsyncPoolAllocator::best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit,
+                                                Bytes& best_size, DeviceAddr& best_addr) const {
   bool found = false;
-  Bytes best_size = 0;
-  DeviceAddr best_addr = 0;
   for (const StreamId owner : {stream, kAnyStream}) {
     const FreeIndex::Cursor c = sizes_.lower_bound(owner, size);
     if (!c.valid) continue;
@@ -502,18 +503,23 @@ void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, std::uin
 // free ranges starts (every placement is at one), and the rest of the last range stays free with
 // its owner. `fit`, when valid, is n's entry in the free index (n holds the block alone). Returns
 // the tensor's range.
-inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit) {
+inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit, Bytes fit_size,
+                                                DeviceAddr fit_addr) {
   const std::uint32_t below = nodes_[n].prev;
   Node tensor;
-  tensor.start = nodes_[n].start;
   tensor.size = size;
   tensor.kind = Kind::tensor;
   if (fit.valid) {  // one range: its entry is known, no search
+    // The range's bounds from its entry, in registers on their way to the index (not read back
+    // from the node the entry names: one dependent load fewer).
+    tensor.start = fit_addr;
     Node& r = nodes_[n];
-    if (size < r.size) {
-      sizes_.replace_at(fit, r.size - size, r.start + size);
-      r.start += size;
-      r.size -= size;
+    if (size < fit_size) {
+      const Bytes rest_size = fit_size - size;
+      const DeviceAddr rest_start = fit_addr + size;
+      sizes_.replace_at(fit, rest_size, rest_start);
+      r.start = rest_start;
+      r.size = rest_size;
     } else {
       sizes_.erase_at(fit);
       r.kind = Kind::tensor;  // out of the index already
@@ -521,6 +527,7 @@ inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, Free
     }
     return link_new(tensor, below);
   }
+  tensor.start = nodes_[n].start;
   Bytes left = size;
   while (left > 0) {
     if (n == kNil || nodes_[n].kind != Kind::free) {

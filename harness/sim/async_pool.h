@@ -146,12 +146,16 @@ class AsyncPoolAllocator final : public Allocator {
   };
 
   bool usable(const Node& r, StreamId stream) const;
-  [[gnu::always_inline]] inline bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at, FreeIndex::Cursor& fit) const;
+  // The fit's range (`at`), its entry, and the entry's size and address.
+  [[gnu::always_inline]] inline bool best_single_fit(StreamId stream, Bytes size, std::uint32_t& at,
+                                                     FreeIndex::Cursor& fit, Bytes& fit_size, DeviceAddr& fit_addr) const;
   template <class Pred>
   bool best_run(Pred usable_range, Bytes size, std::uint32_t& at) const;
   bool grow(StreamId stream, Bytes size, std::uint32_t& at);
   void take_with_internal_dependency(StreamId stream, std::uint32_t at, Bytes size);
-  [[gnu::always_inline]] inline std::uint32_t carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit);
+  // fit_size and fit_addr: `fit`'s size and address, where fit is valid.
+  [[gnu::always_inline]] inline std::uint32_t carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit, Bytes fit_size,
+                                                    DeviceAddr fit_addr);
   // The range list's and indexes' primitives, inlined into malloc, carve, place and free.
   [[gnu::always_inline]] inline std::uint32_t link_new(const Node& proto, std::uint32_t after);
   [[gnu::always_inline]] inline void unlink(std::uint32_t n);
