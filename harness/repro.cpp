@@ -263,7 +263,17 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   }
   md += "## Predicted vs measured\n\n| stage | predicted | + reserve | measured (allocator reserved peak) | overshoot |\n|---|---:|---:|---:|---:|\n";
   for (const StagePlan& sp : c.plan.stages) {
-    if (!sp.checked || sp.stage >= c.exec.stage_reserved_peak.size()) continue;
+    if (sp.stage >= c.exec.stage_reserved_peak.size()) continue;
+    if (!sp.checked) {
+      // Every stage has its row, as in the HTML report: a table of only checked stages was empty
+      // for a scenario under dynamic VRAM, whose stages have no predicted peak.
+      const std::string_view why = sp.dynamic                ? "none (dynamic VRAM: placed at run time)"
+                                   : sp.op == StageOp::unload ? "none (an unload only shrinks)"
+                                                              : "none (not checked by the predictor)";
+      md += fmt::format("| {} {} {} | {} | | {} | |\n", sp.stage, stage_op_name(sp.op), s.models[sp.model].id, why,
+                        format_mib(c.exec.stage_reserved_peak[sp.stage]));
+      continue;
+    }
     const std::int64_t over = static_cast<std::int64_t>(c.exec.stage_reserved_peak[sp.stage]) -
                               static_cast<std::int64_t>(sp.predicted_peak + c.plan.reserve);
     md += fmt::format("| {} {} {} | {} | {} | {} | {} |\n", sp.stage, stage_op_name(sp.op), s.models[sp.model].id,

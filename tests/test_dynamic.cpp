@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -319,6 +320,10 @@ TEST(DynamicCampaign, AColdStartFindsThreeAvoidableOomMechanismsEachShrunkToTwoM
     const std::string md = read_text_file((std::filesystem::path(count.repro_file).parent_path() / "repro.md").string());
     EXPECT_NE(md.find("**Why:**"), std::string::npos) << count.repro_file;
     EXPECT_NE(md.find("**Rests on:** modelled"), std::string::npos) << count.repro_file;
+    // Its stages have no predicted peak: the table says so in a row per stage (the forward's with
+    // its measured peak) instead of being empty.
+    EXPECT_TRUE(std::regex_search(md, std::regex(R"(\| [0-9]+ forward \S+ \| none \(dynamic VRAM: placed at run time\) \| \| [0-9]+\.[0-9]{2} MiB \| \|)")))
+        << count.repro_file;
   }
   for (const char* mech : {"torch-cache", "cast-buffer", "stale-poll"}) {
     ASSERT_TRUE(smallest.count(mech)) << mech;
