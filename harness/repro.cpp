@@ -264,21 +264,25 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
   md += "## Predicted vs measured\n\n| stage | predicted | + reserve | measured (allocator reserved peak) | overshoot |\n|---|---:|---:|---:|---:|\n";
   for (const StagePlan& sp : c.plan.stages) {
     if (sp.stage >= c.exec.stage_reserved_peak.size()) continue;
+    // A stage the run never reached (it stopped at an OOM before the stage's first op) has no
+    // measured peak: its row says so rather than 0.00 MiB. A run that ran every op reached all.
+    const bool reached = c.exec.ops_executed >= c.program.ops.size() ||
+                         (sp.stage < c.program.stage_begin.size() && c.program.stage_begin[sp.stage] < c.exec.ops_executed);
+    const std::string measured = reached ? format_mib(c.exec.stage_reserved_peak[sp.stage]) : "not reached";
     if (!sp.checked) {
       // Every stage has its row, as in the HTML report: a table of only checked stages was empty
       // for a scenario under dynamic VRAM, whose stages have no predicted peak.
-      const std::string_view why = sp.dynamic                ? "none (dynamic VRAM: placed at run time)"
-                                   : sp.op == StageOp::unload ? "none (an unload only shrinks)"
-                                                              : "none (not checked by the predictor)";
-      md += fmt::format("| {} {} {} | {} | | {} | |\n", sp.stage, stage_op_name(sp.op), s.models[sp.model].id, why,
-                        format_mib(c.exec.stage_reserved_peak[sp.stage]));
+      const std::string_view why = sp.op == StageOp::unload ? "none (an unload only shrinks)"
+                                   : sp.dynamic             ? "none (dynamic VRAM: placed at run time)"
+                                                            : "none (not checked by the predictor)";
+      md += fmt::format("| {} {} {} | {} | | {} | |\n", sp.stage, stage_op_name(sp.op), s.models[sp.model].id, why, measured);
       continue;
     }
     const std::int64_t over = static_cast<std::int64_t>(c.exec.stage_reserved_peak[sp.stage]) -
                               static_cast<std::int64_t>(sp.predicted_peak + c.plan.reserve);
     md += fmt::format("| {} {} {} | {} | {} | {} | {} |\n", sp.stage, stage_op_name(sp.op), s.models[sp.model].id,
-                      format_mib(sp.predicted_peak), format_mib(sp.predicted_peak + c.plan.reserve),
-                      format_mib(c.exec.stage_reserved_peak[sp.stage]), format_signed_mib(over));
+                      format_mib(sp.predicted_peak), format_mib(sp.predicted_peak + c.plan.reserve), measured,
+                      reached ? format_signed_mib(over) : "");
   }
   md += fmt::format("\nLargest overshoot seen while shrinking: {} (original case: {}).\n\n",
                     format_signed_mib(r.largest_overshoot), format_signed_mib(r.original_overshoot));

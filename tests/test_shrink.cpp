@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <regex>
 #include <set>
 
 #include <unistd.h>
@@ -329,6 +330,30 @@ TEST(Shrink, AModelThatKeepsItsModulesIsWrittenAsTheCatalogReference) {
   EXPECT_EQ(x.r->minimal.models[0].source, "catalog:qwen-image");
   const std::string md = repro_markdown(*x.r, {}, "repro.json");
   EXPECT_NE(md.find("qwen-image (catalog:qwen-image, stored q6_k, "), std::string::npos) << md.substr(0, 2000);
+}
+
+// repro.md's table has a row for every stage: one after the OOM says it was not reached rather
+// than showing a measured peak of 0.00 MiB. (The class B case above, its forward run twice: the
+// first OOMs, so the second never starts.)
+TEST(Shrink, TheReproTableMarksAStageAfterTheOomNotReached) {
+  const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
+    "device": {"total": "16GiB", "context_overhead": 287047680},
+    "allocator": {"mode": "async", "options": {"pool_granularity": "2MiB"}},
+    "policy": "comfy:oct2025", "offload_streams": 2,
+    "workload": {"width": 576, "height": 576, "batch": 4, "cfg": 7.0},
+    "models": [{"id": "te", "source": "catalog:flux2-text-encoder", "storage": "fp16", "compute": "fp16"}],
+    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}, {"op": "forward", "model": "te"}]})";
+  Catalog catalog;
+  SimBackend backend;
+  ShrinkResult r;
+  r.minimal = parse_scenario_json(json, catalog, "b.json");
+  r.result = run_case(r.minimal, backend, false);
+  ASSERT_EQ(r.result.verdict.signature, "oom:forward:h2d:async") << r.result.verdict.message;
+  ASSERT_EQ(r.result.verdict.stage, 1u);
+  const std::string md = repro_markdown(r, {}, "repro.json");
+  EXPECT_NE(md.find("| 2 forward te | "), std::string::npos) << md;
+  EXPECT_TRUE(std::regex_search(md, std::regex(R"(\| 2 forward te \| [0-9.]+ MiB \| [0-9.]+ MiB \| not reached \|  \|)"))) << md;
+  EXPECT_TRUE(std::regex_search(md, std::regex(R"(\| 1 forward te \| [0-9.]+ MiB \| [0-9.]+ MiB \| [0-9.]+ MiB \| [+-])"))) << md;
 }
 
 }  // namespace
