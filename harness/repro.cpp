@@ -284,7 +284,11 @@ std::string repro_markdown(const ShrinkResult& r, const ReproOrigin& origin, con
                       format_mib(sp.predicted_peak), format_mib(sp.predicted_peak + c.plan.reserve), measured,
                       reached ? format_signed_mib(over) : "");
   }
-  md += fmt::format("\nLargest overshoot seen while shrinking: {} (original case: {}).\n\n",
+  // A dynamic VRAM OOM has no predicted peak to overshoot: its figure is the failed request's
+  // shortfall, the bytes it asked for beyond what was free (oracle.cpp).
+  const bool shortfall = c.plan.dynamic && v.kind == VerdictKind::oom;
+  md += fmt::format("\nLargest {} seen while shrinking: {} (original case: {}).\n\n",
+                    shortfall ? "shortfall (the failed request beyond the free memory)" : "overshoot",
                     format_signed_mib(r.largest_overshoot), format_signed_mib(r.original_overshoot));
   md += "## Trace around the peak\n\n```\n" + debug_lines(s, c, v.op, 10) + "```\n\n";
   md += comfyui_reproduction(s, c.plan.reserve);

@@ -324,6 +324,9 @@ TEST(DynamicCampaign, AColdStartFindsThreeAvoidableOomMechanismsEachShrunkToTwoM
     // its measured peak) instead of being empty.
     EXPECT_TRUE(std::regex_search(md, std::regex(R"(\| [0-9]+ forward \S+ \| none \(dynamic VRAM: placed at run time\) \| \| [0-9]+\.[0-9]{2} MiB \| \|)")))
         << count.repro_file;
+    // Its size while shrinking is the failed request's shortfall, named as such (no predicted peak).
+    EXPECT_NE(md.find("Largest shortfall (the failed request beyond the free memory) seen while shrinking: +"), std::string::npos)
+        << count.repro_file;
   }
   for (const char* mech : {"torch-cache", "cast-buffer", "stale-poll"}) {
     ASSERT_TRUE(smallest.count(mech)) << mech;
