@@ -225,14 +225,19 @@ TEST(Shrink, FlakyOracleGetsAReliabilityFigureAndTheLabel) {
 // alone ends in one module copied on the compute stream (the same signature, class A's finding);
 // the shrinker instead writes the largest module in flight repeated, all offloaded. (Found when the
 // pool's growth step defaulted to 2 MiB; the scenario keeps that step.)
-TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
-  const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
+// The class B scenario with the stages given as a JSON array's contents.
+std::string class_b_scenario(const std::string& pipeline) {
+  return R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
     "device": {"total": "16GiB", "context_overhead": 287047680},
     "allocator": {"mode": "async", "options": {"pool_granularity": "2MiB"}},
     "policy": "comfy:oct2025", "offload_streams": 2,
     "workload": {"width": 576, "height": 576, "batch": 4, "cfg": 7.0},
     "models": [{"id": "te", "source": "catalog:flux2-text-encoder", "storage": "fp16", "compute": "fp16"}],
-    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}]})";
+    "pipeline": [)" + pipeline + "]}";
+}
+
+TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
+  const std::string json = class_b_scenario(R"({"op": "load", "model": "te"}, {"op": "forward", "model": "te"})");
   Catalog catalog;
   SimBackend backend;
   const Scenario s = parse_scenario_json(json, catalog, "b.json");
@@ -336,13 +341,8 @@ TEST(Shrink, AModelThatKeepsItsModulesIsWrittenAsTheCatalogReference) {
 // than showing a measured peak of 0.00 MiB. (The class B case above, its forward run twice: the
 // first OOMs, so the second never starts.)
 TEST(Shrink, TheReproTableMarksAStageAfterTheOomNotReached) {
-  const std::string json = R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
-    "device": {"total": "16GiB", "context_overhead": 287047680},
-    "allocator": {"mode": "async", "options": {"pool_granularity": "2MiB"}},
-    "policy": "comfy:oct2025", "offload_streams": 2,
-    "workload": {"width": 576, "height": 576, "batch": 4, "cfg": 7.0},
-    "models": [{"id": "te", "source": "catalog:flux2-text-encoder", "storage": "fp16", "compute": "fp16"}],
-    "pipeline": [{"op": "load", "model": "te"}, {"op": "forward", "model": "te"}, {"op": "forward", "model": "te"}]})";
+  const std::string json =
+      class_b_scenario(R"({"op": "load", "model": "te"}, {"op": "forward", "model": "te"}, {"op": "forward", "model": "te"})");
   Catalog catalog;
   SimBackend backend;
   ShrinkResult r;
