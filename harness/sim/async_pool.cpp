@@ -314,8 +314,9 @@ bool AsyncPoolAllocator::malloc(BlockKey key, Bytes size, StreamId stream) {
     return false;
   }
   failed_pieces_.clear();
+  // Where the block goes: the fit's entry has it (one dependent load fewer than its node).
   const DeviceAddr addr = fit.valid ? fit_addr : nodes_[at].start;
-  const std::uint32_t node = carve(at, rounded, fit, fit_size, fit_addr);
+  const std::uint32_t node = carve(at, addr, rounded, fit, fit_size);
   last_placed_ = addr;
   last_placed_size_ = rounded;
   keys_[key] = Live{size, node, stream, true, false, false};
@@ -501,22 +502,22 @@ void AsyncPoolAllocator::take_with_internal_dependency(StreamId stream, std::uin
 
 // Gives `size` bytes of free ranges to a tensor: `n` is the free range where a run of adjacent
 // free ranges starts (every placement is at one), and the rest of the last range stays free with
-// its owner. `fit`, when valid, is n's entry in the free index (n holds the block alone). Returns
-// the tensor's range.
-inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit, Bytes fit_size,
-                                                DeviceAddr fit_addr) {
+// its owner; `start` is n's start. `fit`, when valid, is n's entry in the free index (n holds the
+// block alone) and fit_size its size. Returns the tensor's range.
+inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, DeviceAddr start, Bytes size, FreeIndex::Cursor fit,
+                                                Bytes fit_size) {
   const std::uint32_t below = nodes_[n].prev;
   Node tensor;
+  tensor.start = start;
   tensor.size = size;
   tensor.kind = Kind::tensor;
   if (fit.valid) {  // one range: its entry is known, no search
     // The range's bounds from its entry, in registers on their way to the index (not read back
     // from the node the entry names: one dependent load fewer).
-    tensor.start = fit_addr;
     Node& r = nodes_[n];
     if (size < fit_size) {
       const Bytes rest_size = fit_size - size;
-      const DeviceAddr rest_start = fit_addr + size;
+      const DeviceAddr rest_start = start + size;
       sizes_.replace_at(fit, rest_size, rest_start);
       r.start = rest_start;
       r.size = rest_size;
@@ -527,7 +528,6 @@ inline std::uint32_t AsyncPoolAllocator::carve(std::uint32_t n, Bytes size, Free
     }
     return link_new(tensor, below);
   }
-  tensor.start = nodes_[n].start;
   Bytes left = size;
   while (left > 0) {
     if (n == kNil || nodes_[n].kind != Kind::free) {

@@ -153,9 +153,8 @@ class AsyncPoolAllocator final : public Allocator {
   bool best_run(Pred usable_range, Bytes size, std::uint32_t& at) const;
   bool grow(StreamId stream, Bytes size, std::uint32_t& at);
   void take_with_internal_dependency(StreamId stream, std::uint32_t at, Bytes size);
-  // fit_size and fit_addr: `fit`'s size and address, where fit is valid.
-  [[gnu::always_inline]] inline std::uint32_t carve(std::uint32_t n, Bytes size, FreeIndex::Cursor fit, Bytes fit_size,
-                                                    DeviceAddr fit_addr);
+  [[gnu::always_inline]] inline std::uint32_t carve(std::uint32_t n, DeviceAddr start, Bytes size,
+                                                    FreeIndex::Cursor fit, Bytes fit_size);
   // The range list's and indexes' primitives, inlined into malloc, carve, place and free.
   [[gnu::always_inline]] inline std::uint32_t link_new(const Node& proto, std::uint32_t after);
   [[gnu::always_inline]] inline void unlink(std::uint32_t n);
