@@ -281,7 +281,7 @@ bool CachingAllocator::should_split(Bytes block_size, bool small, Bytes size) co
     }
   } else {
     if (cached.valid) pool.blocks.erase_at(cached);
-    if (already_split && tracks_split) stats_.inactive_split.sub(blocks_[found].size);  // a free piece became active whole
+    if (already_split && tracks_split) stats_.inactive_split.sub(found_size);  // a free piece became active whole
   }
 
   Block& a = blocks_[out];

@@ -207,9 +207,9 @@ class CachingAllocator final : public Allocator {
   // From the found block's size and pool, as its index entry gave them: the decision does not
   // wait for the block itself to be read.
   bool should_split(Bytes block_size, bool small, Bytes size) const;
-  // `cached` (valid): `found` is still in its pool's free index there; else it is in no index (a
+  // `found` is a block of `pool` of found_size bytes at found_addr. `cached` (valid): it is still
+  // in the pool's free index there, and those are its entry's figures; else it is in no index (a
   // new segment's block).
-  // `found` is a block of `pool` of found_size bytes at found_addr (its index entry's figures).
   Index hand_out(Index found, Pool& pool, Bytes found_size, DeviceAddr found_addr, Bytes rounded, Bytes requested,
                  BlockKey key, FreeIndex::Cursor cached);
   [[gnu::always_inline]] inline void free_block(Index b);  // in free and in event processing
