@@ -219,13 +219,7 @@ TEST(Shrink, FlakyOracleGetsAReliabilityFigureAndTheLabel) {
   EXPECT_EQ(j["reliability"]["flaky"], r.flaky);
 }
 
-// Class B keeps its mechanism while it shrinks: seed 1's case 358 of `fuzz --policy
-// comfy:oct2025 --allocator async` (the FLUX.2 text encoder in fp16 on 16 GiB, 2 offload streams,
-// 576x576 batch 4) OOMs at a transfer copy with three modules' copies in flight. Dropping modules
-// alone ends in one module copied on the compute stream (the same signature, class A's finding);
-// the shrinker instead writes the largest module in flight repeated, all offloaded. (Found when the
-// pool's growth step defaulted to 2 MiB; the scenario keeps that step.)
-// The class B scenario with the stages given as a JSON array's contents.
+// The class B scenario (below) with the stages given as a JSON array's contents.
 std::string class_b_scenario(const std::string& pipeline) {
   return R"({"schema": "vramfuzz.scenario/1", "name": "flux2-te", "seed": 3652734677,
     "device": {"total": "16GiB", "context_overhead": 287047680},
@@ -236,6 +230,12 @@ std::string class_b_scenario(const std::string& pipeline) {
     "pipeline": [)" + pipeline + "]}";
 }
 
+// Class B keeps its mechanism while it shrinks: seed 1's case 358 of `fuzz --policy
+// comfy:oct2025 --allocator async` (the FLUX.2 text encoder in fp16 on 16 GiB, 2 offload streams,
+// 576x576 batch 4) OOMs at a transfer copy with three modules' copies in flight. Dropping modules
+// alone ends in one module copied on the compute stream (the same signature, class A's finding);
+// the shrinker instead writes the largest module in flight repeated, all offloaded. (Found when the
+// pool's growth step defaulted to 2 MiB; the scenario keeps that step.)
 TEST(Shrink, TheAsyncOffloadOverlapShrinksToOneModuleRepeatedAndKeepsItsCause) {
   const std::string json = class_b_scenario(R"({"op": "load", "model": "te"}, {"op": "forward", "model": "te"})");
   Catalog catalog;
