@@ -29,7 +29,7 @@ TEST(HoleIndex, TheSmallestHoleThatHoldsTheRequestWins) {
   EXPECT_EQ(index.best_fit(1536 * KiB + 512), HoleIndex::kNone);
   EXPECT_EQ(index.best_fit(2048 * KiB), HoleIndex::kNone);  // past the last class
   EXPECT_EQ(index[mid].page, 2u);
-  EXPECT_EQ(index[mid].off, 512u);
+  EXPECT_EQ(index[mid].addr, 512u);
   EXPECT_EQ(index[mid].size, 64 * KiB);
 }
 
@@ -66,7 +66,7 @@ TEST(HoleIndex, AMovedHoleLeavesItsClassAndIsTheYoungestOfItsNewOne) {
   index.remove(c);
   EXPECT_EQ(index.best_fit(8 * KiB), a);
   EXPECT_EQ(index[a].page, 1u);
-  EXPECT_EQ(index[a].off, 512u);
+  EXPECT_EQ(index[a].addr, 512u);
   index.move(a, 0, 1536 * KiB);  // another bitmap word; the 8 KiB class empties
   EXPECT_EQ(index.best_fit(8 * KiB), a);
   EXPECT_EQ(index.best_fit(1536 * KiB + 512), HoleIndex::kNone);
@@ -113,7 +113,7 @@ TEST(HoleIndex, MatchesAnOrderedSetOnRandomAddsAndRemoves) {
       const std::uint32_t size = (1 + static_cast<std::uint32_t>(rng.next() % 16)) * HoleIndex::kUnit;
       index.move(id, 4096, size);
       ASSERT_EQ(index[id].page, page);
-      ASSERT_EQ(index[id].off, 4096u);
+      ASSERT_EQ(index[id].addr, 4096u);
       plain.erase(live[i]);
       live[i] = HoleKey{size, age++, id};
       plain.insert(live[i]);

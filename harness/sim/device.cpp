@@ -45,18 +45,19 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   HoleIndex& index = *holes_;
   if (const HoleIndex::Id id = index.best_fit(r); id != HoleIndex::kNone) {
     const HoleIndex::Hole found = index[id];
-    SmallPage& p = small_pages_[found.page];
-    Hole* const h = std::lower_bound(p.holes.begin(), p.holes.end(), found.off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
-    if (h->size > r) {  // the rest stays a hole, now the youngest
-      h->off = found.off + r;
-      h->size = found.size - r;
-      index.move(id, h->off, h->size);
+    // The page's record is not read here: in a large model it is a cache miss. A split's rest
+    // keeps its id and its place among the page's holes, so the record does not change; an exact
+    // fit's id leaves it later (settle). Either way the record is fetched now, for the free that
+    // most often follows soon or for settle.
+    __builtin_prefetch(&small_pages_[found.page]);
+    if (found.size > r) {
+      index.move(id, found.addr + r, found.size - r);  // the rest, the youngest hole now
     } else {
       index.remove(id);
-      p.holes.erase(h);
+      settle();
+      pending_ = Pending{found.page, id};
     }
-    ++p.live;
-    return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{p.base + found.off, rounded, 0, found.page});  // in place (cuda_malloc)
+    return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{found.addr, rounded, 0, found.page});  // in place (cuda_malloc)
   }
   if (!charge(kDevicePage)) return std::nullopt;
   std::uint32_t slot;
@@ -67,48 +68,52 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
     slot = static_cast<std::uint32_t>(small_pages_.size());
     small_pages_.emplace_back();
   }
-  SmallPage& p = small_pages_[slot];
-  p.base = next_addr_;
-  p.live = 1;
-  p.holes.clear();
+  const DeviceAddr base = next_addr_;
   next_addr_ += kDevicePage;
-  const std::uint32_t size = static_cast<std::uint32_t>(kDevicePage) - r;
-  p.holes.push_back(Hole{r, size, index.add(slot, r, size)});
-  return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{p.base, rounded, 0, slot});
+  PageHoles& holes = small_pages_[slot].holes;
+  holes.clear();
+  holes.push_back(index.add(slot, base + r, static_cast<std::uint32_t>(kDevicePage) - r));
+  return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{base, rounded, 0, slot});
+}
+
+void SimDevice::settle() {
+  if (pending_.id == HoleIndex::kNone) return;
+  // By id, not by address: the index may have given the id to another hole since.
+  PageHoles& holes = small_pages_[pending_.page].holes;
+  holes.erase(std::find(holes.begin(), holes.end(), pending_.id));
+  pending_.id = HoleIndex::kNone;
 }
 
 void SimDevice::small_free(const DeviceAlloc& a) {
-  SmallPage& p = small_pages_[a.page];
+  settle();
+  PageHoles& holes = small_pages_[a.page].holes;
   HoleIndex& index = *holes_;  // made by the small_malloc that returned `a`
-  std::uint32_t off = static_cast<std::uint32_t>(a.addr - p.base);
-  std::uint32_t size = static_cast<std::uint32_t>(a.size);
-  // Merge with the hole just below and the one just above.
-  Hole* next = std::lower_bound(p.holes.begin(), p.holes.end(), off, [](const Hole& x, std::uint32_t o) { return x.off < o; });
-  const bool above = next != p.holes.end() && next->off == off + size;
-  Hole* const below = next != p.holes.begin() && (next - 1)->off + (next - 1)->size == off ? next - 1 : nullptr;
-  if (--p.live == 0) {  // the whole page is one hole now: give it back
-    if (above) index.remove(next->id);
-    if (below != nullptr) index.remove(below->id);
-    p.holes.clear();
+  // Merge with the hole just below and the one just above (the first hole at or above a.addr).
+  PageHoles::Id* const next = std::lower_bound(holes.begin(), holes.end(), a.addr, [&](HoleIndex::Id h, DeviceAddr at) { return index[h].addr < at; });
+  const bool above = next != holes.end() && index[*next].addr == a.addr + a.size;
+  PageHoles::Id* const below = next != holes.begin() && index[next[-1]].addr + index[next[-1]].size == a.addr ? next - 1 : nullptr;
+  const DeviceAddr lo = below != nullptr ? index[*below].addr : a.addr;
+  const DeviceAddr hi = above ? index[*next].addr + index[*next].size : a.addr + a.size;
+  const auto merged = static_cast<std::uint32_t>(hi - lo);
+  if (merged == kDevicePage) {  // the whole page is one hole now: give it back
+    if (above) index.remove(*next);
+    if (below != nullptr) index.remove(*below);
+    holes.clear();
     release(kDevicePage);
     free_slots_.push_back(a.page);
     return;
   }
   // The merged hole keeps a neighbour's entry (in the page and in the index), the youngest now.
   if (below != nullptr) {
-    below->size += size;
     if (above) {
-      below->size += next->size;
-      index.remove(next->id);
-      p.holes.erase(next);
+      index.remove(*next);
+      holes.erase(next);
     }
-    index.move(below->id, below->off, below->size);
+    index.move(*below, lo, merged);
   } else if (above) {
-    next->off = off;
-    next->size += size;
-    index.move(next->id, next->off, next->size);
+    index.move(*next, lo, merged);
   } else {
-    p.holes.insert(next, Hole{off, size, index.add(a.page, off, size)});
+    holes.insert(next, index.add(a.page, a.addr, merged));
   }
 }
 

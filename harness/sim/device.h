@@ -87,59 +87,65 @@ class SimDevice final : public DeviceLayer {
   bool charge(Bytes b);
   void release(Bytes b);
 
-  // A free hole of a small page: its offset and size in the page, and its entry in the index.
-  struct Hole {
-    std::uint32_t off = 0;
-    std::uint32_t size = 0;
-    HoleIndex::Id id = HoleIndex::kNone;
-  };
-  // A page's holes by offset. Few (they are separated by live buffers: in a 1,000,000-module
-  // case 98% of the pages a buffer is placed in have one), so up to three are kept in the page's
-  // own cache line, and only a page that has more keeps them on the heap: a separate vector was a
-  // third cache miss on every placement and free, after the index's node and the page.
+  // A small page's holes, by address: their ids in the index, whose nodes hold the bounds. Few
+  // (they are separated by live buffers: in a 1,000,000-module case 98% of the pages a buffer is
+  // placed in have one), so up to five are kept in the page's record, and only a page that has
+  // more keeps them on the heap. A page has no other state: holes and buffers carry their device
+  // addresses, and a page is empty when a free leaves it one hole of 2 MiB. A placement that splits
+  // a hole, most of them, reads and writes the index's node alone: when the page record also held
+  // each hole's bounds, the page's base and a count of its live buffers, reading it was a cache
+  // miss on 60% of a 1,000,000-module case's placements.
   class PageHoles {
    public:
-    Hole* begin() { return cap_ != 0 ? heap_.get() : inline_; }
-    Hole* end() { return begin() + n_; }
+    using Id = HoleIndex::Id;
+    Id* begin() { return cap_ != 0 ? heap_.get() : inline_; }
+    Id* end() { return begin() + n_; }
     void clear() { n_ = 0; }  // a heap array stays for the slot's next page
-    Hole* insert(Hole* pos, const Hole& h) {
+    Id* insert(Id* pos, Id h) {
       const std::uint32_t at = static_cast<std::uint32_t>(pos - begin());
       if (n_ == capacity()) grow();
-      Hole* d = begin();
+      Id* d = begin();
       std::copy_backward(d + at, d + n_, d + n_ + 1);
       d[at] = h;
       ++n_;
       return d + at;
     }
-    Hole* erase(Hole* pos) {
+    Id* erase(Id* pos) {
       std::copy(pos + 1, end(), pos);
       --n_;
       return pos;
     }
-    void push_back(const Hole& h) { insert(end(), h); }
+    void push_back(Id h) { insert(end(), h); }
 
    private:
-    static constexpr std::uint16_t kInline = 3;
+    static constexpr std::uint16_t kInline = 5;
     std::uint32_t capacity() const { return cap_ != 0 ? cap_ : kInline; }
     void grow() {
-      const std::uint32_t cap = 2 * std::max<std::uint32_t>(capacity(), 4);  // a page has at most 2,048 holes
-      auto bigger = std::make_unique<Hole[]>(cap);
+      const std::uint32_t cap = 2 * std::max<std::uint32_t>(capacity(), 8);  // a page has at most 2,048 holes
+      auto bigger = std::make_unique<Id[]>(cap);
       std::copy(begin(), end(), bigger.get());
       heap_ = std::move(bigger);
       cap_ = static_cast<std::uint16_t>(cap);
     }
     std::uint16_t n_ = 0;
     std::uint16_t cap_ = 0;  // 0: the holes are inline
-    Hole inline_[kInline];
-    std::unique_ptr<Hole[]> heap_;
+    Id inline_[kInline];
+    std::unique_ptr<Id[]> heap_;
   };
-  struct alignas(64) SmallPage {
-    DeviceAddr base = 0;
-    std::uint32_t live = 0;  // live allocations in it; the page is released at 0
+  struct alignas(32) SmallPage {
     PageHoles holes;
   };
-  static_assert(sizeof(SmallPage) == 64);
+  static_assert(sizeof(SmallPage) == 32);
   static_assert(HoleIndex::kUnit == kCudaMallocAlign && HoleIndex::kSizes * HoleIndex::kUnit == kDevicePage);
+  // An exact fit's hole, gone from the index, whose id is still in its page's list: erased from
+  // it by settle(), which runs before any page's list is read again (a free) or the next exact
+  // fit. Meanwhile no other list changes: the pending page holds the buffer just placed, so it is
+  // neither released nor given a new page's hole.
+  struct Pending {
+    std::uint32_t page = 0;
+    HoleIndex::Id id = HoleIndex::kNone;  // kNone: nothing pending
+  };
+  void settle();
   std::optional<DeviceAlloc> small_malloc(Bytes rounded);
   void small_free(const DeviceAlloc& a);
 
@@ -154,6 +160,7 @@ class SimDevice final : public DeviceLayer {
   // Every page's holes in best-fit order; made by the first small buffer (32 KiB of list heads
   // and tails that a run of large buffers, or of the caching model's 2 MiB segments, never needs).
   std::unique_ptr<HoleIndex> holes_;
+  Pending pending_;
 };
 
 }  // namespace vf::sim

@@ -27,13 +27,16 @@ class HoleIndex {
   static constexpr std::uint32_t kUnit = 512;                 // cudaMalloc's granularity
   static constexpr std::uint32_t kSizes = (2u << 20) / kUnit;  // 4,096 classes; holes use 1..4,095
 
+  // The hole's bounds are kept here alone (the page lists only its holes' ids), so a placement
+  // that splits a hole reads and writes this node and no page record.
   struct Hole {
+    std::uint64_t addr = 0;  // the hole's device address
     std::uint32_t page = 0;  // the small page's slot
-    std::uint32_t off = 0;   // in the page
     std::uint32_t size = 0;  // a multiple of kUnit, below 2 MiB
     Id prev = kNone;         // in its size's list (free nodes: next is the free list)
     Id next = kNone;
   };
+  static_assert(sizeof(Hole) == 24);
 
   HoleIndex() {
     head_.fill(kNone);
@@ -41,7 +44,7 @@ class HoleIndex {
   }
 
   // Adds a hole, the youngest of all; returns its id (valid until it is removed).
-  Id add(std::uint32_t page, std::uint32_t off, std::uint32_t size) {
+  Id add(std::uint32_t page, std::uint64_t addr, std::uint32_t size) {
     assert(size > 0 && size < kSizes * kUnit && size % kUnit == 0);  // class 0 or 4,096 would break the lists
     Id id;
     if (free_ != kNone) {
@@ -52,7 +55,7 @@ class HoleIndex {
       nodes_.emplace_back();
     }
     nodes_[id].page = page;
-    link(id, off, size);
+    link(id, addr, size);
     ++count_;
     return id;
   }
@@ -66,10 +69,10 @@ class HoleIndex {
 
   // The hole `id` now has these bounds in the same page, and is the youngest of all: what a
   // remove and an add would do (a split hole's rest, a free merged into a neighbour), in place.
-  void move(Id id, std::uint32_t off, std::uint32_t size) {
+  void move(Id id, std::uint64_t addr, std::uint32_t size) {
     assert(size > 0 && size < kSizes * kUnit && size % kUnit == 0);
     unlink(id);
-    link(id, off, size);
+    link(id, addr, size);
   }
 
   // The smallest hole of at least `size` bytes (a multiple of kUnit), the oldest of its size;
@@ -93,10 +96,10 @@ class HoleIndex {
 
  private:
   // Appends `id` to its size's list, the youngest.
-  void link(Id id, std::uint32_t off, std::uint32_t size) {
+  void link(Id id, std::uint64_t addr, std::uint32_t size) {
     const std::uint32_t c = size / kUnit;
     Hole& h = nodes_[id];
-    h.off = off;
+    h.addr = addr;
     h.size = size;
     h.prev = tail_[c];
     h.next = kNone;
