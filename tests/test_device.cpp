@@ -101,8 +101,50 @@ TEST(SimDevice, AFreeMergesWithTheHolesBesideIt) {
   EXPECT_EQ(d.charged(), 2 * MiB);  // no second page
 }
 
-// A page keeps its first three holes in its own cache line and more on the heap: one page cut
-// into 12 holes keeps all of them, in its best-fit order, and merges them back.
+// A buffer that fills a hole exactly leaves a marker in its page's list (the placement does not
+// read the list). A marker is not a hole: a free beside one does not merge across it, and the
+// buffer's own free removes it and merges as any other.
+TEST(SimDevice, AnExactFitIsNeverMergedAcrossAndItsFreeMergesBothWays) {
+  SimDevice d(device_spec(1 * GiB));
+  const auto a = d.cuda_malloc(1 * MiB);       // page P at 0: [0, 1 MiB); hole [1, 2) MiB
+  const auto b = d.cuda_malloc(512 * KiB);     // [1 MiB, 1.5 MiB); hole [1.5, 2) MiB
+  const auto c = d.cuda_malloc(512 * KiB);     // fills that hole exactly
+  ASSERT_TRUE(a && b && c);
+  const DeviceAddr p = a->addr;
+  EXPECT_EQ(b->addr, p + 1 * MiB);
+  EXPECT_EQ(c->addr, p + 1536 * KiB);
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  d.cuda_free(*b);  // a hole [1, 1.5) MiB between a and c: 512 KiB, not merged with c's place
+  const auto no_room = d.cuda_malloc(512 * KiB + 512);
+  ASSERT_TRUE(no_room);
+  EXPECT_EQ(no_room->addr, p + 2 * MiB) << "a 512 KiB + 512 B request does not fit page P";
+  EXPECT_EQ(d.charged(), 4 * MiB);
+  d.cuda_free(*no_room);
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  const auto e = d.cuda_malloc(512 * KiB);  // fills b's hole exactly: P has no hole again
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->addr, p + 1 * MiB);
+  d.cuda_free(*c);  // [1.5, 2) MiB: below it is e, not a hole
+  d.cuda_free(*a);  // [0, 1) MiB: above it is e
+  const auto f = d.cuda_malloc(1 * MiB);  // the 1 MiB hole exactly, not the 512 KiB one
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->addr, p);
+  d.cuda_free(*e);  // e's hole merges up with [1.5, 2) MiB: [1, 2) MiB
+  EXPECT_EQ(d.charged(), 2 * MiB);
+  const auto g = d.cuda_malloc(1 * MiB);  // that merged hole exactly
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->addr, p + 1 * MiB);
+  d.cuda_free(*g);
+  d.cuda_free(*f);  // merges up with [1, 2) MiB: the whole page, given back
+  EXPECT_EQ(d.charged(), 0u);
+  const auto h = d.cuda_malloc(1 * MiB);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->addr, p + 4 * MiB) << "a new page";
+  EXPECT_EQ(d.charged(), 2 * MiB);
+}
+
+// A page keeps five holes in its own record and more on the heap: one page cut into 12 holes
+// keeps all of them, in its best-fit order, and merges them back.
 TEST(SimDevice, APageWithManyHolesKeepsEveryOne) {
   SimDevice d(device_spec(1 * GiB));
   std::vector<DeviceAlloc> a;

@@ -74,6 +74,28 @@ TEST(HoleIndex, AMovedHoleLeavesItsClassAndIsTheYoungestOfItsNewOne) {
   EXPECT_EQ(index.best_fit(512), HoleIndex::kNone);
 }
 
+// A retired hole (an exact fit's marker) leaves the best-fit order at once but keeps its node and
+// address until it is released; then its node is the next one added.
+TEST(HoleIndex, ARetiredHoleIsNotFoundButKeepsItsNodeUntilReleased) {
+  HoleIndex index;
+  const auto a = index.add(1, 0x7f0000000000ull, 4 * KiB);
+  const auto b = index.add(2, 0x7f0000200000ull, 4 * KiB);
+  index.retire(a);
+  EXPECT_EQ(index.size(), 1u);
+  EXPECT_EQ(index.best_fit(4 * KiB), b);
+  EXPECT_EQ(index[a].addr, 0x7f0000000000ull);
+  EXPECT_EQ(index[a].size, 0u);
+  const auto c = index.add(3, 0, 8 * KiB);  // a's node is still taken
+  EXPECT_NE(c, a);
+  index.release(a);
+  const auto d = index.add(4, 512, 4 * KiB);
+  EXPECT_EQ(d, a);
+  EXPECT_EQ(index.best_fit(4 * KiB), b);  // d is the younger of the two 4 KiB holes
+  index.remove(b);
+  EXPECT_EQ(index.best_fit(4 * KiB), d);
+  EXPECT_EQ(index[d].page, 4u);
+}
+
 TEST(HoleIndex, EveryClassFromOneUnitToTheLargestIsFound) {
   HoleIndex index;
   // The first and last class of each 64-class word, and the extremes 512 B and 2 MiB - 512 B.

@@ -45,17 +45,15 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   HoleIndex& index = *holes_;
   if (const HoleIndex::Id id = index.best_fit(r); id != HoleIndex::kNone) {
     const HoleIndex::Hole found = index[id];
-    // The page's record is not read here: in a large model it is a cache miss. A split's rest
-    // keeps its id and its place among the page's holes, so the record does not change; an exact
-    // fit's id leaves it later (settle). Either way the record is fetched now, for the free that
-    // most often follows soon or for settle.
+    // The page's record is neither read nor written here: in a large model it is a cache miss. A
+    // split's rest keeps its id and its place among the page's holes; an exact fit's id stays
+    // there as the buffer's marker (retire). The record is fetched now for the buffer's free,
+    // which most often follows soon.
     __builtin_prefetch(&small_pages_[found.page]);
     if (found.size > r) {
       index.move(id, found.addr + r, found.size - r);  // the rest, the youngest hole now
     } else {
-      index.remove(id);
-      settle();
-      pending_ = Pending{found.page, id};
+      index.retire(id);
     }
     return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{found.addr, rounded, 0, found.page});  // in place (cuda_malloc)
   }
@@ -76,21 +74,20 @@ std::optional<DeviceAlloc> SimDevice::small_malloc(Bytes rounded) {
   return std::optional<DeviceAlloc>(std::in_place, DeviceAlloc{base, rounded, 0, slot});
 }
 
-void SimDevice::settle() {
-  if (pending_.id == HoleIndex::kNone) return;
-  // By id, not by address: the index may have given the id to another hole since.
-  PageHoles& holes = small_pages_[pending_.page].holes;
-  holes.erase(std::find(holes.begin(), holes.end(), pending_.id));
-  pending_.id = HoleIndex::kNone;
-}
-
 void SimDevice::small_free(const DeviceAlloc& a) {
-  settle();
   PageHoles& holes = small_pages_[a.page].holes;
   HoleIndex& index = *holes_;  // made by the small_malloc that returned `a`
-  // Merge with the hole just below and the one just above (the first hole at or above a.addr).
-  PageHoles::Id* const next = std::lower_bound(holes.begin(), holes.end(), a.addr, [&](HoleIndex::Id h, DeviceAddr at) { return index[h].addr < at; });
-  const bool above = next != holes.end() && index[*next].addr == a.addr + a.size;
+  // The first entry at or above a.addr: the buffer's own marker when it filled a hole exactly (no
+  // hole starts where a live buffer does), which goes now.
+  PageHoles::Id* next = std::lower_bound(holes.begin(), holes.end(), a.addr, [&](HoleIndex::Id h, DeviceAddr at) { return index[h].addr < at; });
+  if (next != holes.end() && index[*next].addr == a.addr) {
+    index.release(*next);
+    next = holes.erase(next);
+  }
+  // Merge with the hole just below and the one just above. Another buffer's marker is never
+  // either: one just above starts a live buffer (size 0 tells it from a hole), and one below ends
+  // at its own address, below a.addr.
+  const bool above = next != holes.end() && index[*next].addr == a.addr + a.size && index[*next].size != 0;
   PageHoles::Id* const below = next != holes.begin() && index[next[-1]].addr + index[next[-1]].size == a.addr ? next - 1 : nullptr;
   const DeviceAddr lo = below != nullptr ? index[*below].addr : a.addr;
   const DeviceAddr hi = above ? index[*next].addr + index[*next].size : a.addr + a.size;

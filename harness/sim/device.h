@@ -87,14 +87,15 @@ class SimDevice final : public DeviceLayer {
   bool charge(Bytes b);
   void release(Bytes b);
 
-  // A small page's holes, by address: their ids in the index, whose nodes hold the bounds. Few
-  // (they are separated by live buffers: in a 1,000,000-module case 98% of the pages a buffer is
-  // placed in have one), so up to five are kept in the page's record, and only a page that has
-  // more keeps them on the heap. A page has no other state: holes and buffers carry their device
-  // addresses, and a page is empty when a free leaves it one hole of 2 MiB. A placement that splits
-  // a hole, most of them, reads and writes the index's node alone: when the page record also held
-  // each hole's bounds, the page's base and a count of its live buffers, reading it was a cache
-  // miss on 60% of a 1,000,000-module case's placements.
+  // A small page's holes, by address: their ids in the index, whose nodes hold the bounds, and
+  // the markers of buffers that filled a hole exactly (HoleIndex::retire). Few (holes are
+  // separated by live buffers: in a 1,000,000-module case 98% of the pages a buffer is placed in
+  // have one), so up to five are kept in the page's record, and only a page that has more keeps
+  // them on the heap. A page has no other state: holes and buffers carry their device addresses,
+  // and a page is empty when a free leaves it one hole of 2 MiB. A placement reads and writes the
+  // index's node alone: when the page record also held each hole's bounds, the page's base and a
+  // count of its live buffers, reading it was a cache miss on 60% of a 1,000,000-module case's
+  // placements.
   class PageHoles {
    public:
     using Id = HoleIndex::Id;
@@ -137,15 +138,6 @@ class SimDevice final : public DeviceLayer {
   };
   static_assert(sizeof(SmallPage) == 32);
   static_assert(HoleIndex::kUnit == kCudaMallocAlign && HoleIndex::kSizes * HoleIndex::kUnit == kDevicePage);
-  // An exact fit's hole, gone from the index, whose id is still in its page's list: erased from
-  // it by settle(), which runs before any page's list is read again (a free) or the next exact
-  // fit. Meanwhile no other list changes: the pending page holds the buffer just placed, so it is
-  // neither released nor given a new page's hole.
-  struct Pending {
-    std::uint32_t page = 0;
-    HoleIndex::Id id = HoleIndex::kNone;  // kNone: nothing pending
-  };
-  void settle();
   std::optional<DeviceAlloc> small_malloc(Bytes rounded);
   void small_free(const DeviceAlloc& a);
 
@@ -160,7 +152,6 @@ class SimDevice final : public DeviceLayer {
   // Every page's holes in best-fit order; made by the first small buffer (32 KiB of list heads
   // and tails that a run of large buffers, or of the caching model's 2 MiB segments, never needs).
   std::unique_ptr<HoleIndex> holes_;
-  Pending pending_;
 };
 
 }  // namespace vf::sim

@@ -28,7 +28,7 @@ class HoleIndex {
   static constexpr std::uint32_t kSizes = (2u << 20) / kUnit;  // 4,096 classes; holes use 1..4,095
 
   // The hole's bounds are kept here alone (the page lists only its holes' ids), so a placement
-  // that splits a hole reads and writes this node and no page record.
+  // reads and writes this node and no page record.
   struct Hole {
     std::uint64_t addr = 0;  // the hole's device address
     std::uint32_t page = 0;  // the small page's slot
@@ -61,10 +61,21 @@ class HoleIndex {
   }
 
   void remove(Id id) {
+    retire(id);
+    release(id);
+  }
+
+  // Takes the hole `id` out of the best-fit order but keeps its node and its address, with size
+  // 0: the device leaves it in its page's list as the marker of the buffer that filled the hole
+  // exactly, so that placement need not read the page's list. release() frees the node.
+  void retire(Id id) {
     unlink(id);
+    nodes_[id].size = 0;
+    --count_;
+  }
+  void release(Id id) {
     nodes_[id].next = free_;
     free_ = id;
-    --count_;
   }
 
   // The hole `id` now has these bounds in the same page, and is the youngest of all: what a
