@@ -106,40 +106,42 @@ TEST(SimDevice, AFreeMergesWithTheHolesBesideIt) {
 // buffer's own free removes it and merges as any other.
 TEST(SimDevice, AnExactFitIsNeverMergedAcrossAndItsFreeMergesBothWays) {
   SimDevice d(device_spec(1 * GiB));
-  const auto a = d.cuda_malloc(1 * MiB);       // page P at 0: [0, 1 MiB); hole [1, 2) MiB
-  const auto b = d.cuda_malloc(512 * KiB);     // [1 MiB, 1.5 MiB); hole [1.5, 2) MiB
-  const auto c = d.cuda_malloc(512 * KiB);     // fills that hole exactly
+  const auto a = d.cuda_malloc(1 * MiB);    // page P: a at [0, 1 MiB); hole [1, 2) MiB
+  const auto b = d.cuda_malloc(512 * KiB);  // [1 MiB, 1.5 MiB); hole [1.5, 2) MiB
+  const auto c = d.cuda_malloc(512 * KiB);  // fills that hole exactly
   ASSERT_TRUE(a && b && c);
   const DeviceAddr p = a->addr;
   EXPECT_EQ(b->addr, p + 1 * MiB);
   EXPECT_EQ(c->addr, p + 1536 * KiB);
   EXPECT_EQ(d.charged(), 2 * MiB);
-  d.cuda_free(*b);  // a hole [1, 1.5) MiB between a and c: 512 KiB, not merged with c's place
+  d.cuda_free(*b);  // a 512 KiB hole [1, 1.5) MiB, not merged with c's place above it
   const auto no_room = d.cuda_malloc(512 * KiB + 512);
   ASSERT_TRUE(no_room);
   EXPECT_EQ(no_room->addr, p + 2 * MiB) << "a 512 KiB + 512 B request does not fit page P";
   EXPECT_EQ(d.charged(), 4 * MiB);
   d.cuda_free(*no_room);
-  EXPECT_EQ(d.charged(), 2 * MiB);
   const auto e = d.cuda_malloc(512 * KiB);  // fills b's hole exactly: P has no hole again
   ASSERT_TRUE(e);
   EXPECT_EQ(e->addr, p + 1 * MiB);
   d.cuda_free(*c);  // [1.5, 2) MiB: below it is e, not a hole
   d.cuda_free(*a);  // [0, 1) MiB: above it is e
-  const auto f = d.cuda_malloc(1 * MiB);  // the 1 MiB hole exactly, not the 512 KiB one
+  const auto no_room2 = d.cuda_malloc(1 * MiB + 512);
+  ASSERT_TRUE(no_room2);
+  EXPECT_EQ(no_room2->addr, p + 4 * MiB) << "the holes beside e were not merged across it";
+  d.cuda_free(*no_room2);
+  const auto f = d.cuda_malloc(1 * MiB);  // [0, 1) MiB exactly
   ASSERT_TRUE(f);
   EXPECT_EQ(f->addr, p);
-  d.cuda_free(*e);  // e's hole merges up with [1.5, 2) MiB: [1, 2) MiB
+  d.cuda_free(*f);  // [0, 1) MiB again: above it is e's place, not a hole
   EXPECT_EQ(d.charged(), 2 * MiB);
-  const auto g = d.cuda_malloc(1 * MiB);  // that merged hole exactly
-  ASSERT_TRUE(g);
-  EXPECT_EQ(g->addr, p + 1 * MiB);
-  d.cuda_free(*g);
-  d.cuda_free(*f);  // merges up with [1, 2) MiB: the whole page, given back
+  d.cuda_free(*e);  // merges down with [0, 1) MiB and up with [1.5, 2) MiB: the page is free
   EXPECT_EQ(d.charged(), 0u);
-  const auto h = d.cuda_malloc(1 * MiB);
+  const auto g = d.cuda_malloc(1 * MiB);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->addr, p + 6 * MiB) << "a new page";
+  const auto h = d.cuda_malloc(1 * MiB);  // the new page's rest, exactly
   ASSERT_TRUE(h);
-  EXPECT_EQ(h->addr, p + 4 * MiB) << "a new page";
+  EXPECT_EQ(h->addr, p + 7 * MiB);
   EXPECT_EQ(d.charged(), 2 * MiB);
 }
 

@@ -88,6 +88,7 @@ TEST(HoleIndex, ARetiredHoleIsNotFoundButKeepsItsNodeUntilReleased) {
   const auto c = index.add(3, 0, 8 * KiB);  // a's node is still taken
   EXPECT_NE(c, a);
   index.release(a);
+  EXPECT_EQ(index.size(), 2u);  // b and c: a was counted out when it was retired
   const auto d = index.add(4, 512, 4 * KiB);
   EXPECT_EQ(d, a);
   EXPECT_EQ(index.best_fit(4 * KiB), b);  // d is the younger of the two 4 KiB holes

@@ -32,7 +32,7 @@ class HoleIndex {
   struct Hole {
     std::uint64_t addr = 0;  // the hole's device address
     std::uint32_t page = 0;  // the small page's slot
-    std::uint32_t size = 0;  // a multiple of kUnit, below 2 MiB
+    std::uint32_t size = 0;  // a multiple of kUnit, below 2 MiB (0 once retired)
     Id prev = kNone;         // in its size's list (free nodes: next is the free list)
     Id next = kNone;
   };
@@ -43,7 +43,8 @@ class HoleIndex {
     tail_.fill(kNone);
   }
 
-  // Adds a hole, the youngest of all; returns its id (valid until it is removed).
+  // Adds a hole, the youngest of all; returns its id (valid until it is removed, or retired and
+  // released).
   Id add(std::uint32_t page, std::uint64_t addr, std::uint32_t size) {
     assert(size > 0 && size < kSizes * kUnit && size % kUnit == 0);  // class 0 or 4,096 would break the lists
     Id id;
@@ -69,11 +70,13 @@ class HoleIndex {
   // 0: the device leaves it in its page's list as the marker of the buffer that filled the hole
   // exactly, so that placement need not read the page's list. release() frees the node.
   void retire(Id id) {
+    assert(nodes_[id].size != 0);  // a hole in the order, not a marker already
     unlink(id);
     nodes_[id].size = 0;
     --count_;
   }
   void release(Id id) {
+    assert(nodes_[id].size == 0);  // retired: in no size's list
     nodes_[id].next = free_;
     free_ = id;
   }
@@ -140,7 +143,7 @@ class HoleIndex {
 
   static_assert(kSizes == 64 * 64, "two levels of 64-bit words");
   std::vector<Hole> nodes_;
-  Id free_ = kNone;  // removed nodes, linked through next
+  Id free_ = kNone;  // removed and released nodes, linked through next
   // Filled in the constructor, not from a constexpr array: an initializer of 8,192 constants is
   // 8,192 stores that gcc's dead-store pass walks in every function that makes an index (94 s to
   // compile the index's test at -O2), where fill is one memset each.
