@@ -195,8 +195,10 @@ class ComfyPlanner {
     return memo_walk(ref.spec, WalkFlavor::classic, ref.compute, ref.lora, c_, [&](WalkOrder& w) {
       const std::vector<Bytes>& bytes = module_sizes(model);  // checks the flat arrays read here
       w.cost.resize(model.modules.size());
+      w.convert.resize(model.modules.size());
       for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
         w.cost[i] = offload_cost(model, i, ref.compute, ref.lora, c_);
+        w.convert[i] = conversion_copies(model, i, ref);
         if (walk_kind(model.module_flags[i]) != Walk::unlisted) w.order.push_back(i);
       }
       // Descending offload cost, then bytes, then name.
@@ -411,7 +413,7 @@ class ComfyPlanner {
     st.on_device = 0;
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) st.on_device += lp.resident[i] ? sizes[i] : 0;
     st.offload_buffer = lp.offload_buffer;
-    transient_window(ref, lp);
+    transient_window(model, memo.convert, lp);
     // "loaded partially" when a module is cast on the fly, else "loaded completely", a walk
     // included where every listed module fitted or only raw ones did not ("full load: False").
     lp.log_line = lowvram_modules == 0
@@ -477,31 +479,38 @@ class ComfyPlanner {
     lp.offload_buffer = buffer;
   }
 
+  // The compute-dtype copies module i's forward allocates when it is offloaded: a copy of every
+  // parameter whose dtype needs a conversion, and for LoRA the private cast copy and the delta of
+  // each weight. The conversion term of the realistic transient below (memoized: classic_walk).
+  static Bytes conversion_copies(const ModelSpec& model, std::uint32_t i, const ModelRef& ref) {
+    Bytes copies = 0;
+    for (std::uint32_t ti = model.tensor_first[i]; ti < model.tensor_first[i + 1]; ++ti) {
+      const FlatTensor& t = model.tensors_flat[ti];
+      if (!is_parameter(t)) continue;
+      if (ref.lora && t.role == TensorRole::weight) {
+        copies += 2 * compute_copy(t, ref.compute);  // the private cast copy and the LoRA delta
+      } else if (needs_conversion(t.dtype, ref.compute)) {
+        copies += compute_copy(t, ref.compute);
+      }
+    }
+    return copies;
+  }
+
   // §5's realistic transient: the worst forward-order window of NS+1 consecutive offloaded
   // modules: all their storage bytes, plus the compute-dtype copy (and LoRA temporaries) of the
-  // one being converted. Counted in the predictor's own units (no allocator rounding: that is
-  // what P1 and the allocator overhead bound measure), so P3 checks the #11171 invariant itself.
-  // Only modules cast on the fly are transferred; a raw module left in host memory is not.
-  void transient_window(const ModelRef& ref, LoadPlan& lp) const {
-    const ModelSpec& model = *ref.spec;
+  // one being converted (`convert`, per module: conversion_copies). Counted in the predictor's own
+  // units (no allocator rounding: that is what P1 and the allocator overhead bound measure), so P3
+  // checks the #11171 invariant itself. Only modules cast on the fly are transferred; a raw module
+  // left in host memory is not.
+  void transient_window(const ModelSpec& model, const std::vector<Bytes>& convert, LoadPlan& lp) const {
     const std::vector<Bytes>& sizes = module_sizes(model);  // modules[i].bytes, flat
     std::vector<std::uint32_t> off;
     for (std::uint32_t i = 0; i < model.modules.size(); ++i) {
       if (lp.lowvram[i]) off.push_back(i);
     }
     for (std::size_t j = 0; j < off.size(); ++j) {
-      Bytes w = 0;
+      Bytes w = convert[off[j]];
       for (std::size_t n = 0; n <= ns_ && j + n < off.size(); ++n) w += sizes[off[j + n]];
-      const std::uint32_t first = model.tensor_first[off[j]], last = model.tensor_first[off[j] + 1];
-      for (std::uint32_t ti = first; ti < last; ++ti) {
-        const FlatTensor& t = model.tensors_flat[ti];
-        if (!is_parameter(t)) continue;
-        if (ref.lora && t.role == TensorRole::weight) {
-          w += 2 * compute_copy(t, ref.compute);  // the private cast copy and the LoRA delta
-        } else if (needs_conversion(t.dtype, ref.compute)) {
-          w += compute_copy(t, ref.compute);
-        }
-      }
       if (w > lp.realistic_transient) {
         lp.realistic_transient = w;
         lp.transient_module = off[j];

@@ -24,6 +24,10 @@ struct WalkOrder {
   // bytes was two cache misses per module in a large model; in walk order they stream.
   std::vector<Bytes> walk_cost;
   std::vector<Bytes> walk_bytes;
+  // Classic: per module, the compute-dtype copies its offloaded forward allocates (the realistic
+  // transient's conversion term), so a load need not read every offloaded module's tensors: at
+  // 1,000,000 modules they were 52 MB of the planner's reads per case.
+  std::vector<Bytes> convert;
 };
 
 enum class WalkFlavor : std::uint8_t { classic, dynamic };
