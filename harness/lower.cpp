@@ -1,6 +1,8 @@
 #include "harness/lower.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -59,6 +61,51 @@ namespace {
 
 // How far ahead a loop over a scattered order (the load walk's) starts its reads.
 constexpr std::size_t kPrefetch = 8;
+
+// The tensors of the modules a classic load walk lists, in walk order: where the walk lists
+// 1,000,000 modules, reading each one's tensor_first and tensors_flat entries in its order was
+// two or three cache misses per module, half the load's time (bench/scale_case.cpp). Gathered once
+// per model and walk, they are read in sequence.
+struct WalkTensors {
+  struct Place {
+    std::uint32_t first;  // the module's first tensor in the model's flat tables (and its slots)
+    std::uint32_t count;
+  };
+  // What the gather was made from: the model (its address names it only while it lives, as in
+  // the walk memo; its module count and bytes, as there) and the walk.
+  std::weak_ptr<const ModelSpec> owner;
+  const ModelSpec* spec = nullptr;
+  std::size_t modules = 0;
+  Bytes model_bytes = 0;
+  std::vector<std::uint32_t> order;
+  std::vector<Place> place;  // per walk position
+  std::vector<Bytes> bytes;  // the listed modules' tensors' bytes, module after module in walk order
+};
+
+// The gather for `spec`'s walk `order`, made unless this thread's last one was of the same model
+// and walk (compared whole: an external predictor may order the same model differently). A
+// thread keeps one, the last: for a 1,000,000-module model, 28 MB beside its program.
+const WalkTensors& walk_tensors(const std::shared_ptr<const ModelSpec>& spec, const std::vector<std::uint32_t>& order) {
+  thread_local WalkTensors g;
+  const ModelSpec& model = *spec;
+  if (g.spec == &model && !g.owner.expired() && g.modules == model.modules.size() && g.model_bytes == model.bytes &&
+      g.order.size() == order.size() && std::memcmp(g.order.data(), order.data(), order.size() * sizeof(std::uint32_t)) == 0) {
+    return g;
+  }
+  g.owner = spec;
+  g.spec = &model;
+  g.modules = model.modules.size();
+  g.model_bytes = model.bytes;
+  g.order = order;
+  g.place.resize(order.size());
+  g.bytes.clear();
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::uint32_t i = order[k], first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;
+    g.place[k] = WalkTensors::Place{first, count};
+    for (std::uint32_t t = 0; t < count; ++t) g.bytes.push_back(model.tensors_flat[first + t].bytes);
+  }
+  return g;
+}
 
 OpKind conversion_kind(Dtype storage) {
   const DtypeInfo& i = dtype_info(storage);
@@ -257,10 +304,15 @@ class Lowerer final : public lowering::ProgramSink {
   void move_to_device(std::uint32_t m, std::uint32_t i) {
     // The tensors' bytes from the model's flat array (the Tensor structs are cold in a large model).
     const ModelSpec& spec = *s_.models[m].spec;
-    const std::uint32_t first = spec.tensor_first[i], count = spec.tensor_first[i + 1] - first;
-    const std::span<std::uint32_t> slots = weights_[m].of(i);
+    const std::uint32_t first = spec.tensor_first[i];
+    move_to_device(m, i, first, spec.tensor_first[i + 1] - first, [&](std::uint32_t t) { return spec.tensors_flat[first + t].bytes; });
+  }
+  // Module i's `count` tensors, the model's [first, first + count), of bytes bytes_of(t).
+  template <class BytesOf>
+  void move_to_device(std::uint32_t m, std::uint32_t i, std::uint32_t first, std::uint32_t count, BytesOf bytes_of) {
+    std::uint32_t* const slots = weights_[m].all().data() + first;
     for (std::uint32_t t = 0; t < count; ++t) {
-      const std::uint32_t b = alloc(Phase::load, spec.tensors_flat[first + t].bytes, 0, BufferKind::weight, m, i, t);
+      const std::uint32_t b = alloc(Phase::load, bytes_of(t), 0, BufferKind::weight, m, i, t);
       emit(OpKind::h2d, Phase::load, 0, b);
       slots[t] = b;
     }
@@ -301,24 +353,40 @@ class Lowerer final : public lowering::ProgramSink {
     // arrives: a compute copy of the weight and the patched result in the patch dtype, then the
     // result is rounded back into the stored weight (the backup lives on the host).
     const std::size_t n = lp.sorted.size();
+    // In a large model, the listed modules' tensors gathered in walk order (walk_tensors).
+    const WalkTensors* const gathered = n >= options_.gather_walk_min ? &walk_tensors(ref.spec, lp.sorted) : nullptr;
+    std::size_t at = 0;  // with `gathered`: the walk position's first tensor in gathered->bytes
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint32_t i = lp.sorted[k];
       // The walk's order is scattered over the model: in a large one every module's fields are a
       // cache miss, so the reads of the modules kPrefetch and 2 x kPrefetch places ahead are
-      // started now (the nearer one's tensors through its tensor_first, read by then).
+      // started now (the nearer one's tensors through its tensor_first, read by then, where they
+      // were not gathered).
       if (k + 2 * kPrefetch < n) {
         const std::uint32_t far = lp.sorted[k + 2 * kPrefetch];
-        __builtin_prefetch(&model.tensor_first[far]);
+        if (!gathered) __builtin_prefetch(&model.tensor_first[far]);
         __builtin_prefetch(&lp.resident[far]);
         __builtin_prefetch(&resident_[m][far]);
       }
       if (k + kPrefetch < n) {
-        const std::uint32_t first = model.tensor_first[lp.sorted[k + kPrefetch]];
-        __builtin_prefetch(model.tensors_flat.data() + first);  // may be one past the end: a prefetch never faults
-        __builtin_prefetch(weights_[m].all().data() + first, 1);
+        if (gathered) {
+          __builtin_prefetch(weights_[m].all().data() + gathered->place[k + kPrefetch].first, 1);
+        } else {
+          const std::uint32_t first = model.tensor_first[lp.sorted[k + kPrefetch]];
+          __builtin_prefetch(model.tensors_flat.data() + first);  // may be one past the end: a prefetch never faults
+          __builtin_prefetch(weights_[m].all().data() + first, 1);
+        }
       }
-      if (!lp.resident[i] || resident_[m][i]) continue;
-      move_to_device(m, i);
+      if (gathered) {
+        const WalkTensors::Place p = gathered->place[k];
+        const Bytes* const bytes = gathered->bytes.data() + at;
+        at += p.count;
+        if (!lp.resident[i] || resident_[m][i]) continue;
+        move_to_device(m, i, p.first, p.count, [bytes](std::uint32_t t) { return bytes[t]; });
+      } else {
+        if (!lp.resident[i] || resident_[m][i]) continue;
+        move_to_device(m, i);
+      }
       if (!ref.lora) continue;
       bool patched = false;
       const std::uint32_t first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;

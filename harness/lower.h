@@ -8,6 +8,7 @@
 // their sources: docs/lowering.md.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -134,6 +135,12 @@ struct LowerOptions {
   // offload streams pass after pass). Off: every pass lowered on its own, the reference the
   // copies are tested against (tests/test_lower.cpp). The program is the same either way.
   bool repeat_passes = true;
+  // The classic load walk visits a model's modules in the walk's order, scattered over the model
+  // (equal sizes recur a block apart). Where it lists this many modules or more, it reads their
+  // tensors from a copy gathered in walk order (kept on the thread for the next case of the same
+  // model and walk) rather than from the model's tables, which outgrow the cache. 0: always;
+  // SIZE_MAX: never, the reference the gathered walk is tested against. The program is the same.
+  std::size_t gather_walk_min = std::size_t{1} << 16;
 };
 Program lower(const Scenario& s, const Plan& plan, const LowerOptions& options = {});
 

@@ -2,6 +2,11 @@
 // derived in the comments from the rules in comfyui-accounting.md §2 and docs/lowering.md.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <memory>
+
 #include "harness/campaign.h"
 #include "harness/choices.h"
 #include "harness/generate.h"
@@ -235,6 +240,103 @@ TEST(Lowering, RepeatedPassesAreThePassesLoweredOneByOne) {
   EXPECT_GT(repeated, 200u);
   EXPECT_GT(dynamic_repeated, 100u);
   EXPECT_GT(ops, 500000u);
+}
+
+// The two programs are the same op for op and buffer for buffer.
+::testing::AssertionResult same_program(const Program& a, const Program& b) {
+  if (a.ops.size() != b.ops.size()) return ::testing::AssertionFailure() << a.ops.size() << " ops against " << b.ops.size();
+  if (a.buffers.size() != b.buffers.size()) {
+    return ::testing::AssertionFailure() << a.buffers.size() << " buffers against " << b.buffers.size();
+  }
+  for (std::size_t i = 0; i < a.ops.size(); ++i) {
+    if (!(a.ops[i] == b.ops[i])) return ::testing::AssertionFailure() << "op " << i << " differs";
+  }
+  for (std::size_t i = 0; i < a.buffers.size(); ++i) {
+    if (!(a.buffers[i] == b.buffers[i])) return ::testing::AssertionFailure() << "buffer " << i << " differs";
+  }
+  if (a.stage_begin != b.stage_begin) return ::testing::AssertionFailure() << "stage_begin differs";
+  return ::testing::AssertionSuccess();
+}
+
+LowerOptions gather_walk(std::size_t min) {
+  LowerOptions o;
+  o.gather_walk_min = min;
+  return o;
+}
+
+// LowerOptions::gather_walk_min: a classic load walk that reads its modules' tensors from the copy
+// gathered in walk order (here at any size: 0) lowers the program the walk reading the model's
+// tables gives, over generated cases of every preset kind (dynamic presets load their legacy
+// models classically), LoRA loads included.
+TEST(Lowering, AGatheredLoadWalkIsTheWalkReadFromTheModel) {
+  Catalog catalog;
+  std::size_t moved = 0, lora_moved = 0;
+  const char* const policies[] = {"comfy:dec2025", "comfy:sep2026", "comfy:feb2026", ""};
+  for (const char* policy : policies) {
+    for (std::uint64_t seed = 1; seed <= 120; ++seed) {
+      PrngChoices c(splitmix64(seed) ^ 0x6761746865722121ull);
+      GenConfig cfg;
+      if (*policy) cfg.policy = policy;
+      const Scenario s = generate_scenario(c, cfg, catalog);
+      const Plan plan = predict(s);
+      const Program gathered = lower(s, plan, gather_walk(0));
+      const Program reference = lower(s, plan, gather_walk(std::numeric_limits<std::size_t>::max()));
+      ASSERT_TRUE(same_program(gathered, reference)) << (*policy ? policy : "drawn") << " seed " << seed;
+      for (const Op& op : reference.ops) {
+        if (op.kind != OpKind::h2d || op.phase != Phase::load) continue;
+        ++moved;
+        if (s.models[op.model].lora) ++lora_moved;
+      }
+    }
+  }
+  // The walks moved real models' weights, some of them patched.
+  EXPECT_GT(moved, 20000u);
+  EXPECT_GT(lora_moved, 1000u);
+}
+
+// A thread keeps the last gather and uses it again only for the same model and the same walk: a
+// walk in another order (as an external predictor may give), and another model of the same shape
+// in the scenario's place, each lower as the model's tables say.
+TEST(Lowering, AGatheredLoadWalkIsMadeAgainForAnotherWalkOrModel) {
+  Catalog catalog;
+  std::size_t checked = 0;
+  for (std::uint64_t seed = 1; seed <= 40 && checked < 10; ++seed) {
+    PrngChoices c(splitmix64(seed) ^ 0x7265676174686572ull);
+    GenConfig cfg;
+    cfg.policy = "comfy:dec2025";
+    Scenario s = generate_scenario(c, cfg, catalog);
+    Plan plan = predict(s);
+    // A load that moves modules in a walk of at least two.
+    const auto load = std::find_if(plan.loads.begin(), plan.loads.end(), [&](const LoadPlan& lp) {
+      return lp.sorted.size() >= 2 && std::count(lp.resident.begin(), lp.resident.end(), 1) >= 2;
+    });
+    if (load == plan.loads.end()) continue;
+    ++checked;
+    const LowerOptions gather = gather_walk(0), never = gather_walk(std::numeric_limits<std::size_t>::max());
+    const Program first = lower(s, plan, gather);
+    ASSERT_TRUE(same_program(first, lower(s, plan, never))) << "seed " << seed;
+
+    // Another model in its place: a copy whose tensors are the same but for one of the first
+    // module the walk moves, longer by one row (the walk is the same list of modules).
+    auto edited = std::make_shared<ModelSpec>(*s.models[load->model].spec);
+    const std::uint32_t i = *std::find_if(load->sorted.begin(), load->sorted.end(), [&](std::uint32_t m) { return load->resident[m] != 0; });
+    const auto t = std::find_if(edited->modules[i].tensors.begin(), edited->modules[i].tensors.end(),
+                                [](const Tensor& x) { return !x.shape.empty(); });
+    ASSERT_NE(t, edited->modules[i].tensors.end()) << "seed " << seed;
+    ++t->shape.front();
+    finalize_model(*edited, "models[0]");
+    s.models[load->model].spec = edited;
+    const Program other = lower(s, plan, gather);
+    ASSERT_TRUE(same_program(other, lower(s, plan, never))) << "seed " << seed;
+    EXPECT_FALSE(same_program(other, first)) << "seed " << seed;  // the edit did reach the program
+
+    // The same model, walked in reverse.
+    std::reverse(load->sorted.begin(), load->sorted.end());
+    const Program reversed = lower(s, plan, gather);
+    ASSERT_TRUE(same_program(reversed, lower(s, plan, never))) << "seed " << seed;
+    EXPECT_FALSE(same_program(reversed, other)) << "seed " << seed;  // the order did reach the program
+  }
+  EXPECT_EQ(checked, 10u);
 }
 
 }  // namespace
