@@ -205,9 +205,11 @@ class ComfyPlanner {
       sort_walk(w.order, model, [&](std::uint32_t i) { return WalkKey{~w.cost[i], ~bytes[i], 0}; }, true);
       w.walk_cost.reserve(w.order.size());
       w.walk_bytes.reserve(w.order.size());
+      w.walk_flags.reserve(w.order.size());
       for (const std::uint32_t i : w.order) {
         w.walk_cost.push_back(w.cost[i]);
         w.walk_bytes.push_back(bytes[i]);
+        w.walk_flags.push_back(model.module_flags[i]);
       }
     });
   }
@@ -399,7 +401,7 @@ class ComfyPlanner {
     } else {
       // Whatever the walk does not place stays where it was.
       lp.resident = st.resident;
-      walk(model, memo, lp, budget_total);
+      walk(memo, lp, budget_total);
       st.loaded = lp.loaded;
     }
     std::uint32_t lowvram_modules = 0;
@@ -430,10 +432,11 @@ class ComfyPlanner {
   // module is resident if loaded + module_mem + potential < budget; a miss raises the buffer to
   // its potential and marks a cast-hook module for casting on the fly. A raw module that misses
   // is not moved: it stays where it was (lp.resident holds that on entry).
-  void walk(const ModelSpec& model, const WalkOrder& order, LoadPlan& lp, i64 budget) {
-    // The listed modules' bytes and costs in walk order (walk_memo.h): read in sequence.
+  void walk(const WalkOrder& order, LoadPlan& lp, i64 budget) {
+    // The listed modules' bytes, costs and flags in walk order (walk_memo.h): read in sequence.
     const std::vector<Bytes>& sizes = order.walk_bytes;
     const std::vector<Bytes>& costs = order.walk_cost;
+    const std::vector<std::uint8_t>& flags = order.walk_flags;
     Bytes largest = 0;  // of the listed modules (only the `largest` accounting reads it)
     if (c_.account == AccountMode::largest) {
       for (const Bytes bytes : sizes) largest = std::max(largest, bytes);
@@ -444,11 +447,10 @@ class ComfyPlanner {
     const std::size_t listed = lp.sorted.size();
     for (std::size_t k = 0; k < listed; ++k) {
       const std::uint32_t i = lp.sorted[k];
-      // The per-module flags the walk reads and writes are scattered over the model: in a large
-      // one each is a cache miss, so the reads of the module kPrefetch places ahead start now.
+      // The per-module flags the walk writes are scattered over the model: in a large one each is
+      // a cache miss, so the writes of the module kPrefetch places ahead start now.
       if (k + kPrefetch < listed) {
         const std::uint32_t ahead = lp.sorted[k + kPrefetch];
-        __builtin_prefetch(&model.module_flags[ahead]);
         __builtin_prefetch(&lp.resident[ahead], 1);
         __builtin_prefetch(&lp.lowvram[ahead], 1);
       }
@@ -468,7 +470,7 @@ class ComfyPlanner {
         loaded += bytes;
       } else {
         buffer = potential;
-        if ((model.module_flags[i] & kModuleCastHook) != 0) {
+        if ((flags[k] & kModuleCastHook) != 0) {
           lp.resident[i] = 0;
           lp.lowvram[i] = 1;
           if (lora) ++lp.lowvram_patches;

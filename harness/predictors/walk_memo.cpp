@@ -44,8 +44,8 @@ struct MemoEntry {
 };
 
 // At most this many orders, and this many modules over all of them, per thread (12 bytes each,
-// 36 for a classic order, which also keeps its listed modules' bytes and costs in walk order and
-// each module's conversion copies: at most 72 MiB): a default campaign's catalog draws make
+// 37 for a classic order, which also keeps its listed modules' bytes, costs and flags in walk
+// order and each module's conversion copies: at most 74 MiB): a default campaign's catalog draws make
 // about 1,500 keys (model x storage x compute dtype x LoRA x flavor) of a few hundred modules
 // each; a 1,000,000-module model is cached alone.
 constexpr std::size_t kMaxEntries = 4096;

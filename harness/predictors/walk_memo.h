@@ -24,6 +24,7 @@ struct WalkOrder {
   // bytes was two cache misses per module in a large model; in walk order they stream.
   std::vector<Bytes> walk_cost;
   std::vector<Bytes> walk_bytes;
+  std::vector<std::uint8_t> walk_flags;  // module order[k]'s module_flags (the cast hook), read there too
   // Classic: per module, the compute-dtype copies its offloaded forward allocates (the realistic
   // transient's conversion term), so a load need not read every offloaded module's tensors: at
   // 1,000,000 modules they were 52 MB of the planner's reads per case.
