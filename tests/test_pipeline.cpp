@@ -200,48 +200,6 @@ TEST(Pipeline, SameScenarioSameTrace) {
   }
 }
 
-// LowerOptions::repeat_passes: a forward's first pass lowered and copied for the others is the
-// program every pass lowered on its own gives, op for op and buffer for buffer, over generated
-// cases of every preset kind: classic, dynamic with aimdo's cast buffers (sep2026) and without
-// (feb2026, whose torch cast buffers rotate over the offload streams and may not repeat), and a
-// drawn mix. The copies' buffers are renumbered; the resident weights they read are not.
-TEST(Lowering, RepeatedPassesAreThePassesLoweredOneByOne) {
-  Catalog catalog;
-  std::size_t repeated = 0, dynamic_repeated = 0, ops = 0;
-  const char* const policies[] = {"comfy:dec2025", "comfy:sep2026", "comfy:feb2026", ""};
-  for (const char* policy : policies) {
-    for (std::uint64_t seed = 1; seed <= 150; ++seed) {
-      PrngChoices c(splitmix64(seed) ^ 0x7265706561747321ull);
-      GenConfig cfg;
-      if (*policy) cfg.policy = policy;
-      const Scenario s = generate_scenario(c, cfg, catalog);
-      const Plan plan = predict(s);
-      const Program once = lower(s, plan);
-      LowerOptions each;
-      each.repeat_passes = false;
-      const Program reference = lower(s, plan, each);
-      ASSERT_EQ(once.ops.size(), reference.ops.size()) << policy << " seed " << seed;
-      ASSERT_EQ(once.buffers.size(), reference.buffers.size()) << policy << " seed " << seed;
-      for (std::size_t i = 0; i < once.ops.size(); ++i) ASSERT_TRUE(once.ops[i] == reference.ops[i]) << policy << " seed " << seed << " op " << i;
-      for (std::size_t i = 0; i < once.buffers.size(); ++i) {
-        ASSERT_TRUE(once.buffers[i] == reference.buffers[i]) << policy << " seed " << seed << " buffer " << i;
-      }
-      EXPECT_EQ(once.stage_begin, reference.stage_begin);
-      ops += once.ops.size();
-      for (std::size_t i = 0; i < s.stages.size(); ++i) {
-        const bool diffusion = s.models[s.stages[i].model].spec->kind == ModelKind::diffusion;
-        if (s.stages[i].op != StageOp::forward || plan.stages[i].passes * (diffusion ? s.workload.steps : 1) < 2) continue;
-        ++repeated;
-        if (plan.dynamic) ++dynamic_repeated;
-      }
-    }
-  }
-  // The cases exercise repetition, dynamic forwards included, on programs of real size.
-  EXPECT_GT(repeated, 200u);
-  EXPECT_GT(dynamic_repeated, 100u);
-  EXPECT_GT(ops, 500000u);
-}
-
 // The two programs are the same op for op and buffer for buffer.
 ::testing::AssertionResult same_program(const Program& a, const Program& b) {
   if (a.ops.size() != b.ops.size()) return ::testing::AssertionFailure() << a.ops.size() << " ops against " << b.ops.size();
@@ -264,6 +222,50 @@ LowerOptions gather_walk(std::size_t min) {
   return o;
 }
 
+// Every preset kind: classic, dynamic with aimdo's cast buffers (sep2026) and without (feb2026),
+// and a drawn mix ("").
+constexpr const char* kEveryPresetKind[] = {"comfy:dec2025", "comfy:sep2026", "comfy:feb2026", ""};
+
+// The generator's case for `seed` under `policy` ("" draws one); `salt` keeps one test's cases
+// apart from another's.
+Scenario generated(Catalog& catalog, const char* policy, std::uint64_t seed, std::uint64_t salt) {
+  PrngChoices c(splitmix64(seed) ^ salt);
+  GenConfig cfg;
+  if (*policy) cfg.policy = policy;
+  return generate_scenario(c, cfg, catalog);
+}
+
+// LowerOptions::repeat_passes: a forward's first pass lowered and copied for the others is the
+// program every pass lowered on its own gives, op for op and buffer for buffer, over generated
+// cases of every preset kind: classic, dynamic with aimdo's cast buffers (sep2026) and without
+// (feb2026, whose torch cast buffers rotate over the offload streams and may not repeat), and a
+// drawn mix. The copies' buffers are renumbered; the resident weights they read are not.
+TEST(Lowering, RepeatedPassesAreThePassesLoweredOneByOne) {
+  Catalog catalog;
+  std::size_t repeated = 0, dynamic_repeated = 0, ops = 0;
+  for (const char* policy : kEveryPresetKind) {
+    for (std::uint64_t seed = 1; seed <= 150; ++seed) {
+      const Scenario s = generated(catalog, policy, seed, 0x7265706561747321ull);
+      const Plan plan = predict(s);
+      const Program once = lower(s, plan);
+      LowerOptions each;
+      each.repeat_passes = false;
+      ASSERT_TRUE(same_program(once, lower(s, plan, each))) << policy << " seed " << seed;
+      ops += once.ops.size();
+      for (std::size_t i = 0; i < s.stages.size(); ++i) {
+        const bool diffusion = s.models[s.stages[i].model].spec->kind == ModelKind::diffusion;
+        if (s.stages[i].op != StageOp::forward || plan.stages[i].passes * (diffusion ? s.workload.steps : 1) < 2) continue;
+        ++repeated;
+        if (plan.dynamic) ++dynamic_repeated;
+      }
+    }
+  }
+  // The cases exercise repetition, dynamic forwards included, on programs of real size.
+  EXPECT_GT(repeated, 200u);
+  EXPECT_GT(dynamic_repeated, 100u);
+  EXPECT_GT(ops, 500000u);
+}
+
 // LowerOptions::gather_walk_min: a classic load walk that reads its modules' tensors from the copy
 // gathered in walk order (here at any size: 0) lowers the program the walk reading the model's
 // tables gives, over generated cases of every preset kind (dynamic presets load their legacy
@@ -271,13 +273,9 @@ LowerOptions gather_walk(std::size_t min) {
 TEST(Lowering, AGatheredLoadWalkIsTheWalkReadFromTheModel) {
   Catalog catalog;
   std::size_t moved = 0, lora_moved = 0;
-  const char* const policies[] = {"comfy:dec2025", "comfy:sep2026", "comfy:feb2026", ""};
-  for (const char* policy : policies) {
+  for (const char* policy : kEveryPresetKind) {
     for (std::uint64_t seed = 1; seed <= 120; ++seed) {
-      PrngChoices c(splitmix64(seed) ^ 0x6761746865722121ull);
-      GenConfig cfg;
-      if (*policy) cfg.policy = policy;
-      const Scenario s = generate_scenario(c, cfg, catalog);
+      const Scenario s = generated(catalog, policy, seed, 0x6761746865722121ull);
       const Plan plan = predict(s);
       const Program gathered = lower(s, plan, gather_walk(0));
       const Program reference = lower(s, plan, gather_walk(std::numeric_limits<std::size_t>::max()));
@@ -301,10 +299,7 @@ TEST(Lowering, AGatheredLoadWalkIsMadeAgainForAnotherWalkOrModel) {
   Catalog catalog;
   std::size_t checked = 0;
   for (std::uint64_t seed = 1; seed <= 40 && checked < 10; ++seed) {
-    PrngChoices c(splitmix64(seed) ^ 0x7265676174686572ull);
-    GenConfig cfg;
-    cfg.policy = "comfy:dec2025";
-    Scenario s = generate_scenario(c, cfg, catalog);
+    Scenario s = generated(catalog, "comfy:dec2025", seed, 0x7265676174686572ull);
     Plan plan = predict(s);
     // A load that moves modules in a walk of at least two.
     const auto load = std::find_if(plan.loads.begin(), plan.loads.end(), [&](const LoadPlan& lp) {
