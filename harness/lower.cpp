@@ -1,7 +1,6 @@
 #include "harness/lower.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 
 #include <fmt/format.h>
@@ -78,33 +77,47 @@ struct WalkTensors {
   std::size_t modules = 0;
   Bytes model_bytes = 0;
   std::vector<std::uint32_t> order;
+  bool filled = false;       // the two below hold the gather (else the walk was met once)
   std::vector<Place> place;  // per walk position
   std::vector<Bytes> bytes;  // the listed modules' tensors' bytes, module after module in walk order
 };
 
-// The gather for `spec`'s walk `order`, made unless this thread's last one was of the same model
-// and walk (compared whole: an external predictor may order the same model differently). A
-// thread keeps one, the last: for a 1,000,000-module model, 28 MB beside its program.
-const WalkTensors& walk_tensors(const std::shared_ptr<const ModelSpec>& spec, const std::vector<std::uint32_t>& order) {
+// The gather for `spec`'s walk `order`, or none. A lowering that meets a model and walk for the
+// first time on this thread only notes them and reads the model's tables (nullptr): made then,
+// the gather would read the model in walk order once more, and a model lowered once (a shrinker's
+// candidate) would pay for it, 9 ns a module at 1,000,000 modules. The same model and walk met
+// again (compared whole: an external predictor may order the same model differently) are
+// gathered then and from then on. A thread keeps one, the last: 12 bytes per listed module and 8
+// per tensor of theirs (28 MB for the scale bench's 1,000,000 modules of two tensors each), held
+// until the thread ends.
+const WalkTensors* walk_tensors(const std::shared_ptr<const ModelSpec>& spec, const std::vector<std::uint32_t>& order) {
   thread_local WalkTensors g;
   const ModelSpec& model = *spec;
-  if (g.spec == &model && !g.owner.expired() && g.modules == model.modules.size() && g.model_bytes == model.bytes &&
-      g.order.size() == order.size() && std::memcmp(g.order.data(), order.data(), order.size() * sizeof(std::uint32_t)) == 0) {
-    return g;
+  if (!(g.spec == &model && !g.owner.expired() && g.modules == model.modules.size() && g.model_bytes == model.bytes && g.order == order)) {
+    g.spec = nullptr;  // keyed only once whole: a copy that throws leaves no match behind
+    g.filled = false;
+    g.order = order;
+    g.owner = spec;
+    g.modules = model.modules.size();
+    g.model_bytes = model.bytes;
+    g.spec = &model;
+    return nullptr;
   }
-  g.owner = spec;
-  g.spec = &model;
-  g.modules = model.modules.size();
-  g.model_bytes = model.bytes;
-  g.order = order;
+  if (g.filled) return &g;
+  g.spec = nullptr;  // as above, for the fill
   g.place.resize(order.size());
   g.bytes.clear();
-  for (std::size_t k = 0; k < order.size(); ++k) {
+  const std::size_t n = order.size();
+  for (std::size_t k = 0; k < n; ++k) {
+    if (k + 2 * kPrefetch < n) __builtin_prefetch(&model.tensor_first[order[k + 2 * kPrefetch]]);
+    if (k + kPrefetch < n) __builtin_prefetch(model.tensors_flat.data() + model.tensor_first[order[k + kPrefetch]]);
     const std::uint32_t i = order[k], first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;
     g.place[k] = WalkTensors::Place{first, count};
     for (std::uint32_t t = 0; t < count; ++t) g.bytes.push_back(model.tensors_flat[first + t].bytes);
   }
-  return g;
+  g.filled = true;
+  g.spec = &model;
+  return &g;
 }
 
 OpKind conversion_kind(Dtype storage) {
@@ -354,7 +367,7 @@ class Lowerer final : public lowering::ProgramSink {
     // result is rounded back into the stored weight (the backup lives on the host).
     const std::size_t n = lp.sorted.size();
     // In a large model, the listed modules' tensors gathered in walk order (walk_tensors).
-    const WalkTensors* const gathered = n >= options_.gather_walk_min ? &walk_tensors(ref.spec, lp.sorted) : nullptr;
+    const WalkTensors* const gathered = n >= options_.gather_walk_min ? walk_tensors(ref.spec, lp.sorted) : nullptr;
     std::size_t at = 0;  // with `gathered`: the walk position's first tensor in gathered->bytes
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint32_t i = lp.sorted[k];
@@ -370,32 +383,39 @@ class Lowerer final : public lowering::ProgramSink {
       }
       if (k + kPrefetch < n) {
         if (gathered) {
-          __builtin_prefetch(weights_[m].all().data() + gathered->place[k + kPrefetch].first, 1);
+          const std::uint32_t first = gathered->place[k + kPrefetch].first;
+          if (ref.lora) __builtin_prefetch(model.tensors_flat.data() + first);  // the patch reads the tensors
+          __builtin_prefetch(weights_[m].all().data() + first, 1);
         } else {
           const std::uint32_t first = model.tensor_first[lp.sorted[k + kPrefetch]];
           __builtin_prefetch(model.tensors_flat.data() + first);  // may be one past the end: a prefetch never faults
           __builtin_prefetch(weights_[m].all().data() + first, 1);
         }
       }
+      std::uint32_t first, count;  // module i's tensors in the model's flat tables
       if (gathered) {
         const WalkTensors::Place p = gathered->place[k];
         const Bytes* const bytes = gathered->bytes.data() + at;
         at += p.count;
         if (!lp.resident[i] || resident_[m][i]) continue;
-        move_to_device(m, i, p.first, p.count, [bytes](std::uint32_t t) { return bytes[t]; });
+        first = p.first;
+        count = p.count;
+        move_to_device(m, i, first, count, [bytes](std::uint32_t t) { return bytes[t]; });
       } else {
         if (!lp.resident[i] || resident_[m][i]) continue;
+        first = model.tensor_first[i];
+        count = model.tensor_first[i + 1] - first;
         move_to_device(m, i);
       }
       if (!ref.lora) continue;
       bool patched = false;
-      const std::uint32_t first = model.tensor_first[i], count = model.tensor_first[i + 1] - first;
+      const std::uint32_t* const slots = weights_[m].all().data() + first;
       for (std::uint32_t t = 0; t < count; ++t) {
         const FlatTensor& tensor = model.tensors_flat[first + t];
         if (tensor.role != TensorRole::weight) continue;
         const Bytes bytes = tensor.numel * compute_elem_bytes(c.lora_patch_dtype);
         const std::uint32_t copy = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
-        emit(conversion_kind(tensor.dtype), Phase::patch, 0, copy, weights_[m].of(i)[t]);
+        emit(conversion_kind(tensor.dtype), Phase::patch, 0, copy, slots[t]);
         const std::uint32_t result = alloc(Phase::patch, bytes, 0, BufferKind::lora, m, i, t);
         emit(OpKind::compute, Phase::patch, 0, result, copy);
         free(Phase::patch, copy);

@@ -136,10 +136,11 @@ struct LowerOptions {
   // copies are tested against (tests/test_lower.cpp). The program is the same either way.
   bool repeat_passes = true;
   // The classic load walk visits a model's modules in the walk's order, scattered over the model
-  // (equal sizes recur a block apart). Where it lists this many modules or more, it reads their
-  // tensors from a copy gathered in walk order (kept on the thread for the next case of the same
-  // model and walk) rather than from the model's tables, which outgrow the cache. 0: always;
-  // SIZE_MAX: never, the reference the gathered walk is tested against. The program is the same.
+  // (equal sizes recur a block apart). Where it lists this many modules or more, and this thread
+  // lowered the same model and walk before, it reads their tensors from a copy gathered in walk
+  // order (kept on the thread) rather than from the model's tables, which outgrow the cache. 0:
+  // at any size; SIZE_MAX: never, the reference the gathered walk is tested against. The program
+  // is the same.
   std::size_t gather_walk_min = std::size_t{1} << 16;
 };
 Program lower(const Scenario& s, const Plan& plan, const LowerOptions& options = {});

@@ -277,8 +277,11 @@ TEST(Lowering, AGatheredLoadWalkIsTheWalkReadFromTheModel) {
     for (std::uint64_t seed = 1; seed <= 120; ++seed) {
       const Scenario s = generated(catalog, policy, seed, 0x6761746865722121ull);
       const Plan plan = predict(s);
+      // The first lowering notes the walk, the second gathers it.
+      const Program noted = lower(s, plan, gather_walk(0));
       const Program gathered = lower(s, plan, gather_walk(0));
       const Program reference = lower(s, plan, gather_walk(std::numeric_limits<std::size_t>::max()));
+      ASSERT_TRUE(same_program(noted, reference)) << (*policy ? policy : "drawn") << " seed " << seed;
       ASSERT_TRUE(same_program(gathered, reference)) << (*policy ? policy : "drawn") << " seed " << seed;
       for (const Op& op : reference.ops) {
         if (op.kind != OpKind::h2d || op.phase != Phase::load) continue;
@@ -294,21 +297,30 @@ TEST(Lowering, AGatheredLoadWalkIsTheWalkReadFromTheModel) {
 
 // A thread keeps the last gather and uses it again only for the same model and the same walk: a
 // walk in another order (as an external predictor may give), and another model of the same shape
-// in the scenario's place, each lower as the model's tables say.
+// in the scenario's place, each lower as the model's tables say, the first time (noted) and the
+// second (gathered).
 TEST(Lowering, AGatheredLoadWalkIsMadeAgainForAnotherWalkOrModel) {
   Catalog catalog;
   std::size_t checked = 0;
   for (std::uint64_t seed = 1; seed <= 40 && checked < 10; ++seed) {
     Scenario s = generated(catalog, "comfy:dec2025", seed, 0x7265676174686572ull);
     Plan plan = predict(s);
-    // A load that moves modules in a walk of at least two.
+    // A load whose walk moves at least two modules.
     const auto load = std::find_if(plan.loads.begin(), plan.loads.end(), [&](const LoadPlan& lp) {
-      return lp.sorted.size() >= 2 && std::count(lp.resident.begin(), lp.resident.end(), 1) >= 2;
+      return std::count_if(lp.sorted.begin(), lp.sorted.end(), [&](std::uint32_t i) { return lp.resident[i] != 0; }) >= 2;
     });
     if (load == plan.loads.end()) continue;
     ++checked;
     const LowerOptions gather = gather_walk(0), never = gather_walk(std::numeric_limits<std::size_t>::max());
-    const Program first = lower(s, plan, gather);
+    // Lowered twice with the gather, the first noting the walk and the second gathering it: the
+    // same program both times (the last one's is returned).
+    const auto twice = [&] {
+      const Program noted = lower(s, plan, gather);
+      Program gathered = lower(s, plan, gather);
+      EXPECT_TRUE(same_program(noted, gathered)) << "seed " << seed;
+      return gathered;
+    };
+    const Program first = twice();
     ASSERT_TRUE(same_program(first, lower(s, plan, never))) << "seed " << seed;
 
     // Another model in its place: a copy whose tensors are the same but for one of the first
@@ -321,13 +333,13 @@ TEST(Lowering, AGatheredLoadWalkIsMadeAgainForAnotherWalkOrModel) {
     ++t->shape.front();
     finalize_model(*edited, "models[0]");
     s.models[load->model].spec = edited;
-    const Program other = lower(s, plan, gather);
+    const Program other = twice();
     ASSERT_TRUE(same_program(other, lower(s, plan, never))) << "seed " << seed;
     EXPECT_FALSE(same_program(other, first)) << "seed " << seed;  // the edit did reach the program
 
     // The same model, walked in reverse.
     std::reverse(load->sorted.begin(), load->sorted.end());
-    const Program reversed = lower(s, plan, gather);
+    const Program reversed = twice();
     ASSERT_TRUE(same_program(reversed, lower(s, plan, never))) << "seed " << seed;
     EXPECT_FALSE(same_program(reversed, other)) << "seed " << seed;  // the order did reach the program
   }
