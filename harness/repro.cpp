@@ -136,6 +136,7 @@ std::string repro_json(const ShrinkResult& r, const ReproOrigin& origin, const s
   j["shrink"] = {{"executions", r.executions}, {"cache_hits", r.cache_hits}, {"accepted", r.accepted},
                  {"budget_exhausted", r.budget_exhausted},
                  {"original", size_json(r.original_size)}, {"final", size_json(r.final_size)}, {"steps", r.log}};
+  if (!r.original_repeats_known) j["shrink"]["original"].erase("repeats");
   j["environment"] = {{"backend", c.exec.backend}, {"device", c.exec.environment}};
   j["replay"] = replay_here(path);  // from this file's folder
   j["scenario"] = nlohmann::ordered_json::parse(scenario_to_json(s, -1));
@@ -347,6 +348,53 @@ ReproOrigin read_origin(const std::string& path) {
   if (src.contains("found_by")) o.found_by = src["found_by"].get<std::string>();
   if (src.contains("choices")) o.choices = src["choices"].get<std::vector<std::uint64_t>>();
   return o;
+}
+
+ShrinkResult read_repro_lineage(const std::string& path) {
+  const nlohmann::json doc = parse_json_text(read_text_file(path), path);
+  // Checked whole first (case_file.h): every field present has its type.
+  if (check_case_document(doc) != CaseDocKind::repro) {
+    throw InputError("schema", fmt::format("{} is not a repro ({}): shrink it into one first", path, kReproSchema));
+  }
+  // A field the render needs: a repro written without it (by hand, or cut down) has no lineage to keep.
+  auto need = [&](const char* section, const char* key) -> const nlohmann::json& {
+    const std::string name = fmt::format("{}.{}", section, key);
+    if (!doc.contains(section) || !doc[section].contains(key)) {
+      throw InputError(name, "missing: the repro does not record its shrink's lineage, so it cannot be rendered again (shrink the finding instead)");
+    }
+    return doc[section][key];
+  };
+  // The original case's size (the final one is the scenario's: case_size). `repeats` came later
+  // than the rest: a repro without it keeps not saying it.
+  const nlohmann::json& z = need("shrink", "original");
+  for (const char* field : {"models", "modules", "tensors", "bytes"}) {
+    if (!z.contains(field)) throw InputError(fmt::format("shrink.original.{}", field), "missing");
+  }
+  ShrinkResult r;
+  r.signature = recorded_signature(doc);
+  r.original_overshoot = need("bytes", "original_overshoot").get<std::int64_t>();
+  r.largest_overshoot = need("bytes", "largest_overshoot_seen").get<std::int64_t>();
+  r.margin = need("bytes", "shrink_margin").get<std::int64_t>();
+  auto count32 = [&](const char* section, const char* key) {
+    const auto v = need(section, key).get<std::uint64_t>();
+    if (v > 0xffffffffu) throw InputError(fmt::format("{}.{}", section, key), fmt::format("{} is out of range (at most 4294967295)", v));
+    return static_cast<std::uint32_t>(v);
+  };
+  r.confirm_runs = count32("reliability", "runs");
+  r.reproduced = count32("reliability", "reproduced");
+  r.flaky = need("reliability", "flaky").get<bool>();
+  r.executions = need("shrink", "executions").get<std::uint64_t>();
+  r.cache_hits = need("shrink", "cache_hits").get<std::uint64_t>();
+  r.accepted = need("shrink", "accepted").get<std::uint64_t>();
+  r.budget_exhausted = need("shrink", "budget_exhausted").get<bool>();
+  r.original_size.models = z["models"].get<std::size_t>();
+  r.original_size.modules = z["modules"].get<std::size_t>();
+  r.original_size.tensors = z["tensors"].get<std::size_t>();
+  r.original_size.bytes = z["bytes"].get<Bytes>();
+  r.original_repeats_known = z.contains("repeats");
+  if (r.original_repeats_known) r.original_size.repeats = z["repeats"].get<std::size_t>();
+  r.log = need("shrink", "steps").get<std::vector<std::string>>();
+  return r;
 }
 
 std::string recorded_signature(const nlohmann::json& doc, const std::string& prefix) {

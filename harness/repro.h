@@ -40,6 +40,13 @@ std::string write_repro(const std::string& dir, const ShrinkResult& r, const Rep
 // characters, else in single quotes (for the commands vramfuzz prints for people to paste).
 std::string shell_quote(std::string_view word);
 
+// What a repro file records of the shrink that made it (its signature, the bytes.*_overshoot and
+// shrink_margin, reliability, and the shrink block), as a ShrinkResult without `minimal`,
+// `result` and `final_size`: with those from the file's scenario (run again; case_size), write_repro renders the repro
+// with this version and keeps its lineage (`vramfuzz render-repro`). InputError naming the field
+// for a file that is not a repro or lacks one of them.
+ShrinkResult read_repro_lineage(const std::string& path);
+
 // Reads the origin block back from a finding / repro file (campaign seed, case seed, choices).
 // Absent fields stay unknown; a present one of the wrong type (null included) is an InputError.
 ReproOrigin read_origin(const std::string& path);

@@ -56,6 +56,9 @@ struct ShrinkResult {
   std::uint32_t reproduced = 0;
   bool flaky = false;
   std::vector<std::string> log;   // one line per accepted step ("modules: dropped 8 of 16 ...")
+  // False only for a repro read back from a version that did not record the original's repeats
+  // (read_repro_lineage): its repro.json then leaves them out rather than say 0.
+  bool original_repeats_known = true;
 };
 
 // `s` must be a finding on `backend` (its verdict is recomputed first; InputError if it passes).

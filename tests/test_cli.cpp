@@ -1015,5 +1015,63 @@ TEST_F(Cli, CalibrateRecommendsAReserveThatRunTakes) {
   EXPECT_GE(tokens, 1u) << c.out;
 }
 
+// ---- render-repro ----------------------------------------------------------------------------
+
+// A committed repro rendered again with this version: its figures and tables are this run's, its
+// shrink's lineage (overshoots, executions, the finding it came from) is the file's, and what the
+// file did not say (an older version's missing `repeats`) it still does not say.
+TEST_F(Cli, RenderReproRewritesAReproInPlaceAndKeepsItsLineage) {
+  const fs::path corpus = fs::path(VF_SOURCE_DIR) / "fuzz/corpus/regressions/sep2026-oom-forward-cast-buffer-async/repro.json";
+  const json before = json::parse(read_file(corpus));
+  fs::create_directories(dir_ / "r");
+  fs::copy_file(corpus, dir_ / "r" / "repro.json");
+  const Proc p = run({"render-repro", "r/repro.json"}, 120);
+  expect_clean(p);
+  ASSERT_EQ(p.exit_code, 0) << describe(p);
+  const json after = json::parse(read_file(dir_ / "r" / "repro.json"));
+  EXPECT_EQ(after["signature"], before["signature"]);
+  for (const char* key : {"original_overshoot", "largest_overshoot_seen", "shrink_margin"}) EXPECT_EQ(after["bytes"][key], before["bytes"][key]) << key;
+  for (const char* key : {"executions", "cache_hits", "accepted", "budget_exhausted", "steps"}) {
+    EXPECT_EQ(after["shrink"][key], before["shrink"][key]) << key;
+  }
+  EXPECT_EQ(after["reliability"], before["reliability"]);
+  EXPECT_EQ(after["origin"], before["origin"]);  // the finding it was shrunk from, not the repro itself
+  EXPECT_EQ(before["shrink"]["original"].contains("repeats"), after["shrink"]["original"].contains("repeats"));
+  EXPECT_EQ(after["shrink"]["original"]["modules"], before["shrink"]["original"]["modules"]);
+  // The dynamic OOM's stages each have their row, where the older rendering left the table empty.
+  const std::string md = read_file(dir_ / "r" / "repro.md");
+  EXPECT_NE(md.find("| 1 forward synthetic | none (dynamic VRAM: placed at run time) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("Largest shortfall (the failed request beyond the free memory) seen while shrinking"), std::string::npos) << md;
+  // Rendering again changes nothing but nothing.
+  const std::string once = read_file(dir_ / "r" / "repro.json");
+  ASSERT_EQ(run({"render-repro", "r/repro.json"}, 120).exit_code, 0);
+  EXPECT_EQ(read_file(dir_ / "r" / "repro.json"), once);
+}
+
+// What render-repro refuses, with exit 2 and the field named, leaving the file as it was: a file
+// not named repro.json (it rewrites a folder's repro in place), a repro without its lineage, and a
+// repro whose scenario no longer gives its signature.
+TEST_F(Cli, RenderReproRefusesWhatItCannotRenderFaithfully) {
+  const fs::path corpus = fs::path(VF_SOURCE_DIR) / "fuzz/corpus/regressions/sep2026-oom-forward-cast-buffer-async/repro.json";
+  json doc = json::parse(read_file(corpus));
+  write("other.json", doc.dump());
+  expect_bad_input({"render-repro", "other.json"}, "render-repro rewrites a repro in place");
+
+  fs::create_directories(dir_ / "a");
+  json cut = doc;
+  cut["bytes"].erase("original_overshoot");
+  write("a/repro.json", cut.dump());
+  expect_bad_input({"render-repro", "a/repro.json"}, "bytes.original_overshoot: missing");
+
+  fs::create_directories(dir_ / "b");
+  json other = doc;
+  other["signature"] = "oom:forward:torch-cache:async";
+  const std::string text = other.dump();
+  write("b/repro.json", text);
+  expect_bad_input({"render-repro", "b/repro.json"}, "gives oom:forward:cast-buffer:async here, not the recorded oom:forward:torch-cache:async");
+  EXPECT_EQ(read_file(dir_ / "b" / "repro.json"), text);
+  EXPECT_FALSE(fs::exists(dir_ / "b" / "repro.md"));
+}
+
 }  // namespace
 }  // namespace vf

@@ -108,7 +108,62 @@ int do_replay(const ReplayFlags& f) {
   return reproduced > 0 ? kExitFindings : kExitOk;
 }
 
+struct RenderFlags {
+  std::string file;
+  std::string backend = "sim";
+  std::string predictor;
+};
+
+// Rewrites a repro in place with this version's rendering: the scenario is run again for the
+// figures, the shrink's lineage is kept from the file (read_repro_lineage).
+int do_render_repro(const RenderFlags& f) {
+  const std::filesystem::path file(f.file);
+  if (file.filename() != "repro.json") {
+    throw InputError("repro", fmt::format("{}: render-repro rewrites a repro in place (a folder's repro.json and repro.md); give its repro.json", f.file));
+  }
+  ShrinkResult r = read_repro_lineage(f.file);
+  Catalog catalog;
+  r.minimal = load_case_file(f.file, catalog);
+  r.final_size = case_size(r.minimal);
+  start_file_predictor(r.minimal, f.predictor);
+  auto backend = make_backend(f.backend);
+  r.result = run_case(r.minimal, *backend, true);
+  const Verdict& v = r.result.verdict;
+  if (v.kind == VerdictKind::error) throw InfraError(fmt::format("{}: error verdict: {}", f.file, v.message));
+  if (v.signature != r.signature) {
+    // Rendered, the file would describe a finding its scenario no longer gives.
+    throw InputError("signature", fmt::format("{}: the scenario gives {} here, not the recorded {}: nothing rewritten (shrink the "
+                                              "finding it came from again, or replay it to see the change)",
+                                              f.file, v.signature.empty() ? std::string(verdict_kind_name(v.kind)) : v.signature,
+                                              r.signature));
+  }
+  const std::string dir = file.parent_path().empty() ? "." : file.parent_path().string();
+  // The origin as the file records it, the finding it was shrunk from included (read_origin
+  // names the file it reads instead: here, the repro itself).
+  ReproOrigin origin = read_origin(f.file);
+  origin.source_file.clear();
+  if (const auto doc = parse_json_text(read_text_file(f.file), f.file); doc.contains("origin") && doc["origin"].contains("finding")) {
+    origin.source_file = doc["origin"]["finding"].get<std::string>();
+  }
+  const std::string path = write_repro(dir, r, origin);
+  std::fputs(fmt::format("{}\nrendered again (lineage kept: {} executions, original overshoot {}); overshoot {}\nrepro: {}\n",
+                         repro_title(r), r.executions, format_signed_mib(r.original_overshoot), format_signed_mib(v.overshoot), path)
+                 .c_str(),
+             stdout);
+  return kExitOk;
+}
+
 }  // namespace
+
+void add_render_repro(CLI::App& app, Action& action) {
+  auto f = std::make_shared<RenderFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "render-repro", "rewrite a repro's repro.json and repro.md with this version, keeping its shrink's lineage (not shrunk again)");
+  cmd->add_option("repro", f->file, "the repro.json to render again (its folder's repro.md is rewritten too)")->required();
+  cmd->add_option("--backend", f->backend, "sim | cuda | auto: where the scenario runs for the figures")->capture_default_str();
+  cmd->add_option("--predictor", f->predictor, "the command of the external predictor the file names (exec:NAME): never taken from the file");
+  cmd->callback([f, &action] { action = [f] { return do_render_repro(*f); }; });
+}
 
 void add_shrink(CLI::App& app, Action& action) {
   auto f = std::make_shared<ShrinkFlags>();

@@ -43,6 +43,7 @@ void add_fuzz(CLI::App& app, Action& action);
 void add_models(CLI::App& app, Action& action);
 void add_shrink(CLI::App& app, Action& action);
 void add_replay(CLI::App& app, Action& action);
+void add_render_repro(CLI::App& app, Action& action);
 void add_alloc_replay(CLI::App& app, Action& action);
 void add_calibrate(CLI::App& app, Action& action);
 void add_report(CLI::App& app, Action& action);

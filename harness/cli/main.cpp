@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   vf::cli::add_fuzz(app, action);
   vf::cli::add_shrink(app, action);
   vf::cli::add_replay(app, action);
+  vf::cli::add_render_repro(app, action);
   vf::cli::add_alloc_replay(app, action);
   vf::cli::add_calibrate(app, action);
   vf::cli::add_report(app, action);
