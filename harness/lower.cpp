@@ -64,7 +64,7 @@ constexpr std::size_t kPrefetch = 8;
 // The tensors of the modules a classic load walk lists, in walk order: where the walk lists
 // 1,000,000 modules, reading each one's tensor_first and tensors_flat entries in its order was
 // two or three cache misses per module, half the load's time (bench/scale_case.cpp). Gathered once
-// per model and walk, they are read in sequence.
+// per model and walk (from the walk's second lowering on a thread), they are read in sequence.
 struct WalkTensors {
   struct Place {
     std::uint32_t first;  // the module's first tensor in the model's flat tables (and its slots)
