@@ -12,6 +12,7 @@
 #include "harness/generate.h"
 #include "harness/lower.h"
 #include "harness/scenario.h"
+#include "bench/scale_fixture.h"
 
 namespace vf {
 namespace {
@@ -344,6 +345,20 @@ TEST(Lowering, AGatheredLoadWalkIsMadeAgainForAnotherWalkOrModel) {
     EXPECT_FALSE(same_program(reversed, other)) << "seed " << seed;  // the order did reach the program
   }
   EXPECT_EQ(checked, 10u);
+}
+
+// At the default threshold: the scale bench's text encoder of 70,000 modules (above 65,536, its
+// walk scattered as a real encoder's), lowered three times on one thread (noted, gathered, the
+// gather reused), gives the program read from the model's tables each time.
+TEST(Lowering, ALargeModelsWalkIsGatheredAtTheDefaultThreshold) {
+  const Scenario s = scale_scenario(70'000, AllocatorMode::raw);
+  const Plan plan = predict(s);
+  ASSERT_GE(plan.loads.front().sorted.size(), LowerOptions{}.gather_walk_min);
+  const Program reference = lower(s, plan, gather_walk(std::numeric_limits<std::size_t>::max()));
+  std::size_t moved = 0;
+  for (const Op& op : reference.ops) moved += op.kind == OpKind::h2d && op.phase == Phase::load;
+  EXPECT_GT(moved, 40'000u);  // 60 % of the weights fit, the largest modules first: 24,378 of two tensors
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(same_program(lower(s, plan), reference)) << "lowering " << i + 1;
 }
 
 }  // namespace
